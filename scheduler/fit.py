@@ -1,0 +1,186 @@
+"""The fitting engine: can this node's GPUs hold this pod, and on which GPUs?
+
+Pure functions over the node's published devices, their current usage and the pod's requests; the extender's
+/filter and the trace replay both call `fit`. Containers are placed in admission order and each one's choice counts
+for the next. A container with `count: n` takes n distinct GPUs of the node.
+"""
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from vgpu import keys
+from vgpu.assignment import Assignment, DeviceGrant
+from vgpu.inventory import GPUDevice
+from vgpu.requests import ContainerRequest, Selectors
+
+__all__ = ["GPUUsage", "FitResult", "GPUOrder", "fit", "binpack_order", "spread_order", "GPU_ORDERS", "Reason"]
+
+
+@dataclass(slots=True)
+class GPUUsage:
+    """What is already allocated on one GPU: containers (shares), memory units and cores."""
+
+    shares: int = 0
+    memory: int = 0
+    cores: int = 0
+
+    def add(self, memory: int, cores: int) -> None:
+        """Charge one container."""
+        self.shares += 1
+        self.memory += memory
+        self.cores += cores
+
+    def sub(self, memory: int, cores: int) -> None:
+        """Release one container."""
+        self.shares -= 1
+        self.memory -= memory
+        self.cores -= cores
+
+
+class Reason:
+    """Why a GPU was rejected for a container (the words appear in FailedNodes messages)."""
+
+    UNHEALTHY = "unhealthy"
+    MODE = "sharing mode mismatch"
+    TYPE = "type not allowed"
+    UUID = "uuid not allowed"
+    SHARES = "no free share"
+    MEMORY = "insufficient memory"
+    CORES = "insufficient cores"
+    EXCLUSIVE = "exclusive conflict"
+    TOO_SMALL = "card smaller than request"
+
+
+@dataclass(slots=True)
+class FitResult:
+    """The outcome of fitting one pod on one node.
+
+    On success `placement` holds, per requesting container, the indices of its GPUs in the node's device list, and
+    `assignment` the grants to encode. On failure `reason` explains it and `unresolvable` says no amount of freed
+    usage would help (wrong type, too few GPUs, cards too small).
+    """
+
+    ok: bool
+    placement: tuple[tuple[int, ...], ...] = ()
+    assignment: Assignment = ()
+    reason: str = ""
+    unresolvable: bool = False
+
+
+# Given devices, the tentative usage, the request and the GPU indices that fit, return them best first.
+GPUOrder = Callable[[Sequence[GPUDevice], Sequence[GPUUsage], ContainerRequest, list[int]], list[int]]
+
+
+def binpack_order(
+    devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request: ContainerRequest, candidates: list[int]
+) -> list[int]:
+    """Fullest GPUs first: least free memory after placement, then most used cores, then lowest index."""
+
+    def key(i: int) -> tuple[int, int, int]:
+        free = devices[i].memory - usage[i].memory - request.memory_on(devices[i].memory)
+        return (free, -usage[i].cores, i)
+
+    return sorted(candidates, key=key)
+
+
+def spread_order(
+    devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request: ContainerRequest, candidates: list[int]
+) -> list[int]:
+    """Emptiest GPUs first: fewest containers, then most free memory, then lowest index."""
+
+    def key(i: int) -> tuple[int, int, int]:
+        return (usage[i].shares, usage[i].memory - devices[i].memory, i)
+
+    return sorted(candidates, key=key)
+
+
+GPU_ORDERS: dict[str, GPUOrder] = {"binpack": binpack_order, "spread": spread_order}
+
+_STATIC = (Reason.MODE, Reason.TYPE, Reason.UUID, Reason.TOO_SMALL)
+
+
+def _reject(
+    device: GPUDevice, used: GPUUsage, request: ContainerRequest, memory: int, selectors: Selectors
+) -> str | None:
+    """The first reason this GPU cannot take the container now, or None if it can."""
+    if selectors.mode and selectors.mode != device.mode:
+        return Reason.MODE
+    if keys.DEVICE_TYPE.lower() not in device.type.lower() or not selectors.type_allowed(device.type):
+        return Reason.TYPE
+    if not selectors.uuid_allowed(device.uuid):
+        return Reason.UUID
+    if memory > device.memory:
+        return Reason.TOO_SMALL
+    if not device.healthy:
+        return Reason.UNHEALTHY
+    if used.shares >= device.split:
+        return Reason.SHARES
+    if device.memory - used.memory < memory:
+        return Reason.MEMORY
+    if used.cores + request.cores > 100:
+        return Reason.CORES
+    if request.cores == 100 and used.shares > 0:
+        return Reason.EXCLUSIVE
+    if used.cores >= 100 and request.cores == 0:
+        return Reason.EXCLUSIVE
+    return None
+
+
+def _summary(container: str, count: int, total: int, rejected: dict[str, int]) -> str:
+    parts = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0])))
+    detail = f" ({parts})" if parts else ""
+    return f"container {container!r} needs {count} GPU(s): {total - sum(rejected.values())}/{total} fit{detail}"
+
+
+def fit(
+    devices: Sequence[GPUDevice],
+    usage: Sequence[GPUUsage],
+    requests: Sequence[ContainerRequest],
+    selectors: Selectors = Selectors(),
+    order: GPUOrder = binpack_order,
+) -> FitResult:
+    """Place every requesting container of a pod on this node's GPUs, or say why not.
+
+    `usage` is not modified; the tentative charges of earlier containers are applied to a copy.
+    """
+    if not requests:
+        return FitResult(ok=True)
+    if not devices:
+        return FitResult(ok=False, reason="node has no vGPU devices", unresolvable=True)
+    tentative = [GPUUsage(u.shares, u.memory, u.cores) for u in usage]
+    placement: list[tuple[int, ...]] = []
+    grants: list[tuple[DeviceGrant, ...]] = []
+    for request in requests:
+        if request.count > len(devices):
+            return FitResult(
+                ok=False,
+                reason=f"container {request.container!r} needs {request.count} GPUs, node has {len(devices)}",
+                unresolvable=True,
+            )
+        candidates: list[int] = []
+        rejected: dict[str, int] = {}
+        static_ok = 0
+        for i, device in enumerate(devices):
+            why = _reject(device, tentative[i], request, request.memory_on(device.memory), selectors)
+            if why is None:
+                candidates.append(i)
+                static_ok += 1
+            else:
+                rejected[why] = rejected.get(why, 0) + 1
+                if why not in _STATIC:
+                    static_ok += 1
+        if len(candidates) < request.count:
+            return FitResult(
+                ok=False,
+                reason=_summary(request.container, request.count, len(devices), rejected),
+                unresolvable=static_ok < request.count,
+            )
+        chosen = order(devices, tentative, request, candidates)[: request.count]
+        segment = []
+        for i in chosen:
+            memory = request.memory_on(devices[i].memory)
+            tentative[i].add(memory, request.cores)
+            segment.append(DeviceGrant(devices[i].uuid, memory, request.cores))
+        placement.append(tuple(chosen))
+        grants.append(tuple(segment))
+    return FitResult(ok=True, placement=tuple(placement), assignment=tuple(grants))

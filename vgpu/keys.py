@@ -1,0 +1,35 @@
+"""Annotation keys of the wire contract (../shared/compat/CONTRACT.md).
+
+Node inventory is written by the device plugin; the assignment keys by the scheduler at bind; the selector
+keys by users.
+"""
+
+# Node inventory.
+NODE_REGISTER = "volcano.sh/node-vgpu-register"
+NODE_HANDSHAKE = "volcano.sh/node-vgpu-handshake"
+HAMI_NODE_REGISTER = "hami.io/node-nvidia-register"
+
+# Scheduler decision, carried on the Binding.
+VGPU_NODE = "volcano.sh/vgpu-node"
+VGPU_IDS = "volcano.sh/vgpu-ids-new"
+DEVICES_TO_ALLOCATE = "volcano.sh/devices-to-allocate"
+VGPU_TIME = "volcano.sh/vgpu-time"
+BIND_TIME = "volcano.sh/bind-time"
+BIND_PHASE = "volcano.sh/bind-phase"
+
+BIND_PHASE_ALLOCATING = "allocating"
+BIND_PHASE_SUCCESS = "success"
+BIND_PHASE_FAILED = "failed"
+# Value the device plugin writes into vgpu-time once a pod is done (Volcano's MaxUint64).
+VGPU_TIME_DONE = "18446744073709551615"
+
+# User selectors.
+USE_GPU_TYPE = "nvidia.com/use-gputype"
+NOUSE_GPU_TYPE = "nvidia.com/nouse-gputype"
+USE_GPU_UUID = "volcano.sh/vgpu-use-gpuuuid"
+NOUSE_GPU_UUID = "volcano.sh/vgpu-nouse-gpuuuid"
+VGPU_MODE = "volcano.sh/vgpu-mode"
+
+# Request type keyword written in every assignment entry.
+DEVICE_TYPE = "NVIDIA"
+MODE_HAMI_CORE = "hami-core"

@@ -1,0 +1,174 @@
+"""Pod spec -> per-container vGPU requests, with the contract's defaults and validation.
+
+Pods are dicts in the Kubernetes API JSON form. The scheduler calls `pod_requests` on every pod it places and
+the device plugin calls it to find which containers take GPUs. Containers are taken in kubelet's admission order
+(init containers, then containers); only containers that ask for vGPU resources yield a request, and the i-th
+request corresponds to the i-th segment of the assignment annotation.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vgpu import keys
+from vgpu.errors import RequestError
+from vgpu.quantity import parse_integer_quantity
+from vgpu.resources import ResourceNames, SharingConfig
+
+__all__ = [
+    "ContainerRequest",
+    "Selectors",
+    "pod_requests",
+    "pod_selectors",
+    "gpu_containers",
+    "MAX_GPUS_PER_CONTAINER",
+    "MAX_MEMORY_UNITS",
+]
+
+MAX_GPUS_PER_CONTAINER = 64
+MAX_MEMORY_UNITS = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRequest:
+    """What one container asks of each of its GPUs.
+
+    `memory` is in memory units; when it is 0 the container asked for `memory_percent` of each card.
+    """
+
+    container: str
+    init: bool
+    count: int
+    memory: int
+    memory_percent: int
+    cores: int
+
+    def memory_on(self, card_memory: int) -> int:
+        """Memory units this container takes on a card with `card_memory` units."""
+        if self.memory:
+            return self.memory
+        return card_memory * self.memory_percent // 100
+
+
+@dataclass(frozen=True, slots=True)
+class Selectors:
+    """User constraints on which GPUs a pod may use (pod annotations of the contract)."""
+
+    use_types: tuple[str, ...] = ()
+    nouse_types: tuple[str, ...] = ()
+    use_uuids: frozenset[str] = frozenset()
+    nouse_uuids: frozenset[str] = frozenset()
+    mode: str = ""
+
+    def type_allowed(self, card_type: str) -> bool:
+        """Case-insensitive substring match of the card type against the use/nouse lists (use wins)."""
+        lowered = card_type.lower()
+        if self.use_types:
+            return any(word in lowered for word in self.use_types)
+        return not any(word in lowered for word in self.nouse_types)
+
+    def uuid_allowed(self, uuid: str) -> bool:
+        """Exact UUID match against the allow and deny lists (deny wins)."""
+        if uuid in self.nouse_uuids:
+            return False
+        return not self.use_uuids or uuid in self.use_uuids
+
+
+def _split_list(value: str | None, lower: bool = False) -> list[str]:
+    if not value:
+        return []
+    items = (item.strip() for item in value.split(","))
+    return [item.lower() if lower else item for item in items if item]
+
+
+def pod_selectors(pod: Mapping[str, Any]) -> Selectors:
+    """Read the GPU type, UUID and mode selectors from a pod's annotations."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return Selectors(
+        use_types=tuple(_split_list(annotations.get(keys.USE_GPU_TYPE), lower=True)),
+        nouse_types=tuple(_split_list(annotations.get(keys.NOUSE_GPU_TYPE), lower=True)),
+        use_uuids=frozenset(_split_list(annotations.get(keys.USE_GPU_UUID))),
+        nouse_uuids=frozenset(_split_list(annotations.get(keys.NOUSE_GPU_UUID))),
+        mode=(annotations.get(keys.VGPU_MODE) or "").strip(),
+    )
+
+
+def gpu_containers(pod: Mapping[str, Any]) -> list[tuple[dict[str, Any], bool]]:
+    """All containers of a pod in kubelet's admission order, each with whether it is an init container."""
+    spec = pod.get("spec") or {}
+    ordered: list[tuple[dict[str, Any], bool]] = []
+    for field, is_init in (("initContainers", True), ("containers", False)):
+        for container in spec.get(field) or ():
+            if isinstance(container, dict):
+                ordered.append((container, is_init))
+    return ordered
+
+
+def _lookup(resources: Mapping[str, Any], names: tuple[ResourceNames, ...], attr: str) -> tuple[str, Any]:
+    """Find a resource value in limits, then requests, under the first name set that has it."""
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    for name_set in names:
+        name = getattr(name_set, attr)
+        for table in (limits, requests):
+            if isinstance(table, Mapping) and name in table:
+                return name, table[name]
+    return getattr(names[0], attr), None
+
+
+def _integer(container: str, resource: str, raw: Any, low: int, high: int) -> int:
+    try:
+        value = parse_integer_quantity(raw)
+    except ValueError as exc:
+        raise RequestError(container, resource, f"{exc}; expected a whole number") from None
+    if value < low:
+        raise RequestError(container, resource, f"{raw!r} is below {low}")
+    if value > high:
+        raise RequestError(container, resource, f"{raw!r} is above {high}")
+    return value
+
+
+def _container_request(
+    container: Mapping[str, Any], is_init: bool, config: SharingConfig
+) -> ContainerRequest | None:
+    name = str(container.get("name") or "")
+    resources = container.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        return None
+    names = config.name_sets()
+    n_name, n_raw = _lookup(resources, names, "number")
+    m_name, m_raw = _lookup(resources, names, "memory")
+    p_name, p_raw = _lookup(resources, names, "memory_percentage")
+    c_name, c_raw = _lookup(resources, names, "cores")
+    if n_raw is None and m_raw is None and p_raw is None and c_raw is None:
+        return None
+
+    memory = 0 if m_raw is None else _integer(name, m_name, m_raw, 0, MAX_MEMORY_UNITS)
+    percent = 0 if p_raw is None else _integer(name, p_name, p_raw, 0, 100)
+    cores = config.default_cores if c_raw is None else _integer(name, c_name, c_raw, 0, 100)
+    if n_raw is None:
+        count = 1
+    else:
+        count = _integer(name, n_name, n_raw, 0, MAX_GPUS_PER_CONTAINER)
+        if count == 0:
+            if memory or percent or (c_raw is not None and cores):
+                raise RequestError(name, n_name, "is 0 while memory or cores are requested")
+            return None
+    if memory == 0 and percent == 0:
+        if config.default_memory:
+            memory = config.default_memory
+        else:
+            percent = 100
+    if memory:
+        percent = 0
+    return ContainerRequest(name, is_init, count, memory, percent, cores)
+
+
+def pod_requests(pod: Mapping[str, Any], config: SharingConfig) -> tuple[ContainerRequest, ...]:
+    """Per-container vGPU requests of a pod, in admission order; raises RequestError on invalid values."""
+    requests = []
+    for container, is_init in gpu_containers(pod):
+        request = _container_request(container, is_init, config)
+        if request is not None:
+            requests.append(request)
+    return tuple(requests)
