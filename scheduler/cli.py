@@ -1,0 +1,127 @@
+"""Subcommands `vgpu scheduler` (run the extender) and `vgpu inspect` (table of GPU allocations).
+
+Discovered by vgpu/cli.py; heavy imports happen inside the command functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+__all__ = ["register", "inspect_table"]
+
+
+def register(subparsers: Any) -> None:
+    """Add the `scheduler` and `inspect` subcommands."""
+    p = subparsers.add_parser("scheduler", help="run the kube-scheduler extender",
+                              description="Run the vGPU kube-scheduler extender (filter/prioritize/bind).")
+    p.add_argument("--config", help="YAML configuration file (flags override it)")
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, else ~/.kube/config)")
+    p.add_argument("--listen", help="extender address HOST:PORT (default :8888)")
+    p.add_argument("--metrics-listen", help="metrics address HOST:PORT (default :9395; '' disables)")
+    p.add_argument("--node-policy", help="node scoring policy (default binpack)")
+    p.add_argument("--gpu-policy", choices=("binpack", "spread"), help="GPU order inside a node (default binpack)")
+    p.add_argument("--mode", choices=("decide", "score"),
+                   help="decide: /filter returns the best node; score: all feasible nodes + /prioritize")
+    p.add_argument("--scheduler-name", help="component name on events (default vgpu-scheduler)")
+    p.add_argument("--qps", type=float, help="API client QPS (default 50)")
+    p.add_argument("--burst", type=int, help="API client burst (default 100)")
+    p.add_argument("--leader-elect", action="store_true", default=None, help="run Lease leader election")
+    p.add_argument("--lease-namespace", help="namespace of the leader-election Lease (default kube-system)")
+    p.add_argument("--assume-ttl", type=float, dest="assume_ttl_seconds",
+                   help="seconds a /filter reservation waits for /bind (default 30)")
+    p.set_defaults(func=_run_scheduler)
+
+    q = subparsers.add_parser("inspect", help="show GPU allocations per node",
+                              description="Print nodes and GPUs with allocated/total memory, cores, shares, pods.")
+    q.add_argument("--kubeconfig", help="kubeconfig path")
+    q.set_defaults(func=_run_inspect)
+
+
+def _run_scheduler(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from scheduler.config import load_config
+    from scheduler.runtime import SchedulerRuntime
+    from scheduler.server import make_uvicorn_server, parse_listen
+
+    overrides = {
+        key: getattr(args, key, None)
+        for key in ("kubeconfig", "listen", "metrics_listen", "node_policy", "gpu_policy", "mode",
+                    "scheduler_name", "qps", "burst", "leader_elect", "lease_namespace", "assume_ttl_seconds")
+    }
+    config = load_config(args.config, overrides)
+    host, port = parse_listen(config.listen, 8888)
+    runtime = SchedulerRuntime(config)
+    runtime.start()
+    log = logging.getLogger("scheduler")
+    log.info("vgpu scheduler listening listen=%s:%s mode=%s node_policy=%s gpu_policy=%s", host, port,
+             config.mode, config.node_policy, config.gpu_policy)
+    server = make_uvicorn_server(runtime.app, host, port)
+    try:
+        asyncio.run(server.serve())
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        runtime.stop()
+    return 0
+
+
+def inspect_table(ledger: Any) -> str:
+    """Render the ledger as the `vgpu inspect` table (one row per GPU, pods listed on their GPU)."""
+    header = ("NODE", "GPU", "UUID", "TYPE", "MEMORY(alloc/total)", "CORES(alloc/100)", "SHARES(alloc/split)",
+              "HEALTH", "PODS")
+    rows: list[tuple[str, ...]] = []
+    total_mem = total_alloc = 0
+    for state, usage, charges in ledger.snapshot():
+        if state.error:
+            rows.append((state.name, "-", "-", "-", "-", "-", "-", "-", f"unschedulable: {state.error}"))
+            continue
+        for device, used in zip(state.devices, usage):
+            pods: list[str] = []
+            for charge in charges:
+                grants = [g for g in charge.grants if g[0] == device.uuid]
+                if grants:
+                    mem = sum(g[1] for g in grants)
+                    cores = sum(g[2] for g in grants)
+                    tag = "" if charge.state == "observed" else f",{charge.state}"
+                    pods.append(f"{charge.namespace}/{charge.name}({mem},{cores}%{tag})")
+            total_mem += device.memory
+            total_alloc += used.memory
+            rows.append((
+                state.name, str(device.index), device.uuid, device.type,
+                f"{used.memory}/{device.memory}", f"{used.cores}/100", f"{used.shares}/{device.split}",
+                "ok" if device.healthy else "unhealthy", " ".join(pods) or "-",
+            ))
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i])
+              for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in (header, *rows)]
+    pct = 100.0 * total_alloc / total_mem if total_mem else 0.0
+    lines.append(f"allocated memory: {total_alloc}/{total_mem} ({pct:.1f}%)")
+    return "\n".join(lines) + "\n"
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from kubernetes import client as k8s
+
+    from scheduler.ledger import Ledger
+    from vgpu.kube import make_api_client
+    from vgpu.kube.client import read_json
+    from vgpu.kube.errors import translate
+
+    api = make_api_client(args.kubeconfig)
+    core = k8s.CoreV1Api(api)
+    try:
+        nodes = read_json(core.list_node(_preload_content=False, _request_timeout=30)) or {}
+        pods = read_json(core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=60)) or {}
+    except Exception as exc:  # noqa: BLE001
+        raise translate(exc, "list nodes and pods") from exc
+    ledger = Ledger()
+    for node in nodes.get("items") or ():
+        ledger.on_node(node)
+    for pod in pods.get("items") or ():
+        ledger.on_pod(pod)
+    sys.stdout.write(inspect_table(ledger))
+    return 0

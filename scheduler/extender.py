@@ -1,0 +1,512 @@
+"""The extender's decisions: filter, prioritize, bind and preempt on kube-scheduler's extender arguments.
+
+No HTTP here: `scheduler.server` decodes the JSON into dicts, calls these methods and encodes what they return.
+Argument dicts use kube-scheduler's Go field names in any capitalisation (`Pod`, `NodeNames`, `Nodes`, ...);
+results use the exact capitalised names of k8s.io/kube-scheduler/extender/v1.
+
+Hot path: /filter looks up each candidate node in the ledger and reuses the fit result cached for the node's
+current generation and the pod's request shape, so a call costs O(candidates) dict lookups plus one real fit per
+node whose usage changed since the last pod of that shape. Nothing here walks the pods of the cluster.
+
+Node-policy scores are cached with the fit result. A policy whose scores change without any node changing (one
+that learns the workload through `observe`) exposes an integer attribute `epoch` and increments it when its
+scores change; cached scores from an older epoch are recomputed. Without `epoch` scores are treated as a pure
+function of the node's devices, usage and the request. `observe` is called once per pod, at its first /filter.
+
+Bind sends one `pods/binding` carrying the contract's annotations (through the injected `binder`); there is no
+node lock, because the device plugin identifies the pod from the assignment itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.fit import GPU_ORDERS, FitResult, GPUOrder, fit
+from scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger, NodeState
+from scheduler.policies import NodePolicy
+from scheduler.policies.base import gpu_order_of
+from vgpu import keys
+from vgpu.assignment import Assignment, encode, salvage
+from vgpu.errors import ConfigError, VGPUError
+from vgpu.requests import ContainerRequest, Selectors, pod_requests, pod_selectors
+
+__all__ = [
+    "Extender",
+    "BindConflict",
+    "Binder",
+    "PodLookup",
+    "EventSink",
+    "InvalidArgs",
+    "MODES",
+    "lower_keys",
+    "MAX_PRIORITY",
+]
+
+log = logging.getLogger(__name__)
+
+MODES = ("decide", "score")
+MAX_PRIORITY = 10
+
+
+class InvalidArgs(VGPUError):
+    """A well-formed JSON body that is not valid extender arguments (answered with `Error`, HTTP 200)."""
+
+
+class BindConflict(VGPUError):
+    """The API server refused the binding with 409 (pod already bound, or its UID changed)."""
+
+
+# binder(namespace, name, uid, node, annotations): POST pods/binding; raises BindConflict on 409, anything else
+# on other failures.
+Binder = Callable[[str, str, str, str, dict[str, str]], None]
+# lookup(namespace, name) -> pod dict or None.
+PodLookup = Callable[[str, str], "Mapping[str, Any] | None"]
+# events(pod, type, reason, message); pod is {"namespace", "name", "uid"}. Must not block.
+EventSink = Callable[[Mapping[str, str], str, str, str], None]
+
+
+def lower_keys(value: Any) -> dict[str, Any]:
+    """A dict's keys lowercased (Go's JSON decoder matches struct fields case-insensitively)."""
+    if not isinstance(value, Mapping):
+        raise InvalidArgs(f"expected a JSON object, got {type(value).__name__}")
+    return {str(k).lower(): v for k, v in value.items()}
+
+
+def _no_events(pod: Mapping[str, str], kind: str, reason: str, message: str) -> None:
+    return None
+
+
+@dataclass(slots=True)
+class _PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    requests: tuple[ContainerRequest, ...]
+    selectors: Selectors
+
+
+@dataclass(slots=True)
+class _Entry:
+    """What a node's cache keeps per request shape for one generation."""
+
+    result: FitResult
+    score: float = 0.0
+    epoch: int = -1
+
+
+def _pod_ref(pod: Mapping[str, Any]) -> dict[str, str]:
+    meta = pod.get("metadata") or {}
+    return {
+        "namespace": str(meta.get("namespace") or "default"),
+        "name": str(meta.get("name") or ""),
+        "uid": str(meta.get("uid") or ""),
+    }
+
+
+class Extender:
+    """kube-scheduler extender verbs over a Ledger; see the module docstring."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        policy: NodePolicy,
+        gpu_policy: str = "binpack",
+        mode: str = "score",
+        binder: Binder | None = None,
+        lookup: PodLookup | None = None,
+        fetch: PodLookup | None = None,
+        events: EventSink | None = None,
+        ready: Callable[[], str] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
+        if gpu_policy not in GPU_ORDERS:
+            raise ConfigError(f"--gpu-policy: {gpu_policy!r} is not one of {', '.join(sorted(GPU_ORDERS))}")
+        self.ledger = ledger
+        self.config = ledger.config
+        self.policy = policy
+        self.gpu_policy = gpu_policy
+        self.order: GPUOrder = gpu_order_of(policy, None, None, GPU_ORDERS[gpu_policy])
+        self.mode = mode
+        self.binder = binder
+        self.lookup = lookup or (lambda ns, name: None)
+        self.fetch = fetch or self.lookup
+        self.events = events or _no_events
+        self.ready = ready or (lambda: "")
+        self.clock = clock
+        self._signatures: dict[tuple[Any, ...], int] = {}
+        self._seen: OrderedDict[str, _PodInfo] = OrderedDict()
+        self._seen_max = 20000
+        self._seen_lock = threading.Lock()
+        self._next_sig = 0
+
+    # ------------------------------------------------------------------ helpers
+
+    def _signature(self, requests: tuple[ContainerRequest, ...], selectors: Selectors) -> int:
+        key = (requests, selectors)
+        sig = self._signatures.get(key)
+        if sig is None:
+            with self._seen_lock:
+                if len(self._signatures) > 100_000:
+                    self._signatures.clear()
+                    with self.ledger.lock:
+                        for state in self.ledger.nodes.values():
+                            state.cache = {}
+                self._next_sig += 1
+                sig = self._signatures.setdefault(key, self._next_sig)
+        return sig
+
+    def _pod_info(self, pod: Any) -> _PodInfo:
+        if not isinstance(pod, Mapping):
+            raise InvalidArgs("extender args missing Pod")
+        ref = _pod_ref(pod)
+        info = _PodInfo(ref["namespace"], ref["name"], ref["uid"], pod_requests(pod, self.config),
+                        pod_selectors(pod))
+        key = info.uid or f"{info.namespace}/{info.name}"
+        with self._seen_lock:
+            new = key not in self._seen
+            self._seen[key] = info
+            self._seen.move_to_end(key)
+            while len(self._seen) > self._seen_max:
+                self._seen.popitem(last=False)
+        if new and info.requests:
+            try:
+                self.policy.observe(info.requests)  # policies learn from every pod they are asked to place
+            except Exception:  # noqa: BLE001 - a learning policy must never fail a request
+                log.exception("policy observe failed policy=%s", self.policy.name)
+        return info
+
+    def _entry(self, state: NodeState, sig: int, info: _PodInfo, epoch: int, want_score: bool) -> _Entry:
+        entry = state.cache.get(sig)
+        if entry is None:
+            entry = _Entry(fit(state.devices, state.usage, info.requests, info.selectors, self.order))
+            state.cache[sig] = entry
+        if want_score and entry.result.ok and entry.epoch != epoch:
+            entry.score = float(self.policy.score(state.devices, state.usage, info.requests, entry.result))
+            entry.epoch = epoch
+        return entry
+
+    @staticmethod
+    def _candidates(args: dict[str, Any]) -> tuple[list[str], dict[str, Mapping[str, Any]] | None]:
+        names = args.get("nodenames")
+        nodes = args.get("nodes")
+        if nodes is not None:
+            items = lower_keys(nodes).get("items") if isinstance(nodes, Mapping) else None
+            if not isinstance(items, list):
+                raise InvalidArgs("Nodes must be a NodeList with items")
+            objects: dict[str, Mapping[str, Any]] = {}
+            for item in items:
+                name = ((item or {}).get("metadata") or {}).get("name") if isinstance(item, Mapping) else None
+                if not isinstance(name, str) or not name:
+                    raise InvalidArgs("Nodes.items entry without metadata.name")
+                objects[name] = item
+            return list(objects), objects
+        if names is None:
+            return [], None
+        if not isinstance(names, list):
+            raise InvalidArgs("NodeNames must be a list of strings")
+        return names, None
+
+    def _state(self, name: str, objects: dict[str, Mapping[str, Any]] | None) -> NodeState | None:
+        state = self.ledger.nodes.get(name)
+        if state is None and objects is not None:
+            return self.ledger.detached(objects[name])
+        return state
+
+    def evaluate(self, pod: Mapping[str, Any], node: str) -> tuple[FitResult, float]:
+        """Fit and node-policy score of `pod` on one known node, without reserving (for tools and tests)."""
+        info = self._pod_info(pod)
+        sig = self._signature(info.requests, info.selectors)
+        with self.ledger.lock:
+            state = self.ledger.nodes.get(node)
+            if state is None or state.error:
+                return FitResult(ok=False, reason=state.error if state else NODE_UNKNOWN, unresolvable=True), 0.0
+            entry = self._entry(state, sig, info, int(getattr(self.policy, "epoch", 0)), True)
+            return entry.result, entry.score
+
+    # ------------------------------------------------------------------ verbs
+
+    def filter(self, raw_args: Any) -> dict[str, Any]:
+        """ExtenderArgs -> ExtenderFilterResult."""
+        args = lower_keys(raw_args)
+        names, objects = self._candidates(args)
+        not_ready = self.ready()
+        if not_ready:
+            return self._filter_result(names, objects, [], {}, {}, error=f"vgpu-scheduler not ready: {not_ready}")
+        pod = args.get("pod")
+        try:
+            info = self._pod_info(pod)
+        except VGPUError as exc:
+            if isinstance(pod, Mapping):
+                self.events(_pod_ref(pod), "Warning", "FilteringFailed", str(exc))
+            return self._filter_result(names, objects, [], {}, {}, error=str(exc))
+        if not info.requests:
+            return self._filter_result(names, objects, names, {}, {})
+        sig = self._signature(info.requests, info.selectors)
+        decide = self.mode == "decide"
+        epoch = int(getattr(self.policy, "epoch", 0))
+        feasible: list[str] = []
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        best: tuple[float, str] | None = None
+        best_entry: _Entry | None = None
+        ledger = self.ledger
+        ledger.expire()
+        with ledger.lock:
+            uid = info.uid or f"{info.namespace}/{info.name}"
+            mine = ledger.charges.get(uid)
+            if mine is not None and mine.state == ChargeState.ASSUMED:
+                ledger.release(uid)  # a retry: the earlier decision no longer holds
+            nodes_get = ledger.nodes.get
+            add_feasible = feasible.append
+            for name in names:
+                try:
+                    state = nodes_get(name)
+                except TypeError:
+                    raise InvalidArgs("NodeNames must be a list of strings") from None
+                if state is None:
+                    if objects is None:
+                        unresolvable[str(name)] = NODE_UNKNOWN
+                        continue
+                    state = ledger.detached(objects[name])
+                if state.error:
+                    unresolvable[name] = state.error
+                    continue
+                entry = state.cache.get(sig)
+                if entry is None or (decide and entry.epoch != epoch):
+                    entry = self._entry(state, sig, info, epoch, decide)
+                result = entry.result
+                if result.ok:
+                    add_feasible(name)
+                    if decide and (best is None or entry.score > best[0] or (entry.score == best[0]
+                                                                           and name < best[1])):
+                        best = (entry.score, name)
+                        best_entry = entry
+                elif result.unresolvable:
+                    unresolvable[name] = result.reason
+                else:
+                    failed[name] = result.reason
+            if decide and best is not None and best_entry is not None:
+                if best[1] in ledger.nodes:
+                    ledger.reserve(uid, info.namespace, info.name, best[1], best_entry.result.assignment)
+                feasible = [best[1]]
+        if not feasible:
+            self.events(
+                {"namespace": info.namespace, "name": info.name, "uid": info.uid},
+                "Warning",
+                "FilteringFailed",
+                _failure_message(len(names), failed, unresolvable),
+            )
+        return self._filter_result(names, objects, feasible, failed, unresolvable)
+
+    @staticmethod
+    def _filter_result(
+        names: list[str],
+        objects: dict[str, Mapping[str, Any]] | None,
+        feasible: list[str],
+        failed: dict[str, str],
+        unresolvable: dict[str, str],
+        error: str = "",
+    ) -> dict[str, Any]:
+        nodes = None
+        if objects is not None:
+            nodes = {"apiVersion": "v1", "kind": "NodeList", "metadata": {},
+                     "items": [objects[n] for n in feasible if n in objects]}
+        return {
+            "Nodes": nodes,
+            "NodeNames": list(feasible) if not error else [],
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": error,
+        }
+
+    def prioritize(self, raw_args: Any) -> list[dict[str, Any]]:
+        """ExtenderArgs -> HostPriorityList (scores 0..10, best = 10)."""
+        args = lower_keys(raw_args)
+        names, objects = self._candidates(args)
+        info = self._pod_info(args.get("pod"))
+        if not info.requests:
+            return [{"Host": n, "Score": 0} for n in names]
+        sig = self._signature(info.requests, info.selectors)
+        epoch = int(getattr(self.policy, "epoch", 0))
+        scores: list[float | None] = []
+        add = scores.append
+        with self.ledger.lock:
+            nodes_get = self.ledger.nodes.get
+            for name in names:
+                try:
+                    state = nodes_get(name)
+                except TypeError:
+                    raise InvalidArgs("NodeNames must be a list of strings") from None
+                if state is None:
+                    state = self._state(name, objects) if objects is not None else None
+                    if state is None:
+                        add(None)
+                        continue
+                if state.error:
+                    add(None)
+                    continue
+                entry = state.cache.get(sig)
+                if entry is None or entry.epoch != epoch:
+                    entry = self._entry(state, sig, info, epoch, True)
+                add(entry.score if entry.result.ok else None)
+        values = [s for s in scores if s is not None]
+        if not values:
+            return [{"Host": n, "Score": 0} for n in names]
+        low, high = min(values), max(values)
+        span = high - low
+        if span <= 1e-12:
+            return [{"Host": n, "Score": 0 if s is None else MAX_PRIORITY} for n, s in zip(names, scores)]
+        factor = MAX_PRIORITY / span
+        return [{"Host": n, "Score": 0 if s is None else int(round((s - low) * factor))}
+                for n, s in zip(names, scores)]
+
+    def bind(self, raw_args: Any) -> dict[str, str]:
+        """ExtenderBindingArgs -> ExtenderBindingResult. Blocks on one API call; run it off the event loop."""
+        args = lower_keys(raw_args)
+        name, namespace, uid, node = (args.get(k) for k in ("podname", "podnamespace", "poduid", "node"))
+        for field, value in (("PodName", name), ("PodNamespace", namespace), ("Node", node)):
+            if not isinstance(value, str) or not value:
+                return {"Error": f"ExtenderBindingArgs.{field} missing"}
+        if uid is not None and not isinstance(uid, str):
+            return {"Error": "ExtenderBindingArgs.PodUID must be a string"}
+        uid = uid or ""
+        ref = {"namespace": namespace, "name": name, "uid": uid}
+        key = uid or f"{namespace}/{name}"
+        if self.binder is None:
+            return {"Error": "vgpu-scheduler has no API client to bind with"}
+        not_ready = self.ready()
+        if not_ready:
+            return {"Error": f"vgpu-scheduler not ready: {not_ready}"}
+        ledger = self.ledger
+        ledger.expire()
+        assignment: Assignment
+        with ledger.lock:
+            charge = ledger.charges.get(key)
+            if charge is not None and charge.node == node and charge.state == ChargeState.BOUND:
+                return {"Error": ""}  # a retry of a bind that already succeeded
+            if charge is not None and charge.node == node:
+                if charge.state == ChargeState.OBSERVED:
+                    pod = self.lookup(namespace, name)
+                    if pod is not None and (pod.get("spec") or {}).get("nodeName") == node:
+                        return {"Error": ""}
+                assignment = charge.assignment
+                ledger.extend(key, max(ledger.assume_ttl, 60.0))
+            else:
+                if charge is not None and charge.state != ChargeState.OBSERVED:
+                    ledger.release(key)
+                try:
+                    info = self._bind_info(key, namespace, name)
+                except VGPUError as exc:
+                    return self._bind_failed(ref, node, str(exc))
+                state = ledger.nodes.get(node)
+                if state is None:
+                    return self._bind_failed(ref, node, NODE_UNKNOWN)
+                if state.error:
+                    return self._bind_failed(ref, node, state.error)
+                sig = self._signature(info.requests, info.selectors)
+                result = self._entry(state, sig, info, 0, False).result
+                if not result.ok:
+                    return self._bind_failed(ref, node, f"pod no longer fits on {node}: {result.reason}")
+                assignment = result.assignment
+                ledger.reserve(key, namespace, name, node, assignment)
+                ledger.extend(key, max(ledger.assume_ttl, 60.0))
+        now = str(int(self.clock()))
+        value = encode(assignment)
+        annotations = {
+            keys.VGPU_NODE: node,
+            keys.VGPU_IDS: value,
+            keys.DEVICES_TO_ALLOCATE: value,
+            keys.VGPU_TIME: now,
+            keys.BIND_TIME: now,
+            keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING,
+        }
+        try:
+            self.binder(namespace, name, uid, node, annotations)
+        except BindConflict as exc:
+            pod = None
+            try:
+                pod = self.fetch(namespace, name)
+            except Exception:  # noqa: BLE001 - the conflict is what we report
+                pod = None
+            if pod is not None and (pod.get("spec") or {}).get("nodeName") == node and (
+                (pod.get("metadata") or {}).get("annotations") or {}
+            ).get(keys.VGPU_NODE) == node:
+                ids = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.VGPU_IDS, "")
+                ledger.mark_bound(key, salvage(ids))
+                return {"Error": ""}
+            ledger.release(key)
+            return self._bind_failed(ref, node, f"binding conflict: {exc}")
+        except Exception as exc:  # noqa: BLE001 - every API failure becomes Error
+            ledger.release(key)
+            return self._bind_failed(ref, node, f"binding failed: {exc}")
+        ledger.mark_bound(key)
+        with self._seen_lock:
+            self._seen.pop(key, None)
+        self.events(ref, "Normal", "BindingSucceeded", f"bound to {node} with GPUs {value}")
+        return {"Error": ""}
+
+    def _bind_info(self, key: str, namespace: str, name: str) -> _PodInfo:
+        with self._seen_lock:
+            info = self._seen.get(key)
+        if info is not None:
+            return info
+        pod = self.lookup(namespace, name)
+        if pod is None:
+            raise InvalidArgs(f"pod {namespace}/{name} not found in the pod cache")
+        return self._pod_info(pod)
+
+    def _bind_failed(self, ref: dict[str, str], node: str, message: str) -> dict[str, str]:
+        log.info("bind failed pod=%s/%s node=%s reason=%r", ref["namespace"], ref["name"], node, message)
+        self.events(ref, "Warning", "BindingFailed", message)
+        return {"Error": message}
+
+    def preempt(self, raw_args: Any) -> dict[str, Any]:
+        """ExtenderPreemptionArgs -> ExtenderPreemptionResult: keep the nodes where evicting the proposed victims
+        frees enough GPU room for the pod (victims unchanged)."""
+        args = lower_keys(raw_args)
+        info = self._pod_info(args.get("pod"))
+        meta = args.get("nodenametometavictims")
+        full = args.get("nodenametovictims")
+        source = meta if isinstance(meta, Mapping) else full if isinstance(full, Mapping) else {}
+        out: dict[str, Any] = {}
+        for node, victims in source.items():
+            v = lower_keys(victims) if isinstance(victims, Mapping) else {}
+            pods = v.get("pods") or []
+            uids = []
+            for p in pods:
+                if not isinstance(p, Mapping):
+                    continue
+                lp = lower_keys(p)
+                uid = lp.get("uid") or ((p.get("metadata") or {}).get("uid") if "metadata" in p else None)
+                if uid:
+                    uids.append(str(uid))
+            if info.requests:
+                usage = self.ledger.usage_without(node, uids)
+                if usage is None:
+                    continue
+                with self.ledger.lock:
+                    state = self.ledger.nodes.get(node)
+                    if state is None:
+                        continue
+                    result = fit(state.devices, usage, info.requests, info.selectors, self.order)
+                if not result.ok:
+                    continue
+            out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": int(v.get("numpdbviolations") or 0)}
+        return {"NodeNameToMetaVictims": out}
+
+
+def _failure_message(total: int, failed: dict[str, str], unresolvable: dict[str, str]) -> str:
+    counts: dict[str, int] = {}
+    for reason in (*failed.values(), *unresolvable.values()):
+        counts[reason] = counts.get(reason, 0) + 1
+    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+    detail = "; ".join(f"{n} node(s): {reason}" for reason, n in top)
+    return f"0/{total} nodes can hold the pod's vGPU request. {detail}".strip()

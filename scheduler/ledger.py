@@ -1,0 +1,427 @@
+"""The scheduler's view of the cluster: GPUs per node and what is charged on each of them.
+
+Fed by the node and pod watch caches (`on_node`, `on_node_delete`, `on_pod`, `on_pod_delete`, each taking the
+object as a plain API-JSON dict) and by the extender's own reservations (`reserve`, `mark_bound`, `release`).
+Read by the extender on every /filter, /prioritize, /bind and /preempt, by the metrics collector and by
+`vgpu inspect`.
+
+Accounting is incremental: a pod event changes only the counters of the GPUs named in its `vgpu-ids-new`, so no
+request ever walks the pods of the cluster. Every change to a node's devices or usage bumps that node's
+`generation` and empties its per-node cache, which the extender uses to remember fit results per request shape.
+
+A charge comes from one of two places:
+- a pod seen by the watch with `vgpu-ids-new` that is bound (`spec.nodeName`) or assumed (`vgpu-node`), not yet
+  Succeeded/Failed (OBSERVED; released on delete or a terminal phase);
+- the extender's own reservation, made at /filter (decide mode) or /bind (ASSUMED, short TTL) and kept after a
+  successful bind until the watch shows the pod with its annotation (BOUND, long TTL).
+A watch event without an assignment never removes one of our reservations: it may predate our own binding.
+All public methods are thread-safe (the watch caches call from their own threads).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.fit import GPUUsage
+from vgpu import keys
+from vgpu.assignment import Assignment, salvage
+from vgpu.errors import CodecError
+from vgpu.inventory import GPUDevice, decode_hami, decode_volcano
+from vgpu.quantity import parse_integer_quantity
+from vgpu.resources import HAMI_NAMES, SharingConfig
+
+__all__ = [
+    "Ledger",
+    "NodeState",
+    "Charge",
+    "ChargeState",
+    "pod_key",
+    "NODE_UNKNOWN",
+]
+
+log = logging.getLogger(__name__)
+
+NODE_UNKNOWN = "node is not known to vgpu-scheduler (not in its node cache)"
+
+
+class ChargeState:
+    """Where a charge comes from (see the module docstring)."""
+
+    ASSUMED = "assumed"
+    BOUND = "bound"
+    OBSERVED = "observed"
+
+
+@dataclass(slots=True)
+class Charge:
+    """What one pod holds on one node: (uuid, memory units, cores) per granted device, containers flattened."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    grants: tuple[tuple[str, int, int], ...]
+    assignment: Assignment
+    state: str
+    expires: float = 0.0
+
+
+@dataclass(slots=True)
+class NodeState:
+    """One node as the scheduler sees it.
+
+    `error` is non-empty when the node cannot take vGPU pods (annotation absent or malformed, no allocatable
+    GPUs); `devices` is then empty. `cache` maps a request-signature id to whatever the extender wants to keep
+    for this generation; it is replaced by an empty dict whenever the generation changes.
+    """
+
+    name: str
+    devices: tuple[GPUDevice, ...] = ()
+    error: str = ""
+    usage: list[GPUUsage] = field(default_factory=list)
+    index: dict[str, int] = field(default_factory=dict)
+    generation: int = 0
+    cache: dict[int, Any] = field(default_factory=dict)
+    raw: tuple[str | None, str | None, str | None] = (None, None, None)
+    obj: Mapping[str, Any] | None = None
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    """The ledger's key of a pod: its UID, or namespace/name when the UID is missing."""
+    meta = pod.get("metadata") or {}
+    uid = meta.get("uid")
+    if uid:
+        return str(uid)
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
+def _flatten(assignment: Assignment) -> tuple[tuple[str, int, int], ...]:
+    # MIG entries look like GPU-xxxx[group-pos]; they charge the physical GPU.
+    return tuple((g.uuid.split("[", 1)[0], g.memory, g.cores) for segment in assignment for g in segment)
+
+
+def _allocatable_count(node: Mapping[str, Any], names: Iterable[str]) -> int:
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    best = 0
+    for name in names:
+        raw = allocatable.get(name)
+        if raw is None:
+            continue
+        try:
+            best = max(best, parse_integer_quantity(raw))
+        except ValueError:
+            continue
+    return best
+
+
+class Ledger:
+    """Per-node devices and per-GPU usage, incrementally maintained; see the module docstring."""
+
+    def __init__(
+        self,
+        config: SharingConfig | None = None,
+        assume_ttl: float = 30.0,
+        bound_ttl: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or SharingConfig()
+        self.assume_ttl = assume_ttl
+        self.bound_ttl = bound_ttl
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.nodes: dict[str, NodeState] = {}
+        self.charges: dict[str, Charge] = {}
+        self._by_node: dict[str, set[str]] = {}
+        self._expiry: list[tuple[float, str]] = []
+        self._number_names = tuple(n.number for n in self.config.name_sets())
+        self.listeners: list[Callable[[str], None]] = []
+
+    # ------------------------------------------------------------------ nodes
+
+    def on_node(self, node: Mapping[str, Any]) -> None:
+        """Add or update a node from its API object (cheap no-op when nothing we read changed)."""
+        meta = node.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            return
+        annotations = meta.get("annotations") or {}
+        volcano = annotations.get(keys.NODE_REGISTER)
+        hami = annotations.get(keys.HAMI_NODE_REGISTER) if volcano is None else None
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        alloc_raw = "|".join(str(allocatable.get(n)) for n in (*self._number_names, HAMI_NAMES.number))
+        raw = (volcano, hami, alloc_raw)
+        with self.lock:
+            state = self.nodes.get(name)
+            if state is not None and state.raw == raw:
+                state.obj = node
+                return
+            devices, error = self._decode_node(node, volcano, hami)
+            if state is None:
+                state = NodeState(name=name)
+                self.nodes[name] = state
+            state.raw = raw
+            state.obj = node
+            if devices != state.devices or error != state.error:
+                if error:
+                    log.info("node unschedulable node=%s reason=%r", name, error)
+                state.devices = devices
+                state.error = error
+                state.index = {d.uuid: i for i, d in enumerate(devices)}
+                self._rebuild(state)
+
+    def _decode_node(
+        self, node: Mapping[str, Any], volcano: Any, hami: Any
+    ) -> tuple[tuple[GPUDevice, ...], str]:
+        if volcano is None and hami is None:
+            return (), f"node has no vGPU inventory (annotation {keys.NODE_REGISTER} absent)"
+        try:
+            devices = decode_volcano(volcano) if volcano is not None else decode_hami(hami)
+        except CodecError as exc:
+            return (), f"node inventory annotation is malformed: {exc}"
+        names = self._number_names if volcano is not None else (*self._number_names, HAMI_NAMES.number)
+        if _allocatable_count(node, names) <= 0:
+            return (), f"node allocatable {names[0]} is 0 or absent (device plugin not registered)"
+        if not devices:
+            return (), "node inventory annotation lists no GPUs"
+        return devices, ""
+
+    def detached(self, node: Mapping[str, Any]) -> NodeState:
+        """A NodeState built from a node object without storing it (for full-`Nodes` filter requests of nodes
+        the cache does not know, e.g. Cluster Autoscaler templates); usage comes from charges on that name."""
+        meta = node.get("metadata") or {}
+        name = meta.get("name") or ""
+        annotations = meta.get("annotations") or {}
+        volcano = annotations.get(keys.NODE_REGISTER)
+        hami = annotations.get(keys.HAMI_NODE_REGISTER) if volcano is None else None
+        devices, error = self._decode_node(node, volcano, hami)
+        state = NodeState(name=name, devices=devices, error=error, obj=node)
+        state.index = {d.uuid: i for i, d in enumerate(devices)}
+        state.usage = [GPUUsage() for _ in devices]
+        with self.lock:
+            for uid in self._by_node.get(name, ()):
+                self._apply(state, self.charges[uid].grants, +1)
+        return state
+
+    def on_node_delete(self, node: Mapping[str, Any]) -> None:
+        """Forget a node; charges of pods on it are kept (they come back if the node does)."""
+        name = (node.get("metadata") or {}).get("name")
+        with self.lock:
+            if self.nodes.pop(name, None) is not None:
+                self._notify(name)
+
+    def node(self, name: str) -> NodeState | None:
+        """The state of one node, or None (callers hold `lock` while they use it)."""
+        return self.nodes.get(name)
+
+    def _rebuild(self, state: NodeState) -> None:
+        state.usage = [GPUUsage() for _ in state.devices]
+        for uid in self._by_node.get(state.name, ()):
+            self._apply(state, self.charges[uid].grants, +1)
+        self._bump(state)
+
+    def _bump(self, state: NodeState) -> None:
+        state.generation += 1
+        state.cache = {}
+        self._notify(state.name)
+
+    def _notify(self, node_name: str) -> None:
+        for listener in self.listeners:
+            listener(node_name)
+
+    @staticmethod
+    def _apply(state: NodeState, grants: tuple[tuple[str, int, int], ...], sign: int) -> None:
+        for uuid, memory, cores in grants:
+            i = state.index.get(uuid)
+            if i is None:
+                continue
+            used = state.usage[i]
+            if sign > 0:
+                used.add(memory, cores)
+            else:
+                used.sub(memory, cores)
+
+    # ------------------------------------------------------------------ charges
+
+    def _add(self, charge: Charge) -> None:
+        self.charges[charge.uid] = charge
+        self._by_node.setdefault(charge.node, set()).add(charge.uid)
+        state = self.nodes.get(charge.node)
+        if state is not None:
+            self._apply(state, charge.grants, +1)
+            self._bump(state)
+        if charge.expires:
+            heapq.heappush(self._expiry, (charge.expires, charge.uid))
+
+    def _remove(self, uid: str) -> Charge | None:
+        charge = self.charges.pop(uid, None)
+        if charge is None:
+            return None
+        members = self._by_node.get(charge.node)
+        if members is not None:
+            members.discard(uid)
+            if not members:
+                del self._by_node[charge.node]
+        state = self.nodes.get(charge.node)
+        if state is not None:
+            self._apply(state, charge.grants, -1)
+            self._bump(state)
+        return charge
+
+    def on_pod(self, pod: Mapping[str, Any]) -> None:
+        """Account a pod from a watch add/update event."""
+        uid = pod_key(pod)
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        phase = (pod.get("status") or {}).get("phase")
+        annotations = meta.get("annotations") or {}
+        with self.lock:
+            if phase in ("Succeeded", "Failed"):
+                self._remove(uid)
+                return
+            ids = annotations.get(keys.VGPU_IDS)
+            node = spec.get("nodeName") or annotations.get(keys.VGPU_NODE)
+            current = self.charges.get(uid)
+            if not ids or not node:
+                if current is not None and current.state == ChargeState.OBSERVED:
+                    self._remove(uid)
+                return
+            assignment = salvage(ids)
+            grants = _flatten(assignment)
+            if (
+                current is not None
+                and current.node == node
+                and current.grants == grants
+            ):
+                if current.state != ChargeState.OBSERVED:
+                    current.state = ChargeState.OBSERVED
+                    current.expires = 0.0
+                return
+            if current is not None:
+                self._remove(uid)
+            self._add(
+                Charge(
+                    uid=uid,
+                    namespace=meta.get("namespace") or "default",
+                    name=meta.get("name") or "",
+                    node=node,
+                    grants=grants,
+                    assignment=assignment,
+                    state=ChargeState.OBSERVED,
+                )
+            )
+
+    def on_pod_delete(self, pod: Mapping[str, Any]) -> None:
+        """Release whatever a deleted pod held (by UID, whatever its annotations say)."""
+        with self.lock:
+            self._remove(pod_key(pod))
+
+    def reserve(self, uid: str, namespace: str, name: str, node: str, assignment: Assignment) -> Charge:
+        """Charge an assumed placement (replacing any previous charge of this pod) with the assume TTL."""
+        with self.lock:
+            self._remove(uid)
+            charge = Charge(
+                uid=uid,
+                namespace=namespace,
+                name=name,
+                node=node,
+                grants=_flatten(assignment),
+                assignment=assignment,
+                state=ChargeState.ASSUMED,
+                expires=self.clock() + self.assume_ttl,
+            )
+            self._add(charge)
+            return charge
+
+    def extend(self, uid: str, ttl: float) -> None:
+        """Push the expiry of an assumed reservation `ttl` seconds from now (a bind is in flight)."""
+        with self.lock:
+            charge = self.charges.get(uid)
+            if charge is not None and charge.state != ChargeState.OBSERVED:
+                charge.expires = self.clock() + ttl
+                heapq.heappush(self._expiry, (charge.expires, uid))
+
+    def mark_bound(self, uid: str, assignment: Assignment | None = None) -> None:
+        """Our binding succeeded: keep the charge until the watch shows the pod (with the bound TTL)."""
+        with self.lock:
+            charge = self.charges.get(uid)
+            if charge is None or charge.state == ChargeState.OBSERVED:
+                return
+            if assignment is not None and _flatten(assignment) != charge.grants:
+                self._remove(uid)
+                charge = Charge(
+                    charge.uid, charge.namespace, charge.name, charge.node, _flatten(assignment), assignment,
+                    ChargeState.BOUND,
+                )
+                charge.expires = self.clock() + self.bound_ttl
+                self._add(charge)
+                return
+            charge.state = ChargeState.BOUND
+            charge.expires = self.clock() + self.bound_ttl
+            heapq.heappush(self._expiry, (charge.expires, uid))
+
+    def release(self, uid: str, only_unobserved: bool = True) -> bool:
+        """Drop a pod's charge (by default only one of our own reservations); True if something was dropped."""
+        with self.lock:
+            charge = self.charges.get(uid)
+            if charge is None or (only_unobserved and charge.state == ChargeState.OBSERVED):
+                return False
+            self._remove(uid)
+            return True
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop reservations whose TTL has passed; returns how many. Cost is O(expired), amortised."""
+        now = self.clock() if now is None else now
+        dropped = 0
+        with self.lock:
+            heap = self._expiry
+            while heap and heap[0][0] <= now:
+                expires, uid = heapq.heappop(heap)
+                charge = self.charges.get(uid)
+                if charge is None or charge.state == ChargeState.OBSERVED or charge.expires > now:
+                    continue
+                log.info("reservation expired pod=%s/%s node=%s", charge.namespace, charge.name, charge.node)
+                self._remove(uid)
+                dropped += 1
+        return dropped
+
+    # ------------------------------------------------------------------ reads
+
+    def usage_without(self, node: str, uids: Iterable[str]) -> list[GPUUsage] | None:
+        """A copy of a node's usage with the given pods' charges taken off (for preemption), or None."""
+        with self.lock:
+            state = self.nodes.get(node)
+            if state is None or state.error:
+                return None
+            usage = [GPUUsage(u.shares, u.memory, u.cores) for u in state.usage]
+            for uid in set(uids):
+                charge = self.charges.get(uid)
+                if charge is None or charge.node != node:
+                    continue
+                for uuid, memory, cores in charge.grants:
+                    i = state.index.get(uuid)
+                    if i is not None:
+                        usage[i].sub(memory, cores)
+            return usage
+
+    def pods_on(self, node: str) -> list[Charge]:
+        """Charges of the pods on one node (copy of the list, sorted by namespace/name)."""
+        with self.lock:
+            charges = [self.charges[uid] for uid in self._by_node.get(node, ())]
+        return sorted(charges, key=lambda c: (c.namespace, c.name))
+
+    def snapshot(self) -> list[tuple[NodeState, list[GPUUsage], list[Charge]]]:
+        """Per node (sorted by name): its state, a copy of its usage and its charges; for metrics and inspect."""
+        with self.lock:
+            out = []
+            for name in sorted(self.nodes):
+                state = self.nodes[name]
+                usage = [GPUUsage(u.shares, u.memory, u.cores) for u in state.usage]
+                charges = [self.charges[uid] for uid in self._by_node.get(name, ())]
+                out.append((state, usage, sorted(charges, key=lambda c: (c.namespace, c.name))))
+            return out

@@ -1,0 +1,133 @@
+"""Wiring of a running extender: API client, node and pod watch caches feeding the ledger, leader election,
+event recorder, metrics server, and the FastAPI app. Used by `vgpu scheduler` (scheduler.cli) and by tests that
+run the extender in-process against the API-server stand-in.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client as k8s
+
+from scheduler.config import SchedulerConfig
+from scheduler.extender import BindConflict, Extender
+from scheduler.ledger import Ledger
+from scheduler.metrics import SchedulerMetrics
+from scheduler.policies import make_policy
+from scheduler.server import create_app, parse_listen
+from vgpu.kube import EventRecorder, LeaderElector, WatchCache, bind_pod, make_api_client
+from vgpu.kube.client import read_json
+from vgpu.kube.errors import ConflictError, NotFoundError, translate
+
+__all__ = ["SchedulerRuntime"]
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerRuntime:
+    """Everything `vgpu scheduler` runs, built from a SchedulerConfig; `start()` then serve `app`."""
+
+    def __init__(self, config: SchedulerConfig, api_client: k8s.ApiClient | None = None) -> None:
+        self.config = config
+        self.api = api_client or make_api_client(config.kubeconfig, config.qps, config.burst)
+        self.ledger = Ledger(config.sharing, assume_ttl=config.assume_ttl_seconds,
+                             bound_ttl=config.bound_ttl_seconds)
+        self.metrics = SchedulerMetrics(self.ledger)
+        self.nodes = WatchCache(self.api, "nodes", name="vgpu-scheduler-nodes")
+        self.nodes.add_handlers(self.ledger.on_node, lambda old, new: self.ledger.on_node(new),
+                                self.ledger.on_node_delete)
+        self.pods = WatchCache(self.api, "pods", field_selector=config.pod_field_selector or None,
+                               name="vgpu-scheduler-pods")
+        self.pods.add_handlers(self.ledger.on_pod, lambda old, new: self.ledger.on_pod(new),
+                               self.ledger.on_pod_delete)
+        self.metrics.track_cache("nodes", lambda: self.nodes.synced)
+        self.metrics.track_cache("pods", lambda: self.pods.synced)
+        self.recorder = EventRecorder(self.api, config.scheduler_name)
+        self.elector: LeaderElector | None = None
+        if config.leader_elect:
+            self.elector = LeaderElector(self.api, config.lease_name, config.lease_namespace,
+                                         on_started_leading=lambda: self.metrics.leader.set(1),
+                                         on_stopped_leading=lambda: self.metrics.leader.set(0))
+        else:
+            self.metrics.leader.set(1)
+        self.extender = Extender(
+            self.ledger,
+            make_policy(config.node_policy),
+            gpu_policy=config.gpu_policy,
+            mode=config.mode,
+            binder=self._bind,
+            lookup=self._lookup,
+            fetch=self._fetch,
+            events=self._event,
+            ready=self.not_ready,
+        )
+        self.app = create_app(self.extender, self.not_ready, self.metrics, config.max_body_bytes)
+        self._metrics_server: Any = None
+
+    def not_ready(self) -> str:
+        """"" when this replica may serve, else why not."""
+        if not self.nodes.synced:
+            return "node cache not synced"
+        if not self.pods.synced:
+            return "pod cache not synced"
+        if self.elector is not None and not self.elector.is_leader:
+            return "not the leader"
+        return ""
+
+    def _bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None:
+        try:
+            bind_pod(self.api, namespace, name, node, annotations, uid or None)
+        except ConflictError as exc:
+            raise BindConflict(str(exc)) from exc
+
+    def _lookup(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return self.pods.get(f"{namespace}/{name}")
+
+    def _fetch(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        try:
+            resp = k8s.CoreV1Api(self.api).read_namespaced_pod(name, namespace, _preload_content=False,
+                                                               _request_timeout=10)
+            return read_json(resp)
+        except Exception as exc:  # noqa: BLE001
+            err = translate(exc, f"get pod {namespace}/{name}")
+            if isinstance(err, NotFoundError):
+                return None
+            raise err from exc
+
+    def _event(self, pod: Mapping[str, str], kind: str, reason: str, message: str) -> None:
+        obj = {"kind": "Pod", "apiVersion": "v1",
+               "metadata": {"namespace": pod.get("namespace", ""), "name": pod.get("name", ""),
+                            "uid": pod.get("uid", "")}}
+        self.recorder.event(obj, kind, reason, message[:1024])
+
+    def start(self, wait: float | None = None) -> "SchedulerRuntime":
+        """Start caches, leader election and the metrics server; optionally wait `wait` s for the caches."""
+        self.nodes.start()
+        self.pods.start()
+        if self.elector is not None:
+            self.elector.start()
+        if self.config.metrics_listen:
+            from prometheus_client import start_http_server
+
+            host, port = parse_listen(self.config.metrics_listen, 9395)
+            self._metrics_server = start_http_server(port, host, registry=self.metrics.registry)
+        if wait:
+            self.nodes.wait_synced(wait)
+            self.pods.wait_synced(wait)
+        return self
+
+    def stop(self) -> None:
+        """Stop everything started by `start` (the HTTP server is the caller's)."""
+        if self.elector is not None:
+            self.elector.stop()
+        self.pods.stop()
+        self.nodes.stop()
+        self.recorder.close(1.0)
+        if self._metrics_server is not None:
+            server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server
+            try:
+                server.shutdown()
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,204 @@
+"""Contract tests: the extender over real HTTP, fed kube-scheduler's exact extender JSON, binding through the
+API-server stand-in; the bound pod's annotations are checked byte for byte."""
+
+import re
+import time
+
+import orjson
+import pytest
+from conftest import wait_until
+from prometheus_client import generate_latest
+from sched_builders import container, gpu, node, pod
+
+from vgpu import keys
+
+A100 = "NVIDIA-NVIDIA A100-PCIE-40GB"
+
+
+def seed(kube, *, broken=True):
+    kube.create_node(node("node-a", [gpu("GPU-aaaa", 40960, type_=A100), gpu("GPU-bbbb", 40960, type_=A100)]))
+    kube.create_node(node("node-b", [gpu("GPU-cccc", 40960, type_=A100)]))
+    if broken:
+        kube.create_node(node("node-x", register="GPU-xxxx,10,40960"))
+    worker = container(name="worker", number=2, memory=10000, cores=30)
+    sidecar = {"name": "sidecar", "image": "busybox", "resources": {}}
+    return kube.create_pod(pod("trainer", sidecar, worker))
+
+
+def go_filter_args(pod_obj, names=None, nodes=None) -> bytes:
+    """ExtenderArgs as kube-scheduler's Go encoder writes them (no json tags: Go field names, nulls kept)."""
+    nodes_json = b"null" if nodes is None else orjson.dumps({"metadata": {}, "items": nodes})
+    names_json = b"null" if names is None else orjson.dumps(names)
+    return b'{"Pod":' + orjson.dumps(pod_obj) + b',"Nodes":' + nodes_json + b',"NodeNames":' + names_json + b"}"
+
+
+def go_bind_args(pod_obj, node_name) -> bytes:
+    meta = pod_obj["metadata"]
+    return (
+        b'{"PodName":"' + meta["name"].encode() + b'","PodNamespace":"' + meta["namespace"].encode()
+        + b'","PodUID":"' + meta["uid"].encode() + b'","Node":"' + node_name.encode() + b'"}'
+    )
+
+
+def expected_annotations(bound, node_name, ids):
+    got = bound["metadata"]["annotations"]
+    stamp = got.get(keys.VGPU_TIME, "")
+    assert re.fullmatch(r"[0-9]{10}", stamp) and abs(int(stamp) - time.time()) < 60
+    return {
+        keys.VGPU_NODE: node_name,
+        keys.VGPU_IDS: ids,
+        keys.DEVICES_TO_ALLOCATE: ids,
+        keys.VGPU_TIME: stamp,
+        keys.BIND_TIME: stamp,
+        keys.BIND_PHASE: "allocating",
+    }
+
+
+CONTRACT_IDS = "GPU-aaaa,NVIDIA,10000,30:GPU-bbbb,NVIDIA,10000,30:"
+
+
+def test_decide_mode_filter_and_bind_byte_for_byte(kube, served):
+    p = seed(kube)
+    ext = served(mode="decide")
+    r = ext.post("/filter", go_filter_args(p, names=["node-a", "node-b", "node-x", "node-gone"]))
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    out = r.json()
+    assert out["NodeNames"] == ["node-a"] and out["Error"] == ""
+    assert "needs 2 GPUs, node has 1" in out["FailedAndUnresolvableNodes"]["node-b"]
+    assert "malformed" in out["FailedAndUnresolvableNodes"]["node-x"]
+    assert "not known" in out["FailedAndUnresolvableNodes"]["node-gone"]
+
+    r = ext.post("/bind", go_bind_args(p, "node-a"))
+    assert r.status_code == 200 and r.json() == {"Error": ""}
+    bound = kube.pod("trainer")
+    assert bound["spec"]["nodeName"] == "node-a"
+    assert bound["metadata"]["annotations"] == expected_annotations(bound, "node-a", CONTRACT_IDS)
+
+    # kube-scheduler retries the bind (e.g. its HTTP call timed out): same answer, no second binding.
+    r = ext.post("/bind", go_bind_args(p, "node-a"))
+    assert r.json() == {"Error": ""}
+    wait_until(lambda: ext.ledger.charges.get(p["metadata"]["uid"], None) is not None
+               and ext.ledger.charges[p["metadata"]["uid"]].state == "observed", what="watch confirms the pod")
+    usage = [(u.shares, u.memory, u.cores) for u in ext.ledger.nodes["node-a"].usage]
+    assert usage == [(1, 10000, 30), (1, 10000, 30)]
+    wait_until(lambda: any(e.get("reason") == "BindingSucceeded" for e in kube.events()), what="event")
+
+    text = generate_latest(ext.runtime.metrics.registry).decode()
+    assert 'vgpu_scheduler_gpu_memory_allocated_mebibytes{index="0",node="node-a"' in text
+    assert 'vgpu_scheduler_pod_memory_allocated_mebibytes{namespace="default",node="node-a",pod="trainer"' in text
+    assert 'vgpu_scheduler_request_duration_seconds_count{verb="filter"} 1.0' in text
+    assert 'vgpu_scheduler_cache_synced{cache="pods"} 1.0' in text
+
+
+def test_score_mode_filter_prioritize_bind_with_full_nodes(kube, served):
+    kube.create_node(node("n1", [gpu("GPU-1", 8000)]))
+    kube.create_node(node("n2", [gpu("GPU-2", 8000)]))
+    kube.create_node(node("n3", [gpu("GPU-3", 8000)]))
+    kube.create_pod(pod("busy", node_name=None))
+    kube.bind("busy", "n2")  # not a vGPU pod: no charge
+    existing = kube.create_pod(pod("old", container(number=1, memory=6000)))
+    ext = served(mode="score")
+    r = ext.post("/filter", go_filter_args(existing, names=["n1"]))
+    assert r.json()["NodeNames"] == ["n1"]
+    assert ext.post("/bind", go_bind_args(existing, "n1")).json() == {"Error": ""}
+
+    p = kube.create_pod(pod("new", container(number=1, memory=1000)))
+    full = [kube._read(kube.core.read_node(n, _preload_content=False)) for n in ("n1", "n2", "n3")]
+    out = ext.post("/filter", go_filter_args(p, nodes=full)).json()
+    assert out["NodeNames"] == ["n1", "n2", "n3"]
+    assert [n["metadata"]["name"] for n in out["Nodes"]["items"]] == ["n1", "n2", "n3"]
+
+    prio = ext.post("/prioritize", go_filter_args(p, names=["n1", "n2", "n3"])).json()
+    assert prio == [{"Host": "n1", "Score": 10}, {"Host": "n2", "Score": 0}, {"Host": "n3", "Score": 0}]
+
+    assert ext.post("/bind", go_bind_args(p, "n1")).json() == {"Error": ""}
+    bound = kube.pod("new")
+    assert bound["metadata"]["annotations"] == expected_annotations(bound, "n1", "GPU-1,NVIDIA,1000,0:")
+
+
+def test_bind_conflict_returns_error_and_releases_reservation(kube, served):
+    kube.create_node(node("n1", [gpu("GPU-1", 8000)]))
+    kube.create_node(node("n2", [gpu("GPU-2", 8000)]))
+    p = kube.create_pod(pod("p", container(number=1, memory=3000)))
+    ext = served(mode="decide")
+    assert ext.post("/filter", go_filter_args(p, names=["n1"])).json()["NodeNames"] == ["n1"]
+    assert ext.ledger.nodes["n1"].usage[0].memory == 3000
+    kube.bind("p", "n2")  # someone else binds the pod first
+    out = ext.post("/bind", go_bind_args(p, "n1")).json()
+    assert "conflict" in out["Error"] and "already assigned" in out["Error"]
+    assert ext.ledger.nodes["n1"].usage[0].memory == 0
+    wait_until(lambda: any(e.get("reason") == "BindingFailed" for e in kube.events()), what="event")
+
+
+def test_bind_without_filter_refits_from_pod_cache(kube, served):
+    kube.create_node(node("n1", [gpu("GPU-1", 8000)]))
+    p = kube.create_pod(pod("p", container(number=1, memory=9000)))
+    q = kube.create_pod(pod("q", container(number=1, memory=2000, cores=10)))
+    ext = served(mode="score")
+    wait_until(lambda: ext.runtime.pods.get("default/q") is not None, what="pod cache")
+    out = ext.post("/bind", go_bind_args(p, "n1")).json()
+    assert "no longer fits" in out["Error"] and "card smaller than request" in out["Error"]
+    assert ext.post("/bind", go_bind_args(q, "n1")).json() == {"Error": ""}
+    assert kube.pod("q")["metadata"]["annotations"][keys.VGPU_IDS] == "GPU-1,NVIDIA,2000,10:"
+
+
+def test_bad_input(kube, served):
+    p = seed(kube, broken=False)
+    ext = served(mode="score", max_body_bytes=64 * 1024)
+    body = go_filter_args(p, names=["node-a"])
+    assert ext.post("/filter", body[: len(body) // 2]).status_code == 400
+    assert ext.post("/bind", b'{"PodName": "x",').status_code == 400
+    assert ext.post("/prioritize", b"{nope").status_code == 400
+    r = ext.post("/filter", b"[1, 2]")
+    assert r.status_code == 200 and "expected a JSON object" in r.json()["Error"]
+    assert "missing Pod" in ext.post("/filter", {"NodeNames": ["node-a"]}).json()["Error"]
+    assert "NodeNames must be a list" in ext.post("/filter", {"Pod": p, "NodeNames": "node-a"}).json()["Error"]
+    assert "PodName missing" in ext.post("/bind", {"Node": "node-a"}).json()["Error"]
+    assert "not found" in ext.post("/bind", {"PodName": "ghost", "PodNamespace": "default", "PodUID": "u",
+                                             "Node": "node-a"}).json()["Error"]
+    assert ext.post("/prioritize", {"Pod": 5}).json() == []
+    big = b'{"Pod": {}, "NodeNames": ["' + b"x" * 100_000 + b'"]}'
+    assert ext.post("/filter", big).status_code == 413
+
+    negative = pod("neg", container(name="w", number=1, memory=-5))
+    out = ext.post("/filter", {"Pod": negative, "NodeNames": ["node-a"]}).json()
+    assert "'w'" in out["Error"] and "volcano.sh/vgpu-memory" in out["Error"] and out["NodeNames"] == []
+    huge = pod("huge", container(name="w", number=1, memory=50000))
+    out = ext.post("/filter", {"Pod": huge, "NodeNames": ["node-a", "node-b"]}).json()
+    assert out["NodeNames"] == [] and "card smaller than request" in out["FailedAndUnresolvableNodes"]["node-a"]
+    too_many = pod("many", container(name="w", number=65))
+    assert "above 64" in ext.post("/filter", {"Pod": too_many, "NodeNames": ["node-a"]}).json()["Error"]
+    # Only resources we do not manage: not our pod, every node passes unchanged.
+    other = pod("other", container(name="w", extra={"example.com/fpga": "1"}))
+    other["spec"]["containers"][0]["resources"]["limits"] = {"example.com/fpga": "1"}
+    out = ext.post("/filter", {"pod": other, "nodenames": ["node-a", "node-b"]}).json()
+    assert out["NodeNames"] == ["node-a", "node-b"] and out["Error"] == ""
+    # Any capitalisation of the Go field names.
+    out = ext.post("/filter", {"POD": p, "nodeNames": ["node-a"]}).json()
+    assert out["NodeNames"] == ["node-a"]
+    wait_until(lambda: any(e.get("reason") == "FilteringFailed" for e in kube.events()), what="event")
+    assert ext.http.get("/healthz").status_code == 200
+    assert ext.http.get("/readyz").status_code == 200
+
+
+def test_follower_is_not_ready_and_refuses(kube, served):
+    seed(kube, broken=False)
+    leader = served(mode="decide", leader_elect=True, lease_namespace="default")
+    wait_until(lambda: leader.http.get("/readyz").status_code == 200, what="leader ready")
+    follower = served(mode="decide", leader_elect=True, lease_namespace="default")
+    time.sleep(0.5)
+    r = follower.http.get("/readyz")
+    assert r.status_code == 503 and "not the leader" in r.text
+    p = kube.pod("trainer")
+    assert "not the leader" in follower.post("/filter", go_filter_args(p, names=["node-a"])).json()["Error"]
+
+
+@pytest.mark.parametrize("mode", ["decide", "score"])
+def test_pod_deleted_after_bind_releases(kube, served, mode):
+    kube.create_node(node("n1", [gpu("GPU-1", 8000)]))
+    p = kube.create_pod(pod("p", container(number=1, memory=3000)))
+    ext = served(mode=mode)
+    assert ext.post("/filter", go_filter_args(p, names=["n1"])).json()["NodeNames"] == ["n1"]
+    assert ext.post("/bind", go_bind_args(p, "n1")).json() == {"Error": ""}
+    kube.core.delete_namespaced_pod("p", "default", _preload_content=False).release_conn()
+    wait_until(lambda: ext.ledger.nodes["n1"].usage[0].memory == 0, what="release on delete")

@@ -1,0 +1,156 @@
+"""The usage ledger: node inventory states, incremental pod accounting, reservations and their TTL."""
+
+from sched_builders import container, gpu, node, pod
+
+from scheduler.extender import Extender
+from scheduler.ledger import ChargeState, Ledger
+from scheduler.policies import make_policy
+from vgpu import keys
+from vgpu.assignment import DeviceGrant
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def usage(ledger, name):
+    return [(u.shares, u.memory, u.cores) for u in ledger.nodes[name].usage]
+
+
+def test_malformed_annotation_fails_only_that_node():
+    ledger = Ledger()
+    ledger.on_node(node("good", [gpu("GPU-a")]))
+    ledger.on_node(node("bad", register="GPU-b,10,40960,NVIDIA-A100,maybe,hami-core:"))
+    ledger.on_node(node("none"))
+    ledger.on_node(node("zero", [gpu("GPU-c")], allocatable=0))
+    ext = Extender(ledger, make_policy("binpack"), mode="score")
+    out = ext.filter({"Pod": pod("p", container(number=1, memory=100)), "NodeNames": ["good", "bad", "none", "zero"]})
+    assert out["NodeNames"] == ["good"]
+    bad = out["FailedAndUnresolvableNodes"]
+    assert "volcano.sh/node-vgpu-register entry 0 health" in bad["bad"] and "'maybe'" in bad["bad"]
+    assert "annotation volcano.sh/node-vgpu-register absent" in bad["none"]
+    assert "allocatable volcano.sh/vgpu-number is 0" in bad["zero"]
+
+
+def test_node_becomes_schedulable_when_annotation_is_fixed_and_keeps_usage():
+    ledger = Ledger()
+    ledger.on_pod(pod("early", node_name="n1", ids="GPU-a,NVIDIA,1000,10:"))
+    ledger.on_node(node("n1", register="broken"))
+    assert ledger.nodes["n1"].error
+    ledger.on_node(node("n1", [gpu("GPU-a")]))
+    assert not ledger.nodes["n1"].error
+    assert usage(ledger, "n1") == [(1, 1000, 10)]
+
+
+def test_unchanged_node_update_keeps_generation():
+    ledger = Ledger()
+    n = node("n1", [gpu("GPU-a")])
+    ledger.on_node(n)
+    gen = ledger.nodes["n1"].generation
+    n2 = dict(n, metadata=dict(n["metadata"], labels={"x": "y"}, resourceVersion="99"))
+    ledger.on_node(n2)
+    assert ledger.nodes["n1"].generation == gen
+    ledger.on_node(node("n1", [gpu("GPU-a", memory=9000)]))
+    assert ledger.nodes["n1"].generation == gen + 1
+
+
+def test_pod_lifecycle_charges_and_releases():
+    ledger = Ledger()
+    ledger.on_node(node("n1", [gpu("GPU-a"), gpu("GPU-b")]))
+    p = pod("p", node_name="n1", ids="GPU-a,NVIDIA,1000,10:;GPU-a,NVIDIA,500,5:GPU-b,NVIDIA,500,5:")
+    ledger.on_pod(p)
+    assert usage(ledger, "n1") == [(2, 1500, 15), (1, 500, 5)]
+    gen = ledger.nodes["n1"].generation
+    ledger.on_pod(dict(p, status={"phase": "Running"}))  # a status update changes nothing
+    assert ledger.nodes["n1"].generation == gen
+    ledger.on_pod(dict(p, status={"phase": "Succeeded"}))
+    assert usage(ledger, "n1") == [(0, 0, 0), (0, 0, 0)]
+    ledger.on_pod(dict(p, status={"phase": "Running"}))
+    ledger.on_pod_delete(p)
+    assert usage(ledger, "n1") == [(0, 0, 0), (0, 0, 0)]
+
+
+def test_assumed_pod_of_another_scheduler_counts_via_vgpu_node():
+    ledger = Ledger()
+    ledger.on_node(node("n1", [gpu("GPU-a")]))
+    ledger.on_pod(pod("v", ids="GPU-a,NVIDIA,700,0:", annotations={keys.VGPU_NODE: "n1"}))
+    assert usage(ledger, "n1") == [(1, 700, 0)]
+
+
+def test_unknown_uuid_and_corrupt_entries_are_ignored():
+    ledger = Ledger()
+    ledger.on_node(node("n1", [gpu("GPU-a")]))
+    ledger.on_pod(pod("p", node_name="n1", ids="GPU-zzz,NVIDIA,100,0:GPU-a,NVIDIA,-5,3:GPU-a,NVIDIA,200,1:"))
+    assert usage(ledger, "n1") == [(1, 200, 1)]
+
+
+def test_reservation_expires_and_bound_charge_survives_stale_events():
+    clock = Clock()
+    ledger = Ledger(assume_ttl=30, bound_ttl=600, clock=clock)
+    ledger.on_node(node("n1", [gpu("GPU-a")]))
+    grants = ((DeviceGrant("GPU-a", 1000, 10),),)
+    ledger.reserve("u1", "default", "p1", "n1", grants)
+    assert usage(ledger, "n1") == [(1, 1000, 10)]
+    clock.now += 31
+    assert ledger.expire() == 1
+    assert usage(ledger, "n1") == [(0, 0, 0)]
+
+    ledger.reserve("u2", "default", "p2", "n1", grants)
+    ledger.mark_bound("u2")
+    stale = pod("p2", uid="u2")  # an event from before our binding: no annotations, no node
+    ledger.on_pod(stale)
+    clock.now += 100
+    ledger.expire()
+    assert usage(ledger, "n1") == [(1, 1000, 10)]
+    ledger.on_pod(pod("p2", uid="u2", node_name="n1", ids="GPU-a,NVIDIA,1000,10:"))
+    assert ledger.charges["u2"].state == ChargeState.OBSERVED
+    clock.now += 10_000
+    ledger.expire()
+    assert usage(ledger, "n1") == [(1, 1000, 10)]
+    ledger.on_pod_delete(stale)
+    assert usage(ledger, "n1") == [(0, 0, 0)]
+
+
+def test_decide_mode_reservation_counts_for_next_pod_and_refilter_replaces_it():
+    ledger = Ledger()
+    ledger.on_node(node("n1", [gpu("GPU-a", memory=1000, split=10)]))
+    ext = Extender(ledger, make_policy("binpack"), mode="decide")
+    p = pod("p", container(number=1, memory=600))
+    assert ext.filter({"Pod": p, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
+    q = pod("q", container(number=1, memory=600))
+    assert ext.filter({"Pod": q, "NodeNames": ["n1"]})["NodeNames"] == []
+    # kube-scheduler filters p again (e.g. after a failed cycle): its old reservation is dropped first.
+    assert ext.filter({"Pod": p, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
+    assert usage(ledger, "n1") == [(1, 600, 0)]
+
+
+def test_generation_cache_is_invalidated_by_usage_change():
+    ledger = Ledger()
+    ledger.on_node(node("n1", [gpu("GPU-a", memory=1000)]))
+    ext = Extender(ledger, make_policy("binpack"), mode="score")
+    args = {"Pod": pod("p", container(number=1, memory=600)), "NodeNames": ["n1"]}
+    assert ext.filter(args)["NodeNames"] == ["n1"]
+    assert ledger.nodes["n1"].cache  # remembered for this generation
+    ledger.on_pod(pod("other", node_name="n1", ids="GPU-a,NVIDIA,500,0:"))
+    assert not ledger.nodes["n1"].cache
+    assert ext.filter(args)["NodeNames"] == []
+
+
+def test_preempt_keeps_nodes_where_victims_free_enough():
+    ledger = Ledger()
+    ledger.on_node(node("n1", [gpu("GPU-a", memory=1000)]))
+    ledger.on_node(node("n2", [gpu("GPU-b", memory=1000)]))
+    ledger.on_pod(pod("v1", uid="v1", node_name="n1", ids="GPU-a,NVIDIA,800,0:"))
+    ledger.on_pod(pod("v2", uid="v2", node_name="n2", ids="GPU-b,NVIDIA,300,0:"))
+    ledger.on_pod(pod("keep", uid="k2", node_name="n2", ids="GPU-b,NVIDIA,500,0:"))
+    ext = Extender(ledger, make_policy("binpack"), mode="score")
+    out = ext.preempt({
+        "Pod": pod("p", container(number=1, memory=600)),
+        "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "v1"}], "NumPDBViolations": 0},
+                                  "n2": {"Pods": [{"UID": "v2"}], "NumPDBViolations": 1}},
+    })
+    assert out == {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "v1"}], "NumPDBViolations": 0}}}

@@ -1,0 +1,1035 @@
+"""TEST INFRASTRUCTURE: a local stand-in for kube-apiserver, serving the subset of the REST API vgpu-sharing uses.
+
+It is not part of any shipped component. Tests and `vgpu demo` run it so that our code talks to a real HTTP
+peer through the official `kubernetes` client (never through patched functions).
+
+Why not `kmock`: its KubernetesEmulator keeps objects but has no real resourceVersions (lists answer "..."),
+no field or label selectors, no 409 on a stale resourceVersion, no 410 for an expired watch, no `pods/binding`
+and no persistence, which are exactly the behaviours our caches, patches and binds depend on. So this module
+implements them directly on `http.server.ThreadingHTTPServer` (one thread per connection; a watch is a blocked
+thread waiting on a condition variable, which comfortably handles hundreds of concurrent watches).
+
+Served:
+  core/v1                 nodes (cluster-scoped), nodes/status, pods, pods/status, pods/binding, events
+  events.k8s.io/v1        events
+  coordination.k8s.io/v1  leases
+Verbs: get, list (fieldSelector with = == !=, labelSelector with = == != in notin, exists, !exists),
+watch (`?watch=true&resourceVersion=N`, chunked JSON lines, ADDED/MODIFIED/DELETED/BOOKMARK; an ERROR event with
+a 410 Status when N is older than the retained history), create, update (PUT; 409 on a stale resourceVersion),
+patch (merge, strategic-merge with `conditions` merged by `type`, JSON patch; 409 when the patch carries a stale
+metadata.resourceVersion), delete (immediate, as with gracePeriodSeconds=0; honours preconditions).
+
+Semantics copied from kube-apiserver where our code depends on them:
+  * one global, monotonically increasing resourceVersion (like an etcd revision);
+  * pods are created with uid, creationTimestamp and status.phase=Pending (a client-supplied status is dropped);
+  * the main pod/node endpoint ignores status changes, the status subresource ignores everything but status;
+  * a patch or update that changes nothing does not bump the resourceVersion;
+  * `POST pods/{name}/binding` sets spec.nodeName, merges the Binding's metadata.annotations into the pod, adds
+    the PodScheduled condition, answers 409 when the pod is already bound or when the Binding's metadata.uid
+    does not match the pod's uid;
+  * a watch whose selector stops (starts) matching an object receives DELETED (ADDED) for it.
+Not served (on purpose): authentication, namespaces as objects, paging (`limit` is ignored, lists are whole),
+server-side apply, graceful deletion and finalizers, protobuf.
+
+Persistence (`--data FILE`): every change is appended to `FILE.journal` before it is acknowledged and the
+journal is folded into the snapshot `FILE` (written atomically) from time to time, so the process can be killed
+with SIGKILL and restarted and keep its objects and resourceVersions, like etcd. After a restart the watch
+history is empty: a watch resuming from the current resourceVersion continues, an older one gets 410.
+
+Run: `python -m vgpu.standins.apiserver --listen 127.0.0.1:0 --data FILE --kubeconfig-out PATH` prints the URL on
+its first stdout line. From Python: `ApiServerStandIn` (in-process thread) or `ApiServerProcess` (subprocess with
+start / stop / kill / restart on the same port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import logging
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Iterator
+from urllib.parse import parse_qs, urlsplit
+
+import orjson
+
+__all__ = ["ApiServerStandIn", "ApiServerProcess", "Store", "StatusError", "write_kubeconfig"]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Resource:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool
+    has_status: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.group}/{self.version}/{self.plural}" if self.group else f"{self.version}/{self.plural}"
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+_RESOURCES = {
+    r.key: r
+    for r in (
+        _Resource("", "v1", "nodes", "Node", namespaced=False, has_status=True),
+        _Resource("", "v1", "pods", "Pod", namespaced=True, has_status=True),
+        _Resource("", "v1", "events", "Event", namespaced=True),
+        _Resource("events.k8s.io", "v1", "events", "Event", namespaced=True),
+        _Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
+    )
+}
+
+
+class StatusError(Exception):
+    """An API failure answered as a metav1.Status (code, reason, message)."""
+
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.details = details or {}
+
+    def status(self) -> Obj:
+        """The metav1.Status body of this error."""
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": self.message, "reason": self.reason, "details": self.details, "code": self.code}
+
+
+def _not_found(res: _Resource, name: str) -> StatusError:
+    return StatusError(404, "NotFound", f'{res.plural} "{name}" not found', {"name": name, "kind": res.plural})
+
+
+def _conflict(res: _Resource, name: str, why: str) -> StatusError:
+    return StatusError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": {why}',
+                       {"name": name, "kind": res.plural})
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _clone(obj: Any) -> Any:
+    return orjson.loads(orjson.dumps(obj))
+
+
+# ----------------------------------------------------------------------------------------------- selectors / patches
+
+def _field_value(obj: Obj, path: str) -> str:
+    cur: Any = obj
+    for part in path.split("."):
+        if not isinstance(cur, dict):
+            return ""
+        cur = cur.get(part)
+    if cur is None:
+        return ""
+    if isinstance(cur, bool):
+        return "true" if cur else "false"
+    return str(cur)
+
+
+def _parse_field_selector(text: str | None) -> list[tuple[str, str, str]]:
+    out: list[tuple[str, str, str]] = []
+    for term in (text or "").split(","):
+        term = term.strip()
+        if not term:
+            continue
+        m = re.fullmatch(r"([^!=]+)(==|!=|=)(.*)", term)
+        if not m:
+            raise StatusError(400, "BadRequest", f"invalid field selector term {term!r}")
+        out.append((m.group(1).strip(), "!=" if m.group(2) == "!=" else "=", m.group(3).strip()))
+    return out
+
+
+_LABEL_TERM = re.compile(r"\s*(!?)\s*([A-Za-z0-9_./-]+)\s*(?:(==|!=|=|\bnotin\b|\bin\b)\s*(\([^)]*\)|[^,]*))?\s*")
+
+
+def _parse_label_selector(text: str | None) -> list[tuple[str, str, tuple[str, ...]]]:
+    out: list[tuple[str, str, tuple[str, ...]]] = []
+    rest = (text or "").strip()
+    while rest:
+        m = _LABEL_TERM.match(rest)
+        if not m or m.end() == 0:
+            raise StatusError(400, "BadRequest", f"invalid label selector {text!r}")
+        neg, key, op, val = m.groups()
+        if op is None:
+            out.append((key, "!exists" if neg else "exists", ()))
+        elif neg:
+            raise StatusError(400, "BadRequest", f"invalid label selector {text!r}")
+        elif op in ("in", "notin"):
+            vals = tuple(v.strip() for v in val.strip().strip("()").split(",") if v.strip())
+            out.append((key, op, vals))
+        else:
+            out.append((key, "!=" if op == "!=" else "=", (val.strip(),)))
+        rest = rest[m.end():]
+        if rest.startswith(","):
+            rest = rest[1:]
+        elif rest:
+            raise StatusError(400, "BadRequest", f"invalid label selector {text!r}")
+    return out
+
+
+class _Selector:
+    __slots__ = ("namespace", "fields", "labels")
+
+    def __init__(self, namespace: str | None, field_selector: str | None, label_selector: str | None) -> None:
+        self.namespace = namespace
+        self.fields = _parse_field_selector(field_selector)
+        self.labels = _parse_label_selector(label_selector)
+
+    def matches(self, obj: Obj) -> bool:
+        meta = obj.get("metadata") or {}
+        if self.namespace is not None and meta.get("namespace") != self.namespace:
+            return False
+        for path, op, want in self.fields:
+            if (_field_value(obj, path) == want) != (op == "="):
+                return False
+        labels = meta.get("labels") or {}
+        for key, op, vals in self.labels:
+            have = labels.get(key)
+            if op == "exists" and have is None or op == "!exists" and have is not None:
+                return False
+            if op == "=" and have != vals[0] or op == "!=" and have == vals[0]:
+                return False
+            if op == "in" and have not in vals or op == "notin" and have in vals:
+                return False
+        return True
+
+
+def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
+    """RFC 7386 merge patch; with `strategic`, lists named `conditions` merge element-wise by `type`."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if strategic and key.startswith("$"):
+            continue
+        if value is None:
+            out.pop(key, None)
+        elif strategic and key == "conditions" and isinstance(value, list) and isinstance(out.get(key), list):
+            merged = list(out[key])
+            for cond in value:
+                idx = next((i for i, c in enumerate(merged)
+                            if isinstance(c, dict) and isinstance(cond, dict) and c.get("type") == cond.get("type")),
+                           None)
+                if idx is None:
+                    merged.append(cond)
+                else:
+                    merged[idx] = merge_patch(merged[idx], cond, strategic)
+            out[key] = merged
+        else:
+            out[key] = merge_patch(out.get(key), value, strategic)
+    return out
+
+
+def _json_pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise StatusError(422, "Invalid", f"invalid JSON pointer {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def json_patch(doc: Any, ops: list[Obj]) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, test, copy, move)."""
+    doc = _clone(doc)
+
+    def parent(parts: list[str]) -> tuple[Any, str]:
+        cur = doc
+        for p in parts[:-1]:
+            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+        return cur, parts[-1]
+
+    def get(parts: list[str]) -> Any:
+        cur = doc
+        for p in parts:
+            cur = cur[int(p)] if isinstance(cur, list) else cur[p]
+        return cur
+
+    try:
+        for op in ops:
+            kind, parts = op["op"], _json_pointer(op["path"])
+            if kind in ("copy", "move"):
+                src = _json_pointer(op["from"])
+                value = _clone(get(src))
+                if kind == "move":
+                    p, k = parent(src)
+                    p.pop(int(k)) if isinstance(p, list) else p.pop(k)
+                kind, op = "add", {"value": value}
+            if kind == "test":
+                if get(parts) != op["value"]:
+                    raise StatusError(422, "Invalid", f"JSON patch test failed at {op['path']}")
+                continue
+            if not parts:
+                if kind in ("add", "replace"):
+                    doc = op["value"]
+                    continue
+                raise StatusError(422, "Invalid", "cannot remove the document root")
+            p, k = parent(parts)
+            if kind == "remove":
+                p.pop(int(k)) if isinstance(p, list) else p.pop(k)
+            elif kind == "replace":
+                if isinstance(p, list):
+                    p[int(k)] = op["value"]
+                else:
+                    if k not in p:
+                        raise KeyError(k)
+                    p[k] = op["value"]
+            elif kind == "add":
+                if isinstance(p, list):
+                    p.insert(len(p) if k == "-" else int(k), op["value"])
+                else:
+                    p[k] = op["value"]
+            else:
+                raise StatusError(422, "Invalid", f"unknown JSON patch op {kind!r}")
+    except StatusError:
+        raise
+    except (KeyError, IndexError, ValueError, TypeError) as exc:
+        raise StatusError(422, "Invalid", f"JSON patch cannot be applied: {exc!r}") from None
+    return doc
+
+
+# ------------------------------------------------------------------------------------------------------- the store
+
+@dataclass(slots=True)
+class _Change:
+    rv: int
+    res: str
+    type: str  # ADDED | MODIFIED | DELETED
+    obj: Obj
+    prev: Obj | None
+
+
+class Store:
+    """The object store: objects per resource, a global resourceVersion, a bounded change history, a journal.
+
+    Thread-safe; stored objects are never mutated after they are stored (every change stores a new dict).
+    """
+
+    def __init__(self, data_path: str | os.PathLike[str] | None = None, history_size: int = 10000) -> None:
+        self.cond = threading.Condition()
+        self.rv = 0
+        self.compacted_rv = 0  # watches from a resourceVersion below this get 410 Gone
+        self.history_size = max(1, int(history_size))
+        self.history: collections.deque[_Change] = collections.deque()
+        self.objects: dict[str, dict[tuple[str, str], Obj]] = {k: {} for k in _RESOURCES}
+        self.closing = False
+        self.watch_epoch = 0  # bumped by compact(drop_watches=True) to end every open watch with 410
+        self._data = Path(data_path) if data_path else None
+        self._journal: Any = None
+        self._journal_entries = 0
+        if self._data is not None:
+            self._load()
+
+    # -- persistence
+    def _load(self) -> None:
+        assert self._data is not None
+        if self._data.exists():
+            snap = orjson.loads(self._data.read_bytes())
+            self.rv = int(snap.get("rv", 0))
+            for key, items in snap.get("objects", {}).items():
+                if key in self.objects:
+                    for obj in items:
+                        m = obj["metadata"]
+                        self.objects[key][(m.get("namespace", ""), m["name"])] = obj
+        jpath = self._data.with_name(self._data.name + ".journal")
+        if jpath.exists():
+            for line in jpath.read_bytes().splitlines():
+                try:
+                    entry = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    break  # a torn last line from a kill in the middle of a write
+                if entry["rv"] <= self.rv:
+                    continue
+                self.rv = entry["rv"]
+                k = (entry["ns"], entry["name"])
+                if entry["op"] == "del":
+                    self.objects[entry["res"]].pop(k, None)
+                else:
+                    self.objects[entry["res"]][k] = entry["obj"]
+        self.compacted_rv = self.rv
+        self._write_snapshot()
+
+    def _write_snapshot(self) -> None:
+        assert self._data is not None
+        body = orjson.dumps({"rv": self.rv, "objects": {k: list(v.values()) for k, v in self.objects.items()}})
+        tmp = self._data.with_name(self._data.name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self._data)
+        if self._journal is not None:
+            self._journal.close()
+        self._journal = open(self._data.with_name(self._data.name + ".journal"), "wb")
+        self._journal_entries = 0
+
+    def _persist(self, change: _Change) -> None:
+        if self._journal is None:
+            return
+        m = change.obj["metadata"]
+        entry = {"rv": change.rv, "op": "del" if change.type == "DELETED" else "put", "res": change.res,
+                 "ns": m.get("namespace", ""), "name": m["name"]}
+        if change.type != "DELETED":
+            entry["obj"] = change.obj
+        self._journal.write(orjson.dumps(entry) + b"\n")
+        self._journal.flush()  # in the OS page cache: survives SIGKILL of this process
+        self._journal_entries += 1
+        if self._journal_entries >= max(5000, sum(len(v) for v in self.objects.values())):
+            self._write_snapshot()
+
+    def close(self) -> None:
+        """Stop all watches and fold the journal into the snapshot."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify_all()
+            if self._data is not None and self._journal is not None:
+                self._write_snapshot()
+                self._journal.close()
+                self._journal = None
+
+    # -- changes
+    def _commit(self, res: _Resource, typ: str, obj: Obj, prev: Obj | None) -> Obj:
+        """Assign the next resourceVersion, store, journal, record history and wake watchers (lock held)."""
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        m = obj["metadata"]
+        key = (m.get("namespace", ""), m["name"])
+        if typ == "DELETED":
+            self.objects[res.key].pop(key, None)
+        else:
+            self.objects[res.key][key] = obj
+        change = _Change(self.rv, res.key, typ, obj, prev)
+        self._persist(change)
+        self.history.append(change)
+        while len(self.history) > self.history_size:
+            self.compacted_rv = self.history.popleft().rv
+        self.cond.notify_all()
+        return obj
+
+    def compact(self, drop_watches: bool = False) -> int:
+        """Forget all watch history (as etcd compaction does); optionally end open watches with 410."""
+        with self.cond:
+            self.history.clear()
+            self.compacted_rv = self.rv
+            if drop_watches:
+                self.watch_epoch += 1
+            self.cond.notify_all()
+            return self.rv
+
+    @staticmethod
+    def _res(key: str) -> _Resource:
+        return _RESOURCES[key]
+
+    def _existing(self, res: _Resource, ns: str, name: str) -> Obj:
+        obj = self.objects[res.key].get((ns if res.namespaced else "", name))
+        if obj is None:
+            raise _not_found(res, name)
+        return obj
+
+    def get(self, res_key: str, ns: str, name: str) -> Obj:
+        """One object or 404."""
+        res = self._res(res_key)
+        with self.cond:
+            return self._existing(res, ns, name)
+
+    def list(self, res_key: str, namespace: str | None = None, field_selector: str | None = None,
+             label_selector: str | None = None) -> tuple[list[Obj], int]:
+        """Matching objects and the resourceVersion of the list."""
+        sel = _Selector(namespace, field_selector, label_selector)
+        with self.cond:
+            items = [o for o in self.objects[res_key].values() if sel.matches(o)]
+            return items, self.rv
+
+    def create(self, res_key: str, ns: str, body: Obj) -> Obj:
+        """Create an object (name or generateName); 409 AlreadyExists."""
+        res = self._res(res_key)
+        if not isinstance(body, dict):
+            raise StatusError(400, "BadRequest", "request body must be a JSON object")
+        obj = _clone(body)
+        meta = obj.setdefault("metadata", {})
+        if res.namespaced:
+            if meta.get("namespace") not in (None, "", ns):
+                raise StatusError(400, "BadRequest", "the namespace of the object does not match the request")
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        obj["kind"], obj["apiVersion"] = res.kind, res.api_version
+        with self.cond:
+            if not meta.get("name"):
+                if not meta.get("generateName"):
+                    raise StatusError(422, "Invalid", f"{res.kind}: metadata.name or generateName is required")
+                while True:
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                    if (ns if res.namespaced else "", meta["name"]) not in self.objects[res.key]:
+                        break
+            if (ns if res.namespaced else "", meta["name"]) in self.objects[res.key]:
+                raise StatusError(409, "AlreadyExists", f'{res.plural} "{meta["name"]}" already exists',
+                                  {"name": meta["name"], "kind": res.plural})
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = _now()
+            meta.pop("resourceVersion", None)
+            meta.pop("deletionTimestamp", None)
+            if res.kind == "Pod":
+                obj["status"] = {"phase": "Pending"}
+                obj.setdefault("spec", {})
+            return self._commit(res, "ADDED", obj, None)
+
+    def _store_update(self, res: _Resource, old: Obj, new: Obj, subresource: str | None) -> Obj:
+        """Keep the fields a client may not change, then commit unless nothing changed (lock held)."""
+        m_old, m_new = old["metadata"], new.setdefault("metadata", {})
+        if m_new.get("name", m_old["name"]) != m_old["name"]:
+            raise StatusError(400, "BadRequest", "metadata.name cannot be changed")
+        for k in ("name", "namespace", "uid", "creationTimestamp"):
+            if k in m_old:
+                m_new[k] = m_old[k]
+            else:
+                m_new.pop(k, None)
+        new["kind"], new["apiVersion"] = res.kind, res.api_version
+        if res.has_status:
+            if subresource == "status":
+                new = {**_clone(old), "status": new.get("status", {})}
+            elif "status" in old:
+                new["status"] = _clone(old["status"])
+            else:
+                new.pop("status", None)
+        new["metadata"]["resourceVersion"] = m_old.get("resourceVersion")
+        if new == old:
+            return old
+        return self._commit(res, "MODIFIED", new, old)
+
+    def update(self, res_key: str, ns: str, name: str, body: Obj, subresource: str | None = None) -> Obj:
+        """PUT: replace the object; 409 when body.metadata.resourceVersion is set and stale."""
+        res = self._res(res_key)
+        if not isinstance(body, dict):
+            raise StatusError(400, "BadRequest", "request body must be a JSON object")
+        with self.cond:
+            old = self._existing(res, ns, name)
+            want = (body.get("metadata") or {}).get("resourceVersion")
+            if want and want != old["metadata"]["resourceVersion"]:
+                raise _conflict(res, name, "the object has been modified; please apply your changes to the latest "
+                                           "version and try again")
+            return self._store_update(res, old, _clone(body), subresource)
+
+    def patch(self, res_key: str, ns: str, name: str, patch: Any, content_type: str,
+              subresource: str | None = None) -> Obj:
+        """PATCH (merge, strategic merge, JSON patch); 409 when the patch carries a stale resourceVersion."""
+        res = self._res(res_key)
+        ctype = content_type.split(";")[0].strip().lower()
+        with self.cond:
+            old = self._existing(res, ns, name)
+            if ctype == "application/merge-patch+json" or ctype == "application/strategic-merge-patch+json":
+                if not isinstance(patch, dict):
+                    raise StatusError(400, "BadRequest", f"a {ctype} body must be a JSON object")
+                want = (patch.get("metadata") or {}).get("resourceVersion")
+                new = merge_patch(old, patch, strategic=ctype.startswith("application/strategic"))
+            elif ctype == "application/json-patch+json":
+                if not isinstance(patch, list):
+                    raise StatusError(400, "BadRequest", "a JSON patch body must be a JSON array")
+                new = json_patch(old, patch)
+                want = (new.get("metadata") or {}).get("resourceVersion")
+                want = None if want == old["metadata"]["resourceVersion"] else want
+            else:
+                raise StatusError(415, "UnsupportedMediaType", f"the content type {content_type!r} is not supported")
+            if want and want != old["metadata"]["resourceVersion"]:
+                raise _conflict(res, name, "the object has been modified; please apply your changes to the latest "
+                                           "version and try again")
+            return self._store_update(res, old, _clone(new), subresource)
+
+    def delete(self, res_key: str, ns: str, name: str, options: Obj | None = None) -> Obj:
+        """Remove the object at once (no graceful deletion); honours preconditions uid / resourceVersion."""
+        res = self._res(res_key)
+        pre = (options or {}).get("preconditions") or {}
+        with self.cond:
+            old = self._existing(res, ns, name)
+            if pre.get("uid") and pre["uid"] != old["metadata"].get("uid"):
+                raise _conflict(res, name, f"Precondition failed: UID in precondition: {pre['uid']}, "
+                                           f"UID in object meta: {old['metadata'].get('uid')}")
+            if pre.get("resourceVersion") and pre["resourceVersion"] != old["metadata"]["resourceVersion"]:
+                raise _conflict(res, name, "Precondition failed: resourceVersion does not match")
+            gone = _clone(old)
+            gone["metadata"]["deletionTimestamp"] = _now()
+            gone["metadata"]["deletionGracePeriodSeconds"] = 0
+            return self._commit(res, "DELETED", gone, old)
+
+    def bind(self, ns: str, name: str, binding: Obj) -> None:
+        """pods/binding: set spec.nodeName and merge the Binding's annotations, as kube-apiserver does."""
+        res = self._res("v1/pods")
+        if not isinstance(binding, dict):
+            raise StatusError(400, "BadRequest", "request body must be a JSON object")
+        target = (binding.get("target") or {}).get("name")
+        if not target:
+            raise StatusError(422, "Invalid", "Binding.target.name: Required value")
+        bmeta = binding.get("metadata") or {}
+        if bmeta.get("name") not in (None, "", name):
+            raise StatusError(400, "BadRequest", "Binding.metadata.name does not match the pod name")
+        with self.cond:
+            old = self._existing(res, ns, name)
+            if bmeta.get("uid") and bmeta["uid"] != old["metadata"].get("uid"):
+                raise _conflict(res, name, f"Precondition failed: UID in precondition: {bmeta['uid']}, "
+                                           f"UID in object meta: {old['metadata'].get('uid')}")
+            bound = (old.get("spec") or {}).get("nodeName")
+            if bound:
+                raise _conflict(res, name, f"pod {name} is already assigned to node \"{bound}\"")
+            new = _clone(old)
+            new.setdefault("spec", {})["nodeName"] = target
+            annotations = bmeta.get("annotations") or {}
+            if annotations:
+                new["metadata"].setdefault("annotations", {}).update(annotations)
+            status = new.setdefault("status", {})
+            conds = [c for c in status.get("conditions", []) if c.get("type") != "PodScheduled"]
+            conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                          "lastTransitionTime": _now()})
+            status["conditions"] = conds
+            self._commit(res, "MODIFIED", new, old)
+
+    # -- watch
+    def watch(self, res_key: str, sel: _Selector, since: int | None, deadline: float,
+              alive: Any = None, bookmark_every: float | None = None) -> Iterator[list[Obj]]:
+        """Yield batches of watch events ({type, object}) from `since` (None: current state as ADDED first)."""
+        res = self._res(res_key)
+        with self.cond:
+            epoch = self.watch_epoch
+            if since is None:
+                pos = self.rv
+                initial = [{"type": "ADDED", "object": o} for o in self.objects[res_key].values() if sel.matches(o)]
+            else:
+                if since < self.compacted_rv or since > self.rv:
+                    yield [self._expired(since)]
+                    return
+                pos, initial = since, []
+        if initial:
+            yield initial
+        last_sent = time.monotonic()
+        while True:
+            batch: list[Obj] = []
+            with self.cond:
+                while True:
+                    if self.closing:
+                        return
+                    if self.watch_epoch != epoch or pos < self.compacted_rv:
+                        yield [self._expired(pos)]
+                        return
+                    if self.rv > pos:
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    self.cond.wait(min(left, 1.0))
+                    if bookmark_every is not None and time.monotonic() - last_sent >= bookmark_every:
+                        break
+                    if alive is not None and not alive():
+                        return
+                changes = []
+                for ch in reversed(self.history):
+                    if ch.rv <= pos:
+                        break
+                    changes.append(ch)
+                changes.reverse()
+                newest = self.rv
+            for ch in changes:
+                if ch.res != res_key:
+                    continue
+                now_in = ch.type != "DELETED" and sel.matches(ch.obj)
+                was_in = ch.prev is not None and sel.matches(ch.prev)
+                if ch.type == "DELETED":
+                    if was_in:
+                        batch.append({"type": "DELETED", "object": ch.obj})
+                elif now_in:
+                    batch.append({"type": "MODIFIED" if was_in else "ADDED", "object": ch.obj})
+                elif was_in:
+                    gone = dict(ch.obj)
+                    batch.append({"type": "DELETED", "object": gone})
+            pos = newest
+            if not batch and bookmark_every is not None and time.monotonic() - last_sent >= bookmark_every:
+                batch.append({"type": "BOOKMARK", "object": {"kind": res.kind, "apiVersion": res.api_version,
+                                                             "metadata": {"resourceVersion": str(pos)}}})
+            if batch:
+                last_sent = time.monotonic()
+                yield batch
+
+    @staticmethod
+    def _expired(rv: int) -> Obj:
+        err = StatusError(410, "Expired", f"too old resource version: {rv}")
+        return {"type": "ERROR", "object": err.status()}
+
+
+# ------------------------------------------------------------------------------------------------------- HTTP layer
+
+_PATH = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<gv>[^/]+))"
+                   r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?/?$")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: "_Server"
+
+    def setup(self) -> None:
+        super().setup()
+        # headers and body go out in separate writes: without this, Nagle + delayed ACK add ~40 ms per request
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def log_message(self, fmt: str, *args: Any) -> None:  # quiet: the stand-in logs at DEBUG only
+        log.debug("http %s", fmt % args)
+
+    def _send_json(self, code: int, body: Any) -> None:
+        data = orjson.dumps(body)
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        if not raw:
+            return None
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise StatusError(400, "BadRequest", "request body is not valid JSON") from None
+
+    def _dispatch(self, method: str) -> None:
+        try:
+            self._route(method)
+        except StatusError as exc:
+            self._send_json(exc.code, exc.status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # a bug in the stand-in: answer 500 and say what happened
+            log.exception("apiserver stand-in failed on %s %s", method, self.path)
+            self._send_json(500, StatusError(500, "InternalError", repr(exc)).status())
+
+    do_GET = lambda self: self._dispatch("GET")  # noqa: E731
+    do_POST = lambda self: self._dispatch("POST")  # noqa: E731
+    do_PUT = lambda self: self._dispatch("PUT")  # noqa: E731
+    do_PATCH = lambda self: self._dispatch("PATCH")  # noqa: E731
+    do_DELETE = lambda self: self._dispatch("DELETE")  # noqa: E731
+
+    def _route(self, method: str) -> None:
+        url = urlsplit(self.path)
+        q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        store = self.server.store
+        if url.path in ("/healthz", "/readyz", "/livez"):
+            data = b"ok"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        if url.path == "/version":
+            self._send_json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-vgpu-standin",
+                                  "platform": "linux/amd64"})
+            return
+        if url.path == "/standin/compact" and method == "POST":
+            rv = store.compact(drop_watches=q.get("dropWatches") in ("true", "1"))
+            self._send_json(200, {"resourceVersion": str(rv)})
+            return
+        m = _PATH.match(url.path)
+        if not m:
+            raise StatusError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
+        group = m.group("g") or ""
+        version = m.group("cv") or m.group("gv")
+        res_key = f"{group}/{version}/{m.group('plural')}" if group else f"{version}/{m.group('plural')}"
+        res = _RESOURCES.get(res_key)
+        if res is None:
+            raise StatusError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
+        ns, name, sub = m.group("ns"), m.group("name"), m.group("sub")
+        if res.namespaced and name is not None and ns is None:
+            raise StatusError(404, "NotFound", f"{res.plural} is namespaced: use /namespaces/<ns>/{res.plural}")
+        if not res.namespaced and ns is not None:
+            raise StatusError(404, "NotFound", f"{res.plural} is cluster-scoped")
+        ns = ns or ""
+        if sub is not None and not (sub == "status" and res.has_status or sub == "binding" and res.kind == "Pod"):
+            raise StatusError(404, "NotFound", f"subresource {sub!r} of {res.plural} is not served")
+        if sub == "binding" and method != "POST" or sub == "status" and method not in ("GET", "PUT", "PATCH"):
+            raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {res.plural}/{sub}")
+
+        if method == "GET" and name is None:
+            if q.get("watch") in ("true", "1"):
+                self._watch(res, m.group("ns"), q)
+                return
+            items, rv = store.list(res.key, m.group("ns"), q.get("fieldSelector"), q.get("labelSelector"))
+            self._send_json(200, {"kind": res.kind + "List", "apiVersion": res.api_version,
+                                  "metadata": {"resourceVersion": str(rv)}, "items": items})
+        elif method == "GET":
+            self._send_json(200, store.get(res.key, ns, name))
+        elif method == "POST" and name is None:
+            if not res.namespaced or m.group("ns") is not None:
+                self._send_json(201, store.create(res.key, ns, self._body()))
+            else:
+                raise StatusError(405, "MethodNotAllowed", f"create {res.plural} in a namespace")
+        elif method == "POST" and sub == "binding":
+            store.bind(ns, name, self._body())
+            self._send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                  "code": 201})
+        elif method == "PUT" and name is not None:
+            self._send_json(200, store.update(res.key, ns, name, self._body(), sub))
+        elif method == "PATCH" and name is not None:
+            self._send_json(200, store.patch(res.key, ns, name, self._body(),
+                                             self.headers.get("Content-Type", ""), sub))
+        elif method == "DELETE" and name is not None:
+            self._send_json(200, store.delete(res.key, ns, name, self._body()))
+        else:
+            raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {url.path}")
+
+    def _alive(self) -> bool:
+        """False once the client has closed its end of the connection."""
+        try:
+            r, _, _ = select.select([self.connection], [], [], 0)
+            if r:
+                return self.connection.recv(1, socket.MSG_PEEK) != b""
+            return True
+        except OSError:
+            return False
+
+    def _watch(self, res: _Resource, ns: str | None, q: dict[str, str]) -> None:
+        sel = _Selector(ns, q.get("fieldSelector"), q.get("labelSelector"))
+        rv_text = q.get("resourceVersion", "")
+        try:
+            since = None if rv_text in ("", "0") else int(rv_text)
+        except ValueError:
+            raise StatusError(400, "BadRequest", f"invalid resourceVersion {rv_text!r}") from None
+        timeout = float(q.get("timeoutSeconds") or self.server.watch_timeout)
+        bookmarks = self.server.bookmark_interval if q.get("allowWatchBookmarks") in ("true", "1") else None
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.flush()
+        self.server.track_watch(self, +1)
+        try:
+            for batch in self.server.store.watch(res.key, sel, since, time.monotonic() + timeout, self._alive,
+                                                 bookmarks):
+                data = b"".join(orjson.dumps(ev) + b"\n" for ev in batch)
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            self.close_connection = True
+        finally:
+            self.server.track_watch(self, -1)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 1024
+
+    def __init__(self, addr: tuple[str, int], store: Store, watch_timeout: float, bookmark_interval: float) -> None:
+        super().__init__(addr, _Handler)
+        self.store = store
+        self.watch_timeout = watch_timeout
+        self.bookmark_interval = bookmark_interval
+        self.open_watches = 0
+        self._lock = threading.Lock()
+
+    def track_watch(self, _h: Any, delta: int) -> None:
+        with self._lock:
+            self.open_watches += delta
+
+
+def write_kubeconfig(path: str | os.PathLike[str], url: str, context: str = "vgpu-standin") -> str:
+    """Write a kubeconfig pointing at `url` (no authentication; a dummy token) and return its path."""
+    doc = {
+        "apiVersion": "v1", "kind": "Config", "current-context": context,
+        "clusters": [{"name": context, "cluster": {"server": url}}],
+        "users": [{"name": context, "user": {"token": "standin"}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": context, "namespace": "default"}}],
+    }
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))  # JSON is valid YAML
+    os.replace(tmp, p)
+    return str(p)
+
+
+class ApiServerStandIn:
+    """TEST INFRASTRUCTURE: the stand-in served from a thread of this process (`start()` / `stop()`)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, data_path: str | os.PathLike[str] | None = None,
+                 history_size: int = 10000, watch_timeout: float = 1800.0, bookmark_interval: float = 5.0) -> None:
+        self.store = Store(data_path, history_size)
+        self._server = _Server((host, port), self.store, watch_timeout, bookmark_interval)
+        self._thread: threading.Thread | None = None
+        self.kubeconfig: str | None = None  # set by write_kubeconfig()
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. http://127.0.0.1:34567."""
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def open_watches(self) -> int:
+        """Number of watch streams being served right now."""
+        return self._server.open_watches
+
+    def write_kubeconfig(self, path: str | os.PathLike[str]) -> str:
+        """Write a kubeconfig for this server, remember it as `.kubeconfig` and return its path."""
+        self.kubeconfig = write_kubeconfig(path, self.url)
+        return self.kubeconfig
+
+    def start(self) -> "ApiServerStandIn":
+        """Serve in a daemon thread."""
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="apiserver-standin", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """End watches, stop serving and persist."""
+        self.store.close()
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> "ApiServerStandIn":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class ApiServerProcess:
+    """TEST INFRASTRUCTURE: the stand-in as a real subprocess that tests can stop, kill and restart.
+
+    The first start picks a free port; restarts reuse it, so clients keep their kubeconfig. With `data_path`
+    (default: `<workdir>/apiserver.json`) objects and resourceVersions survive restarts.
+    """
+
+    def __init__(self, workdir: str | os.PathLike[str], history_size: int = 10000, persist: bool = True,
+                 host: str = "127.0.0.1", port: int = 0, extra_args: list[str] | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.data_path = self.workdir / "apiserver.json" if persist else None
+        self.kubeconfig = str(self.workdir / "kubeconfig")
+        self.history_size = history_size
+        self.host, self.port = host, port
+        self.extra_args = list(extra_args or [])
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self, timeout: float = 15.0) -> "ApiServerProcess":
+        """Start the process and wait until it serves."""
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("apiserver stand-in already running")
+        repo = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        cmd = [sys.executable, "-m", "vgpu.standins.apiserver", "--listen", f"{self.host}:{self.port}",
+               "--kubeconfig-out", self.kubeconfig, "--history", str(self.history_size), *self.extra_args]
+        if self.data_path is not None:
+            cmd += ["--data", str(self.data_path)]
+        deadline = time.monotonic() + timeout
+        while True:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=None, env=env)
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline().decode().strip()
+            if line.startswith("http://"):
+                break
+            self.proc.wait()
+            # the port may still be held for a moment by the previous process: retry until the deadline
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"apiserver stand-in did not start (exit {self.proc.returncode})")
+            time.sleep(0.1)
+        self.url = line
+        self.port = int(line.rsplit(":", 1)[1])
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM and wait (the journal is folded into the snapshot)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._close_pipe()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._close_pipe()
+
+    def restart(self, kill: bool = True) -> "ApiServerProcess":
+        """Kill (or stop) and start again on the same port."""
+        self.kill() if kill else self.stop()
+        return self.start()
+
+    def _close_pipe(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> "ApiServerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry: serve until SIGTERM / SIGINT."""
+    ap = argparse.ArgumentParser(prog="python -m vgpu.standins.apiserver",
+                                 description="TEST INFRASTRUCTURE: kube-apiserver stand-in for vgpu-sharing")
+    ap.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (port 0 picks a free one)")
+    ap.add_argument("--data", default=None, help="snapshot file; objects survive restarts (journal FILE.journal)")
+    ap.add_argument("--kubeconfig-out", default=None, help="write a kubeconfig for this server here")
+    ap.add_argument("--history", type=int, default=10000, help="watch history window in changes (older: 410)")
+    ap.add_argument("--watch-timeout", type=float, default=1800.0, help="default watch timeout in seconds")
+    ap.add_argument("--bookmark-interval", type=float, default=5.0, help="idle seconds between BOOKMARK events")
+    ap.add_argument("--log-level", default="WARNING")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    host, _, port = args.listen.rpartition(":")
+    try:
+        srv = ApiServerStandIn(host or "127.0.0.1", int(port), args.data, args.history, args.watch_timeout,
+                               args.bookmark_interval)
+    except (OSError, ValueError) as exc:
+        print(f"apiserver stand-in: cannot start: {exc}", file=sys.stderr)
+        return 2
+    if args.kubeconfig_out:
+        srv.write_kubeconfig(args.kubeconfig_out)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    srv.start()
+    print(srv.url, flush=True)
+    log.info("apiserver stand-in serving url=%s data=%s", srv.url, args.data)
+    stop.wait()
+    srv.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
