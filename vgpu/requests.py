@@ -154,6 +154,8 @@ def _container_request(
             if memory or percent or (c_raw is not None and cores):
                 raise RequestError(name, n_name, "is 0 while memory or cores are requested")
             return None
+    if memory == 0 and percent == 0 and c_raw is None and config.exclusive_whole_gpu and not config.default_memory:
+        cores = 100  # whole-GPU mode: what users of nvidia.com/gpu: 1 expect
     if memory == 0 and percent == 0:
         if config.default_memory:
             memory = config.default_memory

@@ -54,6 +54,10 @@ class SharingConfig(BaseModel):
         0, ge=0, description="memory units charged when a container gives none; 0 = the whole card"
     )
     default_cores: int = Field(0, ge=0, le=100, description="cores charged when a container gives none")
+    exclusive_whole_gpu: bool = Field(
+        True,
+        description="a container asking only for GPUs (no memory, no cores) gets whole, exclusive cards (cores 100)",
+    )
 
     def name_sets(self) -> tuple[ResourceNames, ...]:
         """The resource-name sets to read, primary first."""

@@ -7,7 +7,7 @@ from vgpu.requests import ContainerRequest, Selectors, pod_requests, pod_selecto
 from vgpu.resources import SharingConfig
 
 VOLCANO = SharingConfig()
-WITH_ALIASES = SharingConfig(hami_aliases=True)
+WITH_ALIASES = SharingConfig(hami_aliases=True, exclusive_whole_gpu=False)  # GenerateResourceRequests alone
 
 
 def pod(*containers, init=(), annotations=None):
@@ -46,6 +46,15 @@ def test_volcano_get_gpu_memory_of_pod_vector():
 def test_hami_generate_resource_requests_vectors_with_aliases(limits, expected):
     (request,) = pod_requests(pod(("c", limits)), WITH_ALIASES)
     assert (request.count, request.memory, request.memory_percent, request.cores) == expected
+
+
+def test_whole_gpu_mode_makes_number_only_containers_exclusive():
+    (request,) = pod_requests(pod(("c", {"volcano.sh/vgpu-number": 2})), VOLCANO)
+    assert (request.count, request.memory_percent, request.cores) == (2, 100, 100)
+    (aliased,) = pod_requests(pod(("c", {"nvidia.com/gpu": 1})), SharingConfig(hami_aliases=True))
+    assert aliased.cores == 100
+    (shared,) = pod_requests(pod(("c", {"volcano.sh/vgpu-number": 1, "volcano.sh/vgpu-cores": 0})), VOLCANO)
+    assert shared.cores == 0  # an explicit 0 stays best effort
 
 
 def test_hami_names_are_ignored_without_the_switch():

@@ -1,0 +1,18 @@
+"""Fixtures of the deploy/ and docs/ checks."""
+
+import socket
+
+import pytest
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any socket connection attempt fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)

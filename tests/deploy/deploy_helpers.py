@@ -1,0 +1,55 @@
+"""Shared loaders for the deploy/ and docs/ checks: the manifests of deploy/ as parsed YAML documents."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+DOCS = ROOT / "docs"
+NAMESPACE = "vgpu-system"
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """One YAML document of a file under deploy/."""
+
+    path: Path
+    index: int
+    doc: dict
+
+    @property
+    def id(self) -> str:
+        """`file#index kind/name`, for test ids and messages."""
+        rel = self.path.relative_to(DEPLOY)
+        return f"{rel}#{self.index} {self.doc.get('kind')}/{self.doc.get('metadata', {}).get('name')}"
+
+
+def manifest_files() -> list[Path]:
+    """Every Kubernetes manifest file under deploy/ (kustomization files are not objects)."""
+    return sorted(p for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml")
+
+
+def load_manifests() -> list[Manifest]:
+    """Every non-empty YAML document of every manifest file."""
+    out = []
+    for path in manifest_files():
+        for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
+            if doc:
+                out.append(Manifest(path, i, doc))
+    return out
+
+
+def find(kind: str, name: str) -> dict:
+    """The one manifest of that kind and name."""
+    hits = [m.doc for m in load_manifests() if m.doc["kind"] == kind and m.doc["metadata"]["name"] == name]
+    assert len(hits) == 1, f"expected one {kind}/{name}, found {len(hits)}"
+    return hits[0]
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """The value of `--name=value` in a command line, or None; giving it twice is an error."""
+    values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+    assert len(values) <= 1, f"--{name} given {len(values)} times in {args}"
+    return values[0] if values else None

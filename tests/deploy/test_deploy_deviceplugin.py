@@ -1,0 +1,101 @@
+"""The device-plugin DaemonSets against the contract: kubelet's socket directory, the $HOOK_PATH/vgpu layout
+(host path = container path = --hook-path + /vgpu), node name from the downward API, opt-in node label,
+GPU taint toleration, no privilege, metrics on :9394."""
+
+import pytest
+from deploy_helpers import find, flag
+
+DAEMONSETS = {"vgpu-device-plugin": ("true", "nvml"), "vgpu-device-plugin-sim": ("sim", "sim")}
+NODE_LABEL = "vgpu-sharing/device-plugin"
+KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+HOOK_PATH = "/usr/local"  # CONTRACT.md default
+
+
+def pod(name: str) -> dict:
+    """The pod template spec of a DaemonSet."""
+    return find("DaemonSet", name)["spec"]["template"]["spec"]
+
+
+def plugin(name: str) -> dict:
+    """The device-plugin container."""
+    (c,) = pod(name)["containers"]
+    return c
+
+
+def host_path_mounts(name: str) -> dict[str, tuple[str, str]]:
+    """mountPath -> (hostPath, type) of the container's hostPath volumes."""
+    volumes = {v["name"]: v for v in pod(name)["volumes"]}
+    out = {}
+    for mount in plugin(name)["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "hostPath" in volume:
+            out[mount["mountPath"]] = (volume["hostPath"]["path"], volume["hostPath"].get("type", ""))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(DAEMONSETS))
+def test_host_paths_are_the_contracts(name):
+    mounts = host_path_mounts(name)
+    hook = flag(plugin(name)["command"], "hook-path")
+    assert hook == HOOK_PATH
+    assert mounts == {
+        KUBELET_DIR: (KUBELET_DIR, "Directory"),
+        f"{hook}/vgpu": (f"{hook}/vgpu", "DirectoryOrCreate"),
+    }
+    for mount in plugin(name)["volumeMounts"]:
+        if mount["mountPath"] in mounts:
+            assert not mount.get("readOnly", False)
+
+
+@pytest.mark.parametrize("name", sorted(DAEMONSETS))
+def test_node_name_from_the_downward_api(name):
+    c = plugin(name)
+    assert c["command"][:2] == ["vgpu", "device-plugin"]
+    assert flag(c["command"], "node-name") == "$(NODE_NAME)"
+    (env,) = [e for e in c["env"] if e["name"] == "NODE_NAME"]
+    assert env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+
+@pytest.mark.parametrize("name", sorted(DAEMONSETS))
+def test_backend_and_opt_in_node_label(name):
+    value, backend = DAEMONSETS[name]
+    assert pod(name)["nodeSelector"] == {NODE_LABEL: value}
+    assert flag(plugin(name)["command"], "backend") == backend
+    if backend == "sim":
+        assert flag(plugin(name)["command"], "sim-gpus")
+
+
+def test_real_and_simulated_plugins_never_share_a_node():
+    values = [pod(name)["nodeSelector"][NODE_LABEL] for name in DAEMONSETS]
+    assert len(set(values)) == len(values)
+
+
+@pytest.mark.parametrize("name", sorted(DAEMONSETS))
+def test_tolerates_the_gpu_taint_and_is_node_critical(name):
+    spec = pod(name)
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
+    assert spec["priorityClassName"] == "system-node-critical"
+
+
+@pytest.mark.parametrize("name", sorted(DAEMONSETS))
+def test_not_privileged(name):
+    ctx = plugin(name)["securityContext"]
+    assert not ctx.get("privileged", False)
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert not pod(name).get("hostNetwork", False) and not pod(name).get("hostPID", False)
+
+
+def test_nvml_plugin_sees_the_gpus_through_the_container_toolkit():
+    env = {e["name"]: e.get("value") for e in plugin("vgpu-device-plugin")["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    sim_env = {e["name"] for e in plugin("vgpu-device-plugin-sim")["env"]}
+    assert "NVIDIA_VISIBLE_DEVICES" not in sim_env
+
+
+@pytest.mark.parametrize("name", sorted(DAEMONSETS))
+def test_metrics_on_9394_reachable_on_the_node(name):
+    c = plugin(name)
+    assert flag(c["command"], "metrics-listen") == ":9394"
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9394, "hostPort": 9394}]

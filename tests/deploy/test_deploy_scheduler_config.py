@@ -1,0 +1,144 @@
+"""The KubeSchedulerConfiguration in deploy/scheduler/configmap.yaml (the one `vgpu demo` also reads) and
+its wiring into the scheduler Deployment: profile, extender entry, managed resources equal to the code's
+defaults, and the sharing configuration both components mount."""
+
+import re
+
+import pytest
+import yaml
+from deploy_helpers import NAMESPACE, find, flag
+
+from vgpu.resources import SCHEDULER_NAME, ResourceNames, SharingConfig
+
+# Field names of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1/types.go); kube-scheduler
+# decodes strictly, so a misspelt key (say `enableHttps`, the removed Policy API's spelling) stops it.
+TOP_KEYS = {
+    "apiVersion", "kind", "parallelism", "leaderElection", "clientConnection", "healthzBindAddress",
+    "metricsBindAddress", "enableProfiling", "enableContentionProfiling", "percentageOfNodesToScore",
+    "podInitialBackoffSeconds", "podMaxBackoffSeconds", "profiles", "extenders", "delayCacheUntilActive",
+}
+PROFILE_KEYS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
+EXTENDER_KEYS = {
+    "urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",
+    "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable",
+}
+LEADER_KEYS = {
+    "leaderElect", "leaseDuration", "renewDeadline", "retryPeriod", "resourceLock", "resourceName",
+    "resourceNamespace",
+}
+DURATION = re.compile(r"^(\d+(\.\d+)?(ns|us|ms|s|m|h))+$")
+
+
+def scheduler_config() -> dict:
+    """The parsed KubeSchedulerConfiguration."""
+    cm = find("ConfigMap", "vgpu-scheduler-config")
+    assert set(cm["data"]) == {"config.yaml"}
+    return yaml.safe_load(cm["data"]["config.yaml"])
+
+
+def container(name: str) -> dict:
+    """A container of the scheduler Deployment."""
+    pod = find("Deployment", "vgpu-scheduler")["spec"]["template"]["spec"]
+    (hit,) = [c for c in pod["containers"] if c["name"] == name]
+    return hit
+
+
+def test_is_a_v1_kube_scheduler_configuration_with_known_keys_only():
+    cfg = scheduler_config()
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert cfg["kind"] == "KubeSchedulerConfiguration"
+    assert set(cfg) <= TOP_KEYS
+    assert set(cfg["leaderElection"]) <= LEADER_KEYS
+    for profile in cfg["profiles"]:
+        assert set(profile) <= PROFILE_KEYS
+    for extender in cfg["extenders"]:
+        assert set(extender) <= EXTENDER_KEYS
+        for resource in extender["managedResources"]:
+            assert set(resource) == {"name", "ignoredByScheduler"}
+
+
+def test_single_profile_vgpu_scheduler_scoring_all_nodes():
+    (profile,) = scheduler_config()["profiles"]
+    assert profile["schedulerName"] == SCHEDULER_NAME == "vgpu-scheduler"
+    assert profile["percentageOfNodesToScore"] == 100
+
+
+def test_extender_entry():
+    (ext,) = scheduler_config()["extenders"]
+    assert ext["urlPrefix"] == "http://127.0.0.1:8888"
+    assert (ext["filterVerb"], ext["prioritizeVerb"], ext["bindVerb"]) == ("filter", "prioritize", "bind")
+    assert ext["enableHTTPS"] is False
+    assert ext["nodeCacheCapable"] is True
+    assert ext.get("ignorable", False) is False
+    assert isinstance(ext["weight"], int) and ext["weight"] > 0
+    assert DURATION.match(ext["httpTimeout"]), ext["httpTimeout"]
+
+
+def test_managed_resources_are_the_codes_default_names():
+    (ext,) = scheduler_config()["extenders"]
+    names = [r["name"] for r in ext["managedResources"]]
+    assert names == list(ResourceNames().all())
+    assert {"volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"} <= set(names)
+    assert all(r["ignoredByScheduler"] is True for r in ext["managedResources"])
+
+
+def test_kube_scheduler_lease_is_its_own():
+    le = scheduler_config()["leaderElection"]
+    assert le["leaderElect"] is True
+    assert le["resourceLock"] == "leases"
+    # Not the default kube-scheduler's Lease, nor (by convention) the extender's.
+    assert le["resourceName"] not in ("kube-scheduler", SCHEDULER_NAME)
+    assert le["resourceNamespace"] == NAMESPACE
+
+
+def test_kube_scheduler_container_reads_the_configmap():
+    ks = container("kube-scheduler")
+    assert ks["image"].startswith("registry.k8s.io/kube-scheduler:v1.")
+    path = flag(ks["command"], "config")
+    directory, key = path.rsplit("/", 1)
+    (mount,) = [m for m in ks["volumeMounts"] if m["mountPath"] == directory]
+    pod = find("Deployment", "vgpu-scheduler")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == "vgpu-scheduler-config"
+    assert key in find("ConfigMap", "vgpu-scheduler-config")["data"]
+
+
+def test_extender_sidecar_serves_the_url_kube_scheduler_calls():
+    ext = container("extender")
+    assert ext["command"][:2] == ["vgpu", "scheduler"]
+    (entry,) = scheduler_config()["extenders"]
+    host_port = entry["urlPrefix"].removeprefix("http://")
+    assert flag(ext["command"], "listen") == host_port
+    assert flag(ext["command"], "metrics-listen") == ":9395"
+    assert [p["containerPort"] for p in ext["ports"]] == [9395]
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        command = " ".join(ext[probe]["exec"]["command"])
+        assert f"http://{host_port}{path}" in command
+
+
+@pytest.mark.parametrize(
+    "kind, name, container_name",
+    [
+        ("Deployment", "vgpu-scheduler", "extender"),
+        ("DaemonSet", "vgpu-device-plugin", "device-plugin"),
+        ("DaemonSet", "vgpu-device-plugin-sim", "device-plugin"),
+    ],
+)
+def test_both_components_read_the_same_sharing_config(kind, name, container_name):
+    pod = find(kind, name)["spec"]["template"]["spec"]
+    (c,) = [c for c in pod["containers"] if c["name"] == container_name]
+    directory, key = flag(c["command"], "config").rsplit("/", 1)
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == directory]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == "vgpu-sharing-config"
+    assert key in find("ConfigMap", "vgpu-sharing-config")["data"]
+
+
+def test_sharing_config_parses_and_names_the_managed_resources():
+    text = find("ConfigMap", "vgpu-sharing-config")["data"]["sharing.yaml"]
+    cfg = SharingConfig.model_validate(yaml.safe_load(text))
+    assert cfg == SharingConfig()  # the shipped file spells out the defaults
+    (ext,) = scheduler_config()["extenders"]
+    managed = {r["name"] for r in ext["managedResources"]}
+    for names in cfg.name_sets():
+        assert set(names.all()) <= managed
