@@ -1,0 +1,84 @@
+"""GPU backends of the device plugin: where GPUs, their health and their usage come from.
+
+`make_backend` picks one from the configuration: `nvml` (real GPUs through nvidia-ml-py), `sim` (GPUs described
+on the command line, with fault injection for tests and the demo) or `null` (no GPUs). The plugin server polls
+`poll_health` from one thread; the monitor calls `usage` at scrape time. Backends never raise on GPU errors:
+they report devices as unhealthy instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from deviceplugin.config import PluginConfig
+
+__all__ = ["GPUBackend", "GPUInfo", "GPUUsage", "HealthEvent", "make_backend"]
+
+
+@dataclass(frozen=True, slots=True)
+class GPUInfo:
+    """Static facts of one physical GPU."""
+
+    uuid: str
+    name: str  # NVML name, e.g. "NVIDIA A100-PCIE-40GB"
+    memory_mib: int
+    minor: int
+    numa: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """A GPU became healthy or unhealthy."""
+
+    uuid: str
+    healthy: bool
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GPUUsage:
+    """Current usage of one GPU."""
+
+    memory_used_bytes: int
+    utilization_percent: int
+
+
+@runtime_checkable
+class GPUBackend(Protocol):
+    """What the plugin needs from a source of GPUs."""
+
+    def devices(self) -> list[GPUInfo]:
+        """All GPUs, sorted by minor number (stable for the life of the process)."""
+        ...
+
+    def poll_health(self, timeout: float) -> list[HealthEvent]:
+        """Block up to `timeout` seconds; return health changes since the last call (may be empty)."""
+        ...
+
+    def usage(self) -> dict[str, GPUUsage]:
+        """Usage per GPU UUID; GPUs that cannot be read are left out."""
+        ...
+
+    def close(self) -> None:
+        """Release resources."""
+        ...
+
+
+def make_backend(config: PluginConfig) -> GPUBackend:
+    """The backend named in the configuration."""
+    if config.backend == "sim":
+        from deviceplugin.backends.sim import SimBackend
+
+        return SimBackend.from_spec(
+            config.sim_gpus, node_name=config.node_name, control_file=config.sim_control,
+            ignored_xids=config.ignored_xids,
+        )
+    if config.backend == "nvml":
+        from deviceplugin.backends.nvml import NVMLBackend
+
+        return NVMLBackend(ignored_xids=config.ignored_xids)
+    from deviceplugin.backends.null import NullBackend
+
+    return NullBackend()

@@ -1,0 +1,27 @@
+"""A backend with no GPUs: the plugin registers nothing useful but stays up (nodes without GPUs, dry runs)."""
+
+import time
+
+from deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
+
+__all__ = ["NullBackend"]
+
+
+class NullBackend:
+    """No devices, no events."""
+
+    def devices(self) -> list[GPUInfo]:
+        """No GPUs."""
+        return []
+
+    def poll_health(self, timeout: float) -> list[HealthEvent]:
+        """Sleep `timeout`; nothing ever changes."""
+        time.sleep(timeout)
+        return []
+
+    def usage(self) -> dict[str, GPUUsage]:
+        """Nothing to report."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing to release."""

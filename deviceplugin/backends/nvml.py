@@ -1,0 +1,180 @@
+"""Real GPUs through nvidia-ml-py (`pynvml`): inventory, Xid health events and usage.
+
+Every NVML call is guarded: an error marks the GPU unhealthy (or leaves it out of usage) and is logged, it never
+propagates. If NVML cannot be initialised the backend has no GPUs. Unhealthy GPUs are re-probed; a GPU that
+answers again and has had no critical Xid for `recovery_seconds` becomes healthy again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
+
+__all__ = ["NVMLBackend"]
+
+log = logging.getLogger(__name__)
+
+
+class NVMLBackend:
+    """GPUs of this machine as NVML sees them."""
+
+    def __init__(self, ignored_xids=(), recovery_seconds: float = 60.0) -> None:
+        self._ignored = set(ignored_xids)
+        self._recovery = recovery_seconds
+        self._lock = threading.Lock()
+        self._gpus: list[GPUInfo] = []
+        self._healthy: dict[str, bool] = {}
+        self._last_xid: dict[str, float] = {}
+        self._last_probe = 0.0
+        self._event_set = None
+        self._nvml = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception as exc:  # noqa: BLE001 - missing library or driver: no GPUs, no crash
+            log.warning("event=nvml_init_failed error=%s", exc)
+            return
+        self._gpus = self._discover()
+        self._healthy = {g.uuid: True for g in self._gpus}
+        self._register_events()
+
+    @staticmethod
+    def _text(value) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    def _discover(self) -> list[GPUInfo]:
+        nv = self._nvml
+        gpus = []
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("event=nvml_count_failed error=%s", exc)
+            return []
+        for index in range(count):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                uid = self._text(nv.nvmlDeviceGetUUID(handle))
+                name = self._text(nv.nvmlDeviceGetName(handle))
+                memory = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+                try:
+                    minor = int(nv.nvmlDeviceGetMinorNumber(handle))
+                except Exception:  # noqa: BLE001
+                    minor = index
+                numa = None
+                try:
+                    numa = int(nv.nvmlDeviceGetNumaNodeId(handle))
+                except Exception:  # noqa: BLE001
+                    numa = None
+                gpus.append(GPUInfo(uuid=uid, name=name, memory_mib=memory, minor=minor, numa=numa))
+            except Exception as exc:  # noqa: BLE001
+                log.warning("event=nvml_device_failed index=%d error=%s", index, exc)
+        gpus.sort(key=lambda g: g.minor)
+        return gpus
+
+    def _register_events(self) -> None:
+        nv = self._nvml
+        try:
+            self._event_set = nv.nvmlEventSetCreate()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("event=nvml_eventset_failed error=%s", exc)
+            return
+        for gpu in self._gpus:
+            try:
+                handle = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                supported = nv.nvmlDeviceGetSupportedEventTypes(handle)
+                mask = supported & nv.nvmlEventTypeXidCriticalError
+                if mask:
+                    nv.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
+            except Exception as exc:  # noqa: BLE001
+                if not self._not_supported(exc):
+                    log.warning("event=nvml_register_events_failed uuid=%s error=%s", gpu.uuid, exc)
+                    self._healthy[gpu.uuid] = False
+
+    def _not_supported(self, exc: Exception) -> bool:
+        nv = self._nvml
+        return getattr(exc, "value", None) == getattr(nv, "NVML_ERROR_NOT_SUPPORTED", -1)
+
+    def devices(self) -> list[GPUInfo]:
+        """GPUs found at start, in minor order."""
+        return list(self._gpus)
+
+    def _change(self, uid: str, healthy: bool, reason: str, out: list[HealthEvent]) -> None:
+        with self._lock:
+            if self._healthy.get(uid) == healthy:
+                return
+            self._healthy[uid] = healthy
+        out.append(HealthEvent(uid, healthy, reason))
+
+    def poll_health(self, timeout: float) -> list[HealthEvent]:
+        """Wait for an Xid event up to `timeout`; also re-probes unhealthy GPUs every few seconds."""
+        events: list[HealthEvent] = []
+        if self._nvml is None or self._event_set is None:
+            time.sleep(timeout)
+            return events
+        nv = self._nvml
+        try:
+            data = nv.nvmlEventSetWait(self._event_set, int(timeout * 1000))
+            xid = int(data.eventData)
+            uid = self._text(nv.nvmlDeviceGetUUID(data.device))
+            if data.eventType == nv.nvmlEventTypeXidCriticalError and xid not in self._ignored:
+                self._last_xid[uid] = time.monotonic()
+                self._change(uid, False, f"xid {xid}", events)
+        except Exception as exc:  # noqa: BLE001
+            if getattr(exc, "value", None) != getattr(nv, "NVML_ERROR_TIMEOUT", -2):
+                log.warning("event=nvml_wait_failed error=%s", exc)
+                for gpu in self._gpus:
+                    self._change(gpu.uuid, False, f"nvml wait: {exc}", events)
+                time.sleep(min(timeout, 1.0))
+        now = time.monotonic()
+        if now - self._last_probe >= 5.0:
+            self._last_probe = now
+            self._probe(now, events)
+        return events
+
+    def _probe(self, now: float, events: list[HealthEvent]) -> None:
+        nv = self._nvml
+        for gpu in self._gpus:
+            try:
+                handle = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                nv.nvmlDeviceGetMemoryInfo(handle)
+            except Exception as exc:  # noqa: BLE001
+                self._change(gpu.uuid, False, f"lost: {exc}", events)
+                continue
+            if now - self._last_xid.get(gpu.uuid, -1e18) >= self._recovery:
+                self._change(gpu.uuid, True, "recovered", events)
+
+    def usage(self) -> dict[str, GPUUsage]:
+        """Memory used and utilisation per GPU; unreadable GPUs are left out."""
+        result: dict[str, GPUUsage] = {}
+        if self._nvml is None:
+            return result
+        nv = self._nvml
+        for gpu in self._gpus:
+            try:
+                handle = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                memory = nv.nvmlDeviceGetMemoryInfo(handle)
+                try:
+                    util = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
+                except Exception:  # noqa: BLE001
+                    util = 0
+                result[gpu.uuid] = GPUUsage(int(memory.used), util)
+            except Exception as exc:  # noqa: BLE001
+                log.debug("event=usage_unreadable uuid=%s error=%s", gpu.uuid, exc)
+                continue
+        return result
+
+    def close(self) -> None:
+        """Free the event set and shut NVML down."""
+        if self._nvml is None:
+            return
+        try:
+            if self._event_set is not None:
+                self._nvml.nvmlEventSetFree(self._event_set)
+            self._nvml.nvmlShutdown()
+        except Exception as exc:  # noqa: BLE001
+            log.debug("event=nvml_shutdown_failed error=%s", exc)

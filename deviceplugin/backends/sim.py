@@ -1,0 +1,209 @@
+"""Simulated GPUs for tests and the demo, described by a spec such as `4xA100-40GB,2xT4`.
+
+Names and memory sizes follow what NVML reports for each model; UUIDs are derived from the node name so they are
+the same on every start. Faults can be injected in-process (`inject_xid`, `lose`, `recover`, `set_usage`) or
+from outside through a control file: each appended line is one command,
+
+    xid <gpu> <code>        an Xid event (ignored Xids change nothing)
+    lost <gpu>              the GPU stops answering (unhealthy)
+    recover <gpu>           the GPU is healthy again
+    usage <gpu> <MiB> <%>   memory used and utilisation reported to the monitor
+
+where <gpu> is an index or a UUID. Commands take effect within one health poll (about 0.2 s).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import threading
+import uuid as uuidlib
+from dataclasses import dataclass
+
+from deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
+from vgpu.errors import ConfigError
+
+__all__ = ["MODELS", "SimBackend", "parse_sim_spec"]
+
+# short model name -> (NVML name, memory MiB as NVML reports it)
+MODELS: dict[str, tuple[str, int]] = {
+    "A100-40GB": ("NVIDIA A100-PCIE-40GB", 40960),
+    "A100-80GB": ("NVIDIA A100-SXM4-80GB", 81920),
+    "H100-80GB": ("NVIDIA H100 80GB HBM3", 81559),
+    "H200": ("NVIDIA H200", 143771),
+    "V100-16GB": ("Tesla V100-SXM2-16GB", 16160),
+    "V100-32GB": ("Tesla V100-SXM2-32GB", 32768),
+    "T4": ("Tesla T4", 15360),
+    "A10": ("NVIDIA A10", 23028),
+    "A30": ("NVIDIA A30", 24576),
+    "L4": ("NVIDIA L4", 23034),
+    "L40S": ("NVIDIA L40S", 46068),
+    "RTX4090": ("NVIDIA GeForce RTX 4090", 24564),
+}
+_NAMESPACE = uuidlib.UUID("6f1d7a52-3c1e-4f7b-9a55-0e2b8f6d9c41")
+_ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+)$")
+
+
+def parse_sim_spec(spec: str) -> list[tuple[str, int]]:
+    """`4xA100-40GB,2xT4` -> [("A100-40GB", 4), ("T4", 2)]; raises ConfigError naming the bad entry."""
+    result = []
+    for raw in spec.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        match = _ENTRY.match(entry)
+        if match is None:
+            raise ConfigError(f"sim_gpus: {entry!r} is not of the form <count>x<model>")
+        count = int(match[1]) if match[1] else 1
+        model = next((name for name in MODELS if name.lower() == match[2].lower()), None)
+        if model is None:
+            raise ConfigError(f"sim_gpus: unknown model {match[2]!r}; known: {', '.join(MODELS)}")
+        if not 1 <= count <= 64:
+            raise ConfigError(f"sim_gpus: count {count} in {entry!r} is outside 1..64")
+        result.append((model, count))
+    return result
+
+
+@dataclass(slots=True)
+class _State:
+    healthy: bool = True
+    lost: bool = False
+    memory_used_mib: int = 0
+    utilization: int = 0
+
+
+class SimBackend:
+    """Simulated GPUs with injectable faults; thread-safe."""
+
+    def __init__(self, gpus: list[GPUInfo], control_file: str | None = None, ignored_xids=()) -> None:
+        self._gpus = gpus
+        self._state = {g.uuid: _State() for g in gpus}
+        self._events: queue.Queue[HealthEvent] = queue.Queue()
+        self._lock = threading.Lock()
+        self._ignored = set(ignored_xids)
+        self._control = control_file
+        self._control_offset = 0
+        if control_file and os.path.exists(control_file):
+            self._control_offset = os.path.getsize(control_file)
+
+    @classmethod
+    def from_spec(cls, spec: str, node_name: str, control_file: str | None = None, ignored_xids=()) -> SimBackend:
+        """Build the GPUs of `spec` with UUIDs derived from `node_name`."""
+        gpus = []
+        for model, count in parse_sim_spec(spec):
+            name, memory = MODELS[model]
+            for _ in range(count):
+                index = len(gpus)
+                uid = uuidlib.uuid5(_NAMESPACE, f"{node_name}/{index}")
+                gpus.append(GPUInfo(uuid=f"GPU-{uid}", name=name, memory_mib=memory, minor=index, numa=None))
+        return cls(gpus, control_file=control_file, ignored_xids=ignored_xids)
+
+    def devices(self) -> list[GPUInfo]:
+        """The simulated GPUs in minor order."""
+        return list(self._gpus)
+
+    def _resolve(self, gpu: str | int) -> str:
+        if isinstance(gpu, int) or (isinstance(gpu, str) and gpu.isdigit()):
+            return self._gpus[int(gpu)].uuid
+        if gpu not in self._state:
+            raise KeyError(f"no simulated GPU {gpu!r}")
+        return gpu
+
+    def _set_health(self, uid: str, healthy: bool, reason: str) -> None:
+        with self._lock:
+            state = self._state[uid]
+            changed = state.healthy != healthy
+            state.healthy = healthy
+        if changed:
+            self._events.put(HealthEvent(uid, healthy, reason))
+
+    def inject_xid(self, gpu: str | int, xid: int) -> None:
+        """Simulate an Xid event; non-ignored Xids make the GPU unhealthy."""
+        uid = self._resolve(gpu)
+        if xid not in self._ignored:
+            self._set_health(uid, False, f"xid {xid}")
+
+    def lose(self, gpu: str | int) -> None:
+        """Simulate a GPU that fell off the bus."""
+        uid = self._resolve(gpu)
+        with self._lock:
+            self._state[uid].lost = True
+        self._set_health(uid, False, "lost")
+
+    def recover(self, gpu: str | int) -> None:
+        """The GPU answers again and is healthy."""
+        uid = self._resolve(gpu)
+        with self._lock:
+            self._state[uid].lost = False
+        self._set_health(uid, True, "recovered")
+
+    def set_usage(self, gpu: str | int, memory_used_mib: int, utilization: int) -> None:
+        """Set the usage the monitor reports for a GPU."""
+        uid = self._resolve(gpu)
+        with self._lock:
+            self._state[uid].memory_used_mib = memory_used_mib
+            self._state[uid].utilization = utilization
+
+    def _read_control(self) -> None:
+        if not self._control:
+            return
+        try:
+            with open(self._control, "rb") as handle:
+                handle.seek(self._control_offset)
+                data = handle.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1
+        self._control_offset += end
+        for line in data[:end].decode(errors="replace").splitlines():
+            words = line.split()
+            try:
+                if words[:1] == ["xid"] and len(words) == 3:
+                    self.inject_xid(words[1], int(words[2]))
+                elif words[:1] == ["lost"] and len(words) == 2:
+                    self.lose(words[1])
+                elif words[:1] == ["recover"] and len(words) == 2:
+                    self.recover(words[1])
+                elif words[:1] == ["usage"] and len(words) == 4:
+                    self.set_usage(words[1], int(words[2]), int(words[3]))
+            except (KeyError, ValueError, IndexError):
+                continue
+
+    def poll_health(self, timeout: float) -> list[HealthEvent]:
+        """Health changes injected since the last call; waits at most `timeout` (checks the control file)."""
+        step = min(timeout, 0.1)
+        waited = 0.0
+        while True:
+            self._read_control()
+            events = []
+            while True:
+                try:
+                    events.append(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            if events or waited >= timeout:
+                return events
+            try:
+                events.append(self._events.get(timeout=step))
+                continue_events = []
+                while True:
+                    try:
+                        continue_events.append(self._events.get_nowait())
+                    except queue.Empty:
+                        break
+                return events + continue_events
+            except queue.Empty:
+                waited += step
+
+    def usage(self) -> dict[str, GPUUsage]:
+        """Usage as set by `set_usage`; lost GPUs are left out."""
+        with self._lock:
+            return {
+                uid: GPUUsage(s.memory_used_mib * 1024 * 1024, s.utilization)
+                for uid, s in self._state.items()
+                if not s.lost
+            }
+
+    def close(self) -> None:
+        """Nothing to release."""

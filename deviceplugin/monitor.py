@@ -1,0 +1,150 @@
+"""Node monitor: `/metrics` on the device plugin's metrics port (default :9394), collected at scrape time.
+
+Per GPU (from the backend): memory used and utilisation. Per container: limit, memory used, SM utilisation and
+last-kernel age read (read-only) from the shared accounting files libvgpu.so writes under
+`$HOOK_PATH/vgpu/containers/<podUID>_<container>/*.cache`, through isolation.region; the pod's namespace and name
+come from the node-scoped pod cache. Both the legacy names of volcano-vgpu-device-plugin (with their labels and the
+`zone="vGPU"` label) and `vgpu_`-prefixed snake_case names with units are exported.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from deviceplugin.backends import GPUBackend
+from deviceplugin.server import DeviceState
+
+__all__ = ["NodeCollector", "parse_listen", "serve_metrics"]
+
+log = logging.getLogger(__name__)
+
+_LEGACY_CTR = ["podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid", "zone"]
+_NEW_CTR = ["namespace", "pod", "container", "device_index", "gpu_uuid"]
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`:9394` -> ("0.0.0.0", 9394); `127.0.0.1:0` -> ("127.0.0.1", 0)."""
+    host, _, port = text.rpartition(":")
+    return host or "0.0.0.0", int(port)
+
+
+class NodeCollector(Collector):
+    """Builds every metric family on each scrape."""
+
+    def __init__(
+        self,
+        backend: GPUBackend,
+        state: DeviceState,
+        containers_root: Path,
+        pods_by_uid: Callable[[], dict[str, dict[str, Any]]] | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.state = state
+        self.root = Path(containers_root)
+        self.pods_by_uid = pods_by_uid or (dict)
+        self.now = now
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Yield GPU and container metrics."""
+        yield from self._gpu_metrics()
+        yield from self._container_metrics()
+
+    def _gpu_metrics(self) -> Iterator[GaugeMetricFamily]:
+        host_mem = GaugeMetricFamily("HostGPUMemoryUsage", "GPU device memory used (bytes)",
+                                     labels=["deviceidx", "deviceuuid", "zone"])
+        host_util = GaugeMetricFamily("HostCoreUtilization", "GPU core utilisation (percent)",
+                                      labels=["deviceidx", "deviceuuid", "zone"])
+        mem = GaugeMetricFamily("vgpu_gpu_memory_used_bytes", "GPU device memory used", labels=["gpu_index", "gpu_uuid"])
+        util = GaugeMetricFamily("vgpu_gpu_utilization_percent", "GPU core utilisation", labels=["gpu_index", "gpu_uuid"])
+        total = GaugeMetricFamily("vgpu_gpu_memory_total_bytes", "GPU device memory", labels=["gpu_index", "gpu_uuid"])
+        healthy = GaugeMetricFamily("vgpu_gpu_healthy", "1 if the GPU is healthy", labels=["gpu_index", "gpu_uuid"])
+        try:
+            usage = self.backend.usage()
+        except Exception as exc:  # noqa: BLE001 - a scrape never fails because of the GPU layer
+            log.warning("event=usage_failed error=%s", exc)
+            usage = {}
+        _, gpus, health = self.state.snapshot()
+        for index, gpu in enumerate(sorted(gpus, key=lambda g: g.minor)):
+            labels = [str(index), gpu.uuid]
+            total.add_metric(labels, gpu.memory_mib * 1024 * 1024)
+            healthy.add_metric(labels, 1 if health.get(gpu.uuid) else 0)
+            if gpu.uuid in usage:
+                u = usage[gpu.uuid]
+                host_mem.add_metric(labels + ["vGPU"], u.memory_used_bytes)
+                host_util.add_metric(labels + ["vGPU"], u.utilization_percent)
+                mem.add_metric(labels, u.memory_used_bytes)
+                util.add_metric(labels, u.utilization_percent)
+        yield from (host_mem, host_util, mem, util, total, healthy)
+
+    def _regions(self) -> Iterator[tuple[str, str, Any]]:
+        try:
+            from isolation.region import Region, RegionError
+        except Exception as exc:  # noqa: BLE001 - isolation package not built: no container metrics
+            log.warning("event=region_reader_unavailable error=%s", exc)
+            return
+        if not self.root.is_dir():
+            return
+        for directory in sorted(self.root.iterdir()):
+            if not directory.is_dir() or "_" not in directory.name:
+                continue
+            uid, container = directory.name.split("_", 1)
+            caches = sorted(directory.glob("*.cache"))
+            if not caches:
+                continue
+            try:
+                with Region.open(caches[0], readonly=True) as region:
+                    yield uid, container, region.snapshot()
+            except (RegionError, OSError) as exc:
+                log.debug("event=region_unreadable path=%s error=%s", caches[0], exc)
+
+    def _container_metrics(self) -> Iterator[GaugeMetricFamily]:
+        legacy_used = GaugeMetricFamily("vGPU_device_memory_usage_in_bytes", "vGPU device usage", labels=_LEGACY_CTR)
+        legacy_limit = GaugeMetricFamily("vGPU_device_memory_limit_in_bytes", "vGPU device limit", labels=_LEGACY_CTR)
+        legacy_util = GaugeMetricFamily("Device_utilization_desc_of_container", "Container device utilization",
+                                        labels=_LEGACY_CTR)
+        used = GaugeMetricFamily("vgpu_container_memory_used_bytes", "device memory used by a container",
+                                 labels=_NEW_CTR)
+        limit = GaugeMetricFamily("vgpu_container_memory_limit_bytes", "device memory limit of a container",
+                                  labels=_NEW_CTR)
+        sm = GaugeMetricFamily("vgpu_container_sm_utilization_percent", "SM utilisation of a container",
+                               labels=_NEW_CTR)
+        sm_limit = GaugeMetricFamily("vgpu_container_sm_limit_percent", "SM limit of a container (0 = none)",
+                                     labels=_NEW_CTR)
+        age = GaugeMetricFamily("vgpu_container_last_kernel_age_seconds", "seconds since the last kernel launch",
+                                labels=_NEW_CTR)
+        pods = self.pods_by_uid()
+        now = self.now()
+        for uid, container, snap in self._regions():
+            meta = (pods.get(uid) or {}).get("metadata") or {}
+            namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+            for dev in snap.devices:
+                base = [namespace, name, container, str(dev.index), dev.uuid]
+                legacy = [namespace, name, container, str(dev.index), dev.uuid, "vGPU"]
+                legacy_used.add_metric(legacy, dev.used)
+                legacy_limit.add_metric(legacy, dev.limit)
+                legacy_util.add_metric(legacy, dev.sm_util)
+                used.add_metric(base, dev.used)
+                limit.add_metric(base, dev.limit)
+                sm.add_metric(base, dev.sm_util)
+                sm_limit.add_metric(base, dev.sm_limit)
+                if snap.last_kernel_time > 0 and now - snap.last_kernel_time >= 0:
+                    age.add_metric(base, now - snap.last_kernel_time)
+        yield from (legacy_used, legacy_limit, legacy_util, used, limit, sm, sm_limit, age)
+
+
+def serve_metrics(collector: NodeCollector, listen: str) -> tuple[Any, int]:
+    """Serve `collector` on HOST:PORT; returns (server, bound port)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    host, port = parse_listen(listen)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server, server.server_address[1]

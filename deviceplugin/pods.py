@@ -1,0 +1,68 @@
+"""The node-scoped pod view of the device plugin: a WatchCache of pods with `spec.nodeName=<node>`.
+
+Implements allocator.PodSource over vgpu.kube: `pods()` reads the cache, `refresh()` lists from the API server
+(used on a cache miss and before garbage collection), `patch_annotations` merge-patches a pod. The monitor uses
+`by_uid` to name containers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client as k8s
+
+from vgpu.kube.cache import WatchCache
+from vgpu.kube.client import read_json
+from vgpu.kube.errors import translate
+from vgpu.kube.patch import patch_pod_metadata
+
+__all__ = ["NodePods"]
+
+log = logging.getLogger(__name__)
+
+
+class NodePods:
+    """Pods bound to one node."""
+
+    def __init__(self, api_client: k8s.ApiClient, node_name: str) -> None:
+        self.api = api_client
+        self.node_name = node_name
+        self.selector = f"spec.nodeName={node_name}"
+        self.cache = WatchCache(api_client, "pods", field_selector=self.selector, name=f"pods[{node_name}]")
+
+    def start(self, timeout: float = 10.0) -> NodePods:
+        """Start the cache and wait (bounded) for its first list."""
+        self.cache.start()
+        if not self.cache.wait_synced(timeout):
+            log.warning("event=pod_cache_not_synced node=%s", self.node_name)
+        return self
+
+    def stop(self) -> None:
+        """Stop the cache."""
+        self.cache.stop()
+
+    def pods(self) -> list[dict[str, Any]]:
+        """Cached pods on this node."""
+        return self.cache.list()
+
+    def refresh(self) -> list[dict[str, Any]]:
+        """Pods on this node listed from the API server now (falls back to the cache on error)."""
+        try:
+            resp = k8s.CoreV1Api(self.api).list_pod_for_all_namespaces(
+                field_selector=self.selector, _preload_content=False, _request_timeout=10
+            )
+            return list((read_json(resp) or {}).get("items") or [])
+        except Exception as exc:  # noqa: BLE001
+            log.warning("event=pod_list_failed node=%s error=%s", self.node_name, translate(exc, "list pods"))
+            return self.cache.list()
+
+    def patch_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
+        """Merge-patch annotations of a pod; raises ApiError."""
+        patch_pod_metadata(self.api, namespace, name, annotations=annotations)
+
+    def by_uid(self) -> dict[str, dict[str, Any]]:
+        """Cached pods keyed by UID."""
+        return {str((p.get("metadata") or {}).get("uid")): p for p in self.cache.list()}
+

@@ -1,0 +1,390 @@
+"""The kubelet-facing side of the device plugin: three gRPC DevicePlugin services and their registration.
+
+`DevicePluginManager` (started by deviceplugin.cli) serves one `v1beta1.DevicePlugin` per resource on
+`<kubelet dir>/nvidia-vgpu-{number,memory,cores}.sock`, registers each with kubelet once it is serving, streams the
+fake devices (`<UUID>-<i>`, `<UUID>-memory-<i>`, `<UUID>-core-<i>`) and every health change through
+ListAndWatch, and answers GetPreferredAllocation / Allocate (through allocator.Allocator for vgpu-number; kubelet
+only counts the other two). One watcher thread notices a kubelet restart (its socket recreated, or ours deleted)
+and serves and registers again; one health thread applies backend events. Neither is ever duplicated.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from deviceplugin.allocator import AllocationError, Allocator
+from deviceplugin.backends import GPUBackend, GPUInfo
+from deviceplugin.config import CORE_DEVICES_PER_GPU
+from proto.deviceplugin.v1beta1 import api_pb2 as pb
+from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from vgpu.errors import VGPUError
+
+__all__ = ["CORES", "MEMORY", "NUMBER", "DevicePluginManager", "DeviceState", "ResourceService", "socket_name"]
+
+log = logging.getLogger(__name__)
+
+NUMBER, MEMORY, CORES = "number", "memory", "cores"
+VERSION = "v1beta1"
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+
+
+def socket_name(resource_name: str) -> str:
+    """`volcano.sh/vgpu-number` -> `nvidia-vgpu-number.sock` (the contract's socket names)."""
+    return f"nvidia-{resource_name.rsplit('/', 1)[-1]}.sock"
+
+
+class DeviceState:
+    """GPUs and their health, shared by the services; `version` increases on every change."""
+
+    def __init__(self, gpus: list[GPUInfo]) -> None:
+        self.gpus = list(gpus)
+        self.health = {g.uuid: True for g in gpus}
+        self.version = 0
+        self.cond = threading.Condition()
+        self.closed = False
+
+    def set_health(self, uuid: str, healthy: bool) -> bool:
+        """Record a health change; True if it changed anything."""
+        with self.cond:
+            if uuid not in self.health or self.health[uuid] == healthy:
+                return False
+            self.health[uuid] = healthy
+            self.version += 1
+            self.cond.notify_all()
+            return True
+
+    def snapshot(self) -> tuple[int, list[GPUInfo], dict[str, bool]]:
+        """(version, gpus, health) taken atomically."""
+        with self.cond:
+            return self.version, list(self.gpus), dict(self.health)
+
+    def wake(self) -> None:
+        """Wake every waiter (used at shutdown)."""
+        with self.cond:
+            self.cond.notify_all()
+
+
+@dataclass(frozen=True, slots=True)
+class _FakeID:
+    uuid: str
+    minor: int
+    index: int
+
+
+class ResourceService(pb_grpc.DevicePluginServicer):
+    """One resource's DevicePlugin service."""
+
+    def __init__(
+        self,
+        kind: str,
+        resource_name: str,
+        state: DeviceState,
+        per_gpu: Callable[[GPUInfo], int],
+        allocator: Allocator | None = None,
+    ) -> None:
+        self.kind = kind
+        self.resource_name = resource_name
+        self.state = state
+        self.per_gpu = per_gpu
+        self.allocator = allocator
+        self.stopping = threading.Event()
+        self._index: dict[str, _FakeID] = {}
+        self._index_version = -1
+
+    def _suffix(self, i: int) -> str:
+        if self.kind == NUMBER:
+            return f"-{i}"
+        if self.kind == MEMORY:
+            return f"-memory-{i}"
+        return f"-core-{i}"
+
+    def device_list(self) -> pb.ListAndWatchResponse:
+        """The full fake-device list for the current state."""
+        _, gpus, health = self.state.snapshot()
+        devices = []
+        for gpu in gpus:
+            status = HEALTHY if health.get(gpu.uuid) else UNHEALTHY
+            topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=gpu.numa)]) if gpu.numa is not None else None
+            for i in range(self.per_gpu(gpu)):
+                devices.append(pb.Device(ID=gpu.uuid + self._suffix(i), health=status, topology=topology))
+        return pb.ListAndWatchResponse(devices=devices)
+
+    def _lookup(self, device_id: str) -> _FakeID | None:
+        if self._index_version != 0:
+            index = {}
+            for gpu in self.state.gpus:
+                for i in range(self.per_gpu(gpu)):
+                    index[gpu.uuid + self._suffix(i)] = _FakeID(gpu.uuid, gpu.minor, i)
+            self._index = index
+            self._index_version = 0  # the set of GPUs never changes within a process; health does not matter
+        return self._index.get(device_id)
+
+    # gRPC --------------------------------------------------------------------------------------------------------
+    def GetDevicePluginOptions(self, request, context):
+        """Preferred allocation is offered; no PreStartContainer."""
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request, context):
+        """Send the list now and again after every change, until kubelet or we go away."""
+        context.add_callback(self.state.wake)
+        version = -1
+        while not self.stopping.is_set() and context.is_active():
+            with self.state.cond:
+                if self.state.version == version:
+                    self.state.cond.wait(0.5)
+                    continue
+                version = self.state.version
+            yield self.device_list()
+
+    def GetPreferredAllocation(self, request, context):
+        """Steer kubelet to IDs on the GPUs the scheduler chose (vgpu-number); a stable order otherwise."""
+        responses = []
+        for creq in request.container_requests:
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=self._prefer(creq)))
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    def _prefer(self, creq: pb.ContainerPreferredAllocationRequest) -> list[str]:
+        size = creq.allocation_size
+        must = list(creq.must_include_deviceIDs)
+        available = [d for d in creq.available_deviceIDs if self._lookup(d) is not None and d not in must]
+        available.sort(key=lambda d: (self._lookup(d).minor, self._lookup(d).index))  # type: ignore[union-attr]
+        chosen = list(must)
+        if self.kind == NUMBER and self.allocator is not None and len(chosen) < size:
+            by_gpu: dict[str, list[str]] = {}
+            for d in available:
+                by_gpu.setdefault(self._lookup(d).uuid, []).append(d)  # type: ignore[union-attr]
+            used_gpus = {self._lookup(d).uuid for d in must if self._lookup(d)}  # type: ignore[union-attr]
+            try:
+                gpus = self.allocator.preferred_gpus(size, set(by_gpu) | used_gpus)
+            except VGPUError as exc:
+                log.info("event=preferred_lookup_failed error=%s", exc)
+                gpus = None
+            for uuid in gpus or ():
+                if len(chosen) >= size:
+                    break
+                if uuid not in used_gpus and by_gpu.get(uuid):
+                    chosen.append(by_gpu[uuid][0])
+                    used_gpus.add(uuid)
+            if len(chosen) < size:  # no plan known: spread over distinct GPUs in minor order
+                for uuid, ids in by_gpu.items():
+                    if len(chosen) >= size:
+                        break
+                    if uuid not in used_gpus:
+                        chosen.append(ids[0])
+                        used_gpus.add(uuid)
+        for d in available:
+            if len(chosen) >= size:
+                break
+            if d not in chosen:
+                chosen.append(d)
+        return chosen[:size] if size > 0 else chosen
+
+    def Allocate(self, request, context):
+        """vgpu-number: the matched container's env and mounts; the counting resources: empty responses."""
+        responses = []
+        for creq in request.container_requests:
+            if self.kind != NUMBER or self.allocator is None:
+                responses.append(pb.ContainerAllocateResponse())
+                continue
+            uuids = []
+            for device_id in creq.devices_ids:
+                fake = self._lookup(device_id)
+                if fake is None:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown device {device_id!r}")
+                uuids.append(fake.uuid)
+            try:
+                _, envs, mounts = self.allocator.allocate(uuids)
+            except AllocationError as exc:
+                log.warning("event=allocate_failed error=%s", exc)
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            except VGPUError as exc:
+                log.warning("event=allocate_failed error=%s", exc)
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            responses.append(
+                pb.ContainerAllocateResponse(
+                    envs=envs,
+                    mounts=[pb.Mount(container_path=c, host_path=h, read_only=ro) for c, h, ro in mounts],
+                )
+            )
+        return pb.AllocateResponse(container_responses=responses)
+
+    def PreStartContainer(self, request, context):
+        """Nothing to do before a container starts."""
+        return pb.PreStartContainerResponse()
+
+
+class _Served:
+    """One gRPC server on one unix socket."""
+
+    def __init__(self, service: ResourceService, path: Path) -> None:
+        self.service = service
+        self.path = path
+        self.server: grpc.Server | None = None
+        self.inode = 0
+
+    def start(self) -> None:
+        if self.path.exists() or self.path.is_symlink():
+            self.path.unlink()
+        self.service.stopping.clear()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=self.path.stem))
+        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        server.add_insecure_port(f"unix://{self.path}")
+        server.start()
+        self.server = server
+        self.inode = os.stat(self.path).st_ino
+
+    def stop(self) -> None:
+        self.service.stopping.set()
+        self.service.state.wake()
+        if self.server is not None:
+            self.server.stop(grace=0.2).wait()
+            self.server = None
+        try:
+            if self.path.exists() and os.stat(self.path).st_ino == self.inode:
+                self.path.unlink()
+        except OSError:
+            pass
+
+    def alive(self) -> bool:
+        try:
+            return self.server is not None and os.stat(self.path).st_ino == self.inode
+        except OSError:
+            return False
+
+
+class DevicePluginManager:
+    """Serves and registers the three resources, follows health, re-registers after kubelet restarts."""
+
+    def __init__(
+        self,
+        kubelet_dir: str,
+        backend: GPUBackend,
+        state: DeviceState,
+        resource_names: dict[str, str],
+        split_count: int,
+        memory_factor: int,
+        allocator: Allocator | None,
+        on_health_change: Callable[[], None] | None = None,
+        poll_interval: float = 0.2,
+    ) -> None:
+        self.dir = Path(kubelet_dir)
+        self.backend = backend
+        self.state = state
+        self.on_health_change = on_health_change
+        self.poll_interval = poll_interval
+        per_gpu = {
+            NUMBER: lambda g: split_count,
+            MEMORY: lambda g: g.memory_mib // memory_factor,
+            CORES: lambda g: CORE_DEVICES_PER_GPU,
+        }
+        self.services = {
+            kind: ResourceService(kind, resource_names[kind], state, per_gpu[kind], allocator if kind == NUMBER else None)
+            for kind in (NUMBER, MEMORY, CORES)
+        }
+        self.served = {
+            kind: _Served(svc, self.dir / socket_name(svc.resource_name)) for kind, svc in self.services.items()
+        }
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._kubelet_inode = 0
+        self.registrations = 0
+
+    @property
+    def kubelet_socket(self) -> Path:
+        """kubelet's Registration socket."""
+        return self.dir / "kubelet.sock"
+
+    def _serve(self) -> None:
+        for served in self.served.values():
+            served.stop()
+            served.start()
+
+    def _register(self) -> bool:
+        """Register every resource; False if kubelet is not reachable (retried by the watcher)."""
+        try:
+            inode = os.stat(self.kubelet_socket).st_ino
+        except OSError:
+            return False
+        try:
+            with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+                stub = pb_grpc.RegistrationStub(channel)
+                for served in self.served.values():
+                    stub.Register(
+                        pb.RegisterRequest(
+                            version=VERSION,
+                            endpoint=served.path.name,
+                            resource_name=served.service.resource_name,
+                            options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+                        ),
+                        timeout=5,
+                    )
+        except grpc.RpcError as exc:
+            log.warning("event=register_failed kubelet=%s error=%s", self.kubelet_socket, exc.details() or exc)
+            return False
+        self._kubelet_inode = inode
+        self.registrations += 1
+        log.info("event=registered kubelet=%s resources=%d", self.kubelet_socket, len(self.served))
+        return True
+
+    def start(self) -> None:
+        """Serve, register (retrying in the background if kubelet is absent), start the watcher and health loop."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._serve()
+        self._registered = self._register()
+        for target, name in ((self._watch, "kubelet-watch"), (self._health, "health")):
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _kubelet_restarted(self) -> bool:
+        try:
+            inode = os.stat(self.kubelet_socket).st_ino
+        except OSError:
+            return False  # kubelet is down; register once it is back
+        return inode != self._kubelet_inode
+
+    def _watch(self) -> None:
+        last_attempt = 0.0
+        while not self._stop.wait(self.poll_interval):
+            ours_gone = any(not s.alive() for s in self.served.values())
+            if ours_gone or (self._registered and self._kubelet_restarted()):
+                log.info("event=kubelet_restart_detected sockets_gone=%s", ours_gone)
+                self._serve()
+                self._registered = False
+                last_attempt = 0.0
+            if not self._registered and time.monotonic() - last_attempt >= 1.0:
+                last_attempt = time.monotonic()
+                self._registered = self._register()
+
+    def _health(self) -> None:
+        while not self._stop.is_set():
+            try:
+                events = self.backend.poll_health(0.2)
+            except Exception as exc:  # noqa: BLE001 - a backend bug must not stop health reporting
+                log.warning("event=health_poll_failed error=%s", exc)
+                time.sleep(1.0)
+                continue
+            changed = False
+            for event in events:
+                if self.state.set_health(event.uuid, event.healthy):
+                    changed = True
+                    log.info("event=health uuid=%s healthy=%s reason=%s", event.uuid, event.healthy, event.reason)
+            if changed and self.on_health_change is not None:
+                self.on_health_change()
+
+    def stop(self) -> None:
+        """Stop the loops and the servers; remove our sockets."""
+        self._stop.set()
+        for served in self.served.values():
+            served.stop()
+        for thread in self._threads:
+            thread.join(timeout=2)
