@@ -1,0 +1,70 @@
+"""Run a command under libvgpu.so with limits, without Kubernetes (`vgpu run`, and a helper for tests).
+
+Sets the environment of the wire contract (CUDA_DEVICE_MEMORY_LIMIT_<i>, CUDA_DEVICE_SM_LIMIT,
+CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY), puts libvgpu.so first in LD_PRELOAD and, for the
+simulated GPU, the simulated libcuda.so.1 / libnvidia-ml.so.1 first on LD_LIBRARY_PATH.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from isolation.build import ensure_built
+
+
+@dataclass(slots=True)
+class Limits:
+    """What `vgpu run` enforces."""
+
+    memory: int | None = None          # bytes per device
+    cores: int | None = None           # percent 1..100
+    devices: list[int] = field(default_factory=list)  # physical device indexes to expose (empty = all)
+    policy: str | None = None          # default | force | disable
+    cache: str | None = None           # shared accounting file; a fresh one when None
+
+
+def _mib_form(n: int) -> str:
+    return f"{n >> 20}m" if n % (1 << 20) == 0 else str(n)
+
+
+def limit_env(limits: Limits, simulated_gpu: bool = False, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a command runs with under `limits`."""
+    env = dict(os.environ if base is None else base)
+    paths = ensure_built()
+    count = max(1, len(limits.devices))
+    if limits.memory is not None:
+        for i in range(count):
+            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = _mib_form(limits.memory)
+    if limits.cores is not None:
+        env["CUDA_DEVICE_SM_LIMIT"] = str(limits.cores)
+    if limits.policy:
+        env["GPU_CORE_UTILIZATION_POLICY"] = limits.policy
+    if limits.devices:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in limits.devices)
+    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = limits.cache or os.path.join(
+        tempfile.gettempdir(), f"vgpu-run-{uuid.uuid4()}.cache")
+    preload = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = str(paths.libvgpu) + (":" + preload if preload else "")
+    if simulated_gpu:
+        llp = env.get("LD_LIBRARY_PATH", "")
+        env["LD_LIBRARY_PATH"] = str(paths.sim_dir) + (":" + llp if llp else "")
+    return env
+
+
+def run(command: Sequence[str], limits: Limits, simulated_gpu: bool = False,
+        env: Mapping[str, str] | None = None) -> int:
+    """Run `command` under `limits`; returns its exit code.  A cache file we created is removed afterwards."""
+    full = limit_env(limits, simulated_gpu, env)
+    own_cache = limits.cache is None
+    try:
+        return subprocess.run(list(command), env=full).returncode
+    finally:
+        if own_cache:
+            try:
+                os.unlink(full["CUDA_DEVICE_MEMORY_SHARED_CACHE"])
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,147 @@
+/*
+ * env.c - configuration of libvgpu.so from the environment (the variables of the wire contract).
+ */
+#include "vgpu_internal.h"
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+int vgpu_log_level = 2;
+
+void vgpu_log(int level, const char *fmt, ...) {
+    static const char *names[] = {"ERROR", "ERROR", "WARN", "INFO", "DEBUG"};
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "[vgpu %s pid=%d] ", names[level < 0 ? 0 : level > 4 ? 4 : level], (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    n += vsnprintf(buf + n, sizeof buf - (size_t)n - 2, fmt, ap);
+    va_end(ap);
+    if (n > (int)sizeof buf - 2) n = (int)sizeof buf - 2;
+    buf[n++] = '\n';
+    ssize_t w = write(2, buf, (size_t)n);
+    (void)w;
+}
+
+/*
+ * Sizes: decimal digits, then an optional binary suffix: k|m|g|t (any case), Ki|Mi|Gi|Ti, KB|MB|GB|TB, KiB|MiB|
+ * GiB|TiB.  Surrounding blanks are ignored.  Returns 0 on success, -1 on anything else (empty, sign, hex, junk,
+ * overflow).
+ */
+int vgpu_parse_size(const char *s, uint64_t *out) {
+    if (!s) return -1;
+    while (isspace((unsigned char)*s)) s++;
+    if (!isdigit((unsigned char)*s)) return -1;
+    uint64_t v = 0;
+    while (isdigit((unsigned char)*s)) {
+        uint64_t d = (uint64_t)(*s - '0');
+        if (v > (UINT64_MAX - d) / 10) return -1;
+        v = v * 10 + d;
+        s++;
+    }
+    char suf[8] = {0};
+    size_t n = 0;
+    while (*s && !isspace((unsigned char)*s)) {
+        if (n >= sizeof suf - 1) return -1;
+        suf[n++] = *s++;
+    }
+    while (isspace((unsigned char)*s)) s++;
+    if (*s) return -1;
+    unsigned shift = 0;
+    if (n) {
+        switch (tolower((unsigned char)suf[0])) {
+        case 'k': shift = 10; break;
+        case 'm': shift = 20; break;
+        case 'g': shift = 30; break;
+        case 't': shift = 40; break;
+        default: return -1;
+        }
+        const char *rest = suf + 1;
+        if (*rest && strcmp(rest, "i") && strcmp(rest, "B") && strcmp(rest, "iB") && strcmp(rest, "b") &&
+            strcmp(rest, "ib"))
+            return -1;
+    }
+    if (shift && v > (UINT64_MAX >> shift)) return -1;
+    *out = v << shift;
+    return 0;
+}
+
+/* A percentage 0..100, decimal only. */
+int vgpu_parse_percent(const char *s, int *out) {
+    uint64_t v;
+    if (!s) return -1;
+    const char *p = s;
+    while (isspace((unsigned char)*p)) p++;
+    for (const char *q = p; *q && !isspace((unsigned char)*q); q++)
+        if (!isdigit((unsigned char)*q)) return -1;
+    if (vgpu_parse_size(s, &v) || v > 100) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static void read_mem(const char *name, uint64_t *dst) {
+    const char *s = getenv(name);
+    if (!s || !*s) return;
+    uint64_t v;
+    if (vgpu_parse_size(s, &v)) {
+        VLOG(VLOG_ERROR, "invalid %s=\"%s\": expected bytes with an optional suffix k, m, g, Ki, Mi, Gi", name, s);
+        vg.config_error = 1;
+        return;
+    }
+    *dst = v;
+}
+
+static void read_sm(const char *name, int *dst) {
+    const char *s = getenv(name);
+    if (!s || !*s) return;
+    int v;
+    if (vgpu_parse_percent(s, &v)) {
+        VLOG(VLOG_ERROR, "invalid %s=\"%s\": expected an integer percentage 0..100", name, s);
+        vg.config_error = 1;
+        return;
+    }
+    *dst = v;
+}
+
+void vgpu_read_env(void) {
+    const char *lvl = getenv("LIBCUDA_LOG_LEVEL");
+    if (lvl && *lvl) vgpu_log_level = atoi(lvl);
+
+    uint64_t all = 0;
+    read_mem("CUDA_DEVICE_MEMORY_LIMIT", &all);
+    int sm_all = 0;
+    read_sm("CUDA_DEVICE_SM_LIMIT", &sm_all);
+    int any = 0;
+    for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
+        char name[64];
+        uint64_t m = 0;
+        snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
+        read_mem(name, &m);
+        vg.mem_limit[i] = m ? m : all;
+        int sm = 0;
+        snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
+        read_sm(name, &sm);
+        sm = sm ? sm : sm_all;
+        vg.sm_limit[i] = (sm <= 0 || sm >= 100) ? 0 : sm;   /* 0 = not limited */
+        if (vg.mem_limit[i] || vg.sm_limit[i]) any = 1;
+        if (vg.sm_limit[i]) vg.sm_configured = 1;
+    }
+    const char *pol = getenv("GPU_CORE_UTILIZATION_POLICY");
+    vg.policy = POLICY_DEFAULT;
+    if (pol && *pol) {
+        if (!strcasecmp(pol, "force")) vg.policy = POLICY_FORCE;
+        else if (!strcasecmp(pol, "disable")) vg.policy = POLICY_DISABLE;
+        else if (strcasecmp(pol, "default")) {
+            VLOG(VLOG_ERROR, "invalid GPU_CORE_UTILIZATION_POLICY=\"%s\": expected default, force or disable", pol);
+            vg.config_error = 1;
+        }
+    }
+    vg.context_overhead = 0;
+    read_mem("VGPU_CONTEXT_OVERHEAD", &vg.context_overhead);
+    const char *cm = getenv("VGPU_COUNT_MANAGED");
+    vg.count_managed = !(cm && (!strcmp(cm, "0") || !strcasecmp(cm, "false")));
+    vg.active = any && !vg.config_error;
+}

@@ -1,0 +1,337 @@
+/*
+ * region.c - the shared accounting file: creation/attach, process slots, reserve/release of device memory.
+ *
+ * Locking: one robust, process-shared pthread mutex in the extension block guards slot allocation and all
+ * counters.  A process killed while holding it leaves the mutex "owner dead"; the next locker rebuilds the
+ * container-wide counters from the per-slot counters (the per-slot values are the truth), reclaims the slots
+ * of dead processes and marks the mutex consistent, so nobody ever waits on a dead process.
+ *
+ * Memory check: reserve-then-allocate.  Under the mutex, `ext.used[dev] + size <= limit[dev]` is checked and
+ * the bytes are charged to both the container counter and this process's slot before the driver is called; a
+ * failed driver call gives them back.  Two processes can therefore never both pass the check.
+ */
+#include "vgpu_internal.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t g_my_start;
+static unsigned g_test_hold_us; /* VGPU_TEST_HOLD_LOCK_US: tests only, sleeps inside the lock to provoke SIGKILLs there */
+
+uint64_t vgpu_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t proc_start(pid_t pid, char *state) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p || !p[1] || !p[2]) return 0;
+    if (state) *state = p[2];
+    int field = 2;
+    for (p++; *p && field < 22; p++)
+        if (*p == ' ') field++;
+    return strtoull(p, NULL, 10);
+}
+
+/* A slot is alive when its pid exists, is not a zombie and (if recorded) has the same start time. */
+static int slot_alive(int i) {
+    vgpu_proc_slot_t *s = &vg.region->procs[i];
+    pid_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+    if (pid <= 0) return 0;
+    if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+    char st = 0;
+    uint64_t start = proc_start(pid, &st);
+    if (start == 0) return errno == EACCES;   /* cannot tell: keep it */
+    if (st == 'Z' || st == 'X') return 0;
+    uint64_t rec = vg.ext->slot_start[i];
+    return rec == 0 || rec == start;
+}
+
+static void slot_adjust(int i, int ridx, int kind, int64_t delta) {
+    vgpu_proc_slot_t *s = &vg.region->procs[i];
+    vgpu_devmem_t *u = &s->used[ridx];
+    __atomic_add_fetch(&s->seqlock, 1, __ATOMIC_ACQ_REL);
+    __atomic_add_fetch(&u->total, (uint64_t)delta, __ATOMIC_RELAXED);
+    uint64_t *part = kind == ACCT_CONTEXT ? &u->context_size : kind == ACCT_MODULE ? &u->module_size : &u->data_size;
+    __atomic_add_fetch(part, (uint64_t)delta, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&s->seqlock, 1, __ATOMIC_ACQ_REL);
+}
+
+/* Caller holds the lock.  Gives back everything slot i holds and frees it. */
+static void slot_clear_nolock(int i) {
+    vgpu_proc_slot_t *s = &vg.region->procs[i];
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        uint64_t t = s->used[d].total;
+        uint64_t cur = vg.ext->used[d];
+        __atomic_store_n(&vg.ext->used[d], cur >= t ? cur - t : 0, __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&s->status, 0, __ATOMIC_RELEASE);
+    memset(s->used, 0, sizeof s->used);
+    memset(s->monitorused, 0, sizeof s->monitorused);
+    memset(s->device_util, 0, sizeof s->device_util);
+    s->hostpid = 0;
+    vg.ext->slot_start[i] = 0;
+    __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
+}
+
+static void fix_proc_num_nolock(void) {
+    int n = 0;
+    for (int i = 0; i < VGPU_MAX_PROCS; i++)
+        if (vg.region->procs[i].pid) n = i + 1;
+    __atomic_store_n(&vg.region->proc_num, n, __ATOMIC_RELEASE);
+}
+
+/* Caller holds the lock.  Reclaims slots of processes that are gone; returns how many. */
+static int reap_nolock(void) {
+    int n = 0, top = vg.region->proc_num;
+    if (top > VGPU_MAX_PROCS || top < 0) top = VGPU_MAX_PROCS;
+    for (int i = 0; i < top; i++) {
+        if (vg.region->procs[i].pid && i != vg.slot && !slot_alive(i)) {
+            VLOG(VLOG_INFO, "reclaiming slot %d of dead pid %d", i, vg.region->procs[i].pid);
+            slot_clear_nolock(i);
+            n++;
+        }
+    }
+    if (n) fix_proc_num_nolock();
+    return n;
+}
+
+/* Caller holds the lock.  Rebuilds the container counters from the slots (after an owner died mid-update). */
+static void rebuild_nolock(void) {
+    reap_nolock();
+    for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+        uint64_t sum = 0;
+        for (int i = 0; i < VGPU_MAX_PROCS; i++)
+            if (vg.region->procs[i].pid) sum += vg.region->procs[i].used[d].total;
+        __atomic_store_n(&vg.ext->used[d], sum, __ATOMIC_RELAXED);
+    }
+    fix_proc_num_nolock();
+}
+
+static void lock_region(void) {
+    pthread_mutex_t *m = (pthread_mutex_t *)vg.ext->lock;
+    int r = pthread_mutex_lock(m);
+    if (UNLIKELY(r == EOWNERDEAD)) {
+        VLOG(VLOG_WARN, "shared region lock owner died; rebuilding counters");
+        rebuild_nolock();
+        pthread_mutex_consistent(m);
+    } else if (UNLIKELY(r == ENOTRECOVERABLE)) {
+        VLOG(VLOG_ERROR, "shared region lock not recoverable");
+    }
+}
+static void unlock_region(void) { pthread_mutex_unlock((pthread_mutex_t *)vg.ext->lock); }
+
+static void init_mutex(void *mem) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init((pthread_mutex_t *)mem, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+static void on_exit_release(void) {
+    if (!vg.ext || vg.slot < 0 || vg.pid != getpid()) return;
+    lock_region();
+    slot_clear_nolock(vg.slot);
+    fix_proc_num_nolock();
+    unlock_region();
+    vg.slot = -1;
+}
+
+static void on_fork_child(void) {
+    vg.slot = -1;            /* the child registers its own slot on first use */
+    vg.pid = getpid();
+    g_my_start = 0;
+}
+
+int vgpu_region_attach(void) {
+    if (vg.region) return 0;
+    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    if (!path || !*path) path = "/tmp/cudevshr.cache";
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        VLOG(VLOG_ERROR, "cannot open shared region %s: %s; limits cannot be enforced", path, strerror(errno));
+        return -1;
+    }
+    fchmod(fd, 0666);
+    flock(fd, LOCK_EX);
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size < VGPU_FILE_SIZE && ftruncate(fd, (off_t)VGPU_FILE_SIZE) != 0) {
+        VLOG(VLOG_ERROR, "cannot size shared region %s: %s", path, strerror(errno));
+        flock(fd, LOCK_UN);
+        close(fd);
+        return -1;
+    }
+    void *mem = mmap(NULL, VGPU_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) {
+        VLOG(VLOG_ERROR, "cannot map shared region %s: %s", path, strerror(errno));
+        flock(fd, LOCK_UN);
+        close(fd);
+        return -1;
+    }
+    vgpu_region_t *r = mem;
+    vgpu_ext_t *x = (vgpu_ext_t *)((char *)mem + VGPU_EXT_OFFSET);
+    if (__atomic_load_n(&r->initialized_flag, __ATOMIC_ACQUIRE) != VGPU_MAGIC) {
+        memset(r, 0, sizeof *r);
+        r->major_version = VGPU_MAJOR;
+        r->minor_version = VGPU_MINOR;
+        for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
+            r->limit[i] = vg.mem_limit[i];
+            r->sm_limit[i] = (uint64_t)vg.sm_limit[i];
+        }
+        r->utilization_switch = 1;
+        r->recent_kernel = 2;
+        const char *prio = getenv("CUDA_TASK_PRIORITY");
+        r->priority = prio && *prio ? atoi(prio) : 1;
+        memset(x, 0, sizeof *x);
+        __atomic_store_n(&r->initialized_flag, VGPU_MAGIC, __ATOMIC_RELEASE);
+    } else {
+        for (int i = 0; i < VGPU_MAX_DEVICES; i++)
+            if (r->limit[i] != vg.mem_limit[i] && vg.mem_limit[i])
+                VLOG(VLOG_WARN, "device %d: region limit %llu differs from env %llu; the region wins", i,
+                     (unsigned long long)r->limit[i], (unsigned long long)vg.mem_limit[i]);
+    }
+    vg.region = r;
+    vg.ext = x;
+    if (x->magic != VGPU_EXT_MAGIC) {
+        memset(x, 0, sizeof *x);
+        init_mutex(x->lock);
+        x->version = VGPU_EXT_VERSION;
+        x->size = sizeof *x;
+        for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
+            uint64_t sum = 0;
+            for (int i = 0; i < VGPU_MAX_PROCS; i++)
+                if (r->procs[i].pid) sum += r->procs[i].used[d].total;
+            x->used[d] = sum;
+        }
+        __atomic_store_n(&x->magic, VGPU_EXT_MAGIC, __ATOMIC_RELEASE);
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    vg.slot = -1;
+    const char *hold = getenv("VGPU_TEST_HOLD_LOCK_US");
+    if (hold && *hold) g_test_hold_us = (unsigned)strtoul(hold, NULL, 10);
+    atexit(on_exit_release);
+    pthread_atfork(NULL, NULL, on_fork_child);
+    return 0;
+}
+
+/* Returns this process's slot index, registering it on first use; -1 if the table is full. */
+int vgpu_slot(void) {
+    /* fast path without getpid(): the fork handler resets vg.slot in the child */
+    if (LIKELY(vg.slot >= 0)) return vg.slot;
+    pid_t me = getpid();
+    vg.pid = me;
+    if (!g_my_start) g_my_start = proc_start(me, NULL);
+    lock_region();
+    reap_nolock();
+    int slot = -1;
+    for (int i = 0; i < VGPU_MAX_PROCS; i++) {
+        vgpu_proc_slot_t *s = &vg.region->procs[i];
+        if (s->pid == me) {
+            /* same pid: a previous image of this process (exec) or PID reuse; its memory is gone */
+            slot_clear_nolock(i);
+        }
+    }
+    for (int i = 0; i < VGPU_MAX_PROCS; i++) {
+        if (vg.region->procs[i].pid == 0) { slot = i; break; }
+    }
+    if (slot >= 0) {
+        vgpu_proc_slot_t *s = &vg.region->procs[slot];
+        memset(s, 0, sizeof *s);
+        vg.ext->slot_start[slot] = g_my_start;
+        s->status = 1;
+        __atomic_store_n(&s->pid, me, __ATOMIC_RELEASE);
+        fix_proc_num_nolock();
+    } else {
+        VLOG(VLOG_ERROR, "no free process slot in the shared region (%d in use)", VGPU_MAX_PROCS);
+    }
+    unlock_region();
+    vg.slot = slot;
+    return slot;
+}
+
+uint64_t vgpu_limit(int ridx) {
+    if (!vg.region || ridx < 0 || ridx >= VGPU_MAX_DEVICES) return 0;
+    return __atomic_load_n(&vg.region->limit[ridx], __ATOMIC_RELAXED);
+}
+
+uint64_t vgpu_used(int ridx) {
+    if (!vg.ext || ridx < 0 || ridx >= VGPU_MAX_DEVICES) return 0;
+    return __atomic_load_n(&vg.ext->used[ridx], __ATOMIC_RELAXED);
+}
+
+/* 0 when `bytes` were charged to device ridx, -1 when that would exceed its limit (nothing charged). */
+int vgpu_reserve(int ridx, uint64_t bytes, int kind) {
+    if (ridx < 0 || ridx >= VGPU_MAX_DEVICES) return 0;
+    int slot = vgpu_slot();
+    if (slot < 0) return -1;
+    lock_region();
+    uint64_t lim = vg.region->limit[ridx];
+    uint64_t used = vg.ext->used[ridx];
+    if (lim && (used + bytes > lim || used + bytes < used)) {
+        if (reap_nolock()) used = vg.ext->used[ridx];
+        if (used + bytes > lim || used + bytes < used) {
+            vg.ext->oom_count[ridx]++;
+            unlock_region();
+            VLOG(VLOG_INFO, "device %d: out of memory: %llu used + %llu requested > limit %llu", ridx,
+                 (unsigned long long)used, (unsigned long long)bytes, (unsigned long long)lim);
+            return -1;
+        }
+    }
+    __atomic_store_n(&vg.ext->used[ridx], used + bytes, __ATOMIC_RELAXED);
+    if (UNLIKELY(g_test_hold_us)) usleep(g_test_hold_us); /* fault injection: widen the locked window */
+    if (used + bytes > vg.ext->peak[ridx]) vg.ext->peak[ridx] = used + bytes;
+    slot_adjust(slot, ridx, kind, (int64_t)bytes);
+    unlock_region();
+    return 0;
+}
+
+void vgpu_release(int ridx, uint64_t bytes, int kind) {
+    if (ridx < 0 || ridx >= VGPU_MAX_DEVICES || !bytes) return;
+    int slot = vgpu_slot();
+    if (slot < 0) return;
+    lock_region();
+    uint64_t used = vg.ext->used[ridx];
+    __atomic_store_n(&vg.ext->used[ridx], used >= bytes ? used - bytes : 0, __ATOMIC_RELAXED);
+    slot_adjust(slot, ridx, kind, -(int64_t)bytes);
+    unlock_region();
+}
+
+/* Region device index of a UUID, adding it to the table if new; -1 when the table is full. */
+int vgpu_ridx_for_uuid(const char *uuid) {
+    if (!vg.region || !uuid || !*uuid) return -1;
+    int n = (int)vg.region->device_num;
+    for (int i = 0; i < n && i < VGPU_MAX_DEVICES; i++)
+        if (!strncmp(vg.region->uuids[i], uuid, VGPU_UUID_LEN)) return i;
+    lock_region();
+    n = (int)vg.region->device_num;
+    int found = -1;
+    for (int i = 0; i < n && i < VGPU_MAX_DEVICES; i++)
+        if (!strncmp(vg.region->uuids[i], uuid, VGPU_UUID_LEN)) found = i;
+    if (found < 0 && n < VGPU_MAX_DEVICES) {
+        snprintf(vg.region->uuids[n], VGPU_UUID_LEN, "%s", uuid);
+        __atomic_store_n(&vg.region->device_num, (uint64_t)(n + 1), __ATOMIC_RELEASE);
+        found = n;
+    }
+    unlock_region();
+    return found;
+}

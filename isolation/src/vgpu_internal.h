@@ -1,0 +1,69 @@
+/*
+ * vgpu_internal.h - declarations shared by the translation units of libvgpu.so.
+ */
+#ifndef VGPU_INTERNAL_H
+#define VGPU_INTERNAL_H
+
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <pthread.h>
+#include <stdint.h>
+#include "vgpu_nvml.h"
+#include "vgpu_region.h"
+
+#define HIDDEN __attribute__((visibility("hidden")))
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* log levels: errors always; LIBCUDA_LOG_LEVEL >= 2 warnings (default), >= 3 info, >= 4 debug */
+enum { VLOG_ERROR = 0, VLOG_WARN = 2, VLOG_INFO = 3, VLOG_DEBUG = 4 };
+HIDDEN extern int vgpu_log_level;
+HIDDEN void vgpu_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define VLOG(lvl, ...) do { if ((lvl) == VLOG_ERROR || vgpu_log_level >= (lvl)) vgpu_log((lvl), __VA_ARGS__); } while (0)
+
+/* policy values of GPU_CORE_UTILIZATION_POLICY */
+enum { POLICY_DEFAULT = 0, POLICY_FORCE = 1, POLICY_DISABLE = 2 };
+
+/* accounting kinds -> v1 fields */
+enum { ACCT_CONTEXT = 0, ACCT_MODULE = 1, ACCT_DATA = 2 };
+
+typedef struct {
+    int config_error;        /* a limit env var could not be parsed: cuInit/nvmlInit fail */
+    int active;              /* a shared region is attached (some limit configured) */
+    int sm_configured;       /* some device has 0 < SM limit < 100 at start */
+    int policy;
+    uint64_t mem_limit[VGPU_MAX_DEVICES];
+    int sm_limit[VGPU_MAX_DEVICES];
+    uint64_t context_overhead;
+    int count_managed;
+    vgpu_region_t *region;
+    vgpu_ext_t *ext;
+    int slot;
+    pid_t pid;
+} vgpu_state_t;
+
+HIDDEN extern vgpu_state_t vg;
+
+/* env.c */
+HIDDEN int vgpu_parse_size(const char *s, uint64_t *out);
+HIDDEN int vgpu_parse_percent(const char *s, int *out);
+HIDDEN void vgpu_read_env(void);
+
+/* region.c */
+HIDDEN int vgpu_region_attach(void);
+HIDDEN int vgpu_slot(void);
+HIDDEN int vgpu_reserve(int ridx, uint64_t bytes, int kind);
+HIDDEN void vgpu_release(int ridx, uint64_t bytes, int kind);
+HIDDEN int vgpu_ridx_for_uuid(const char *uuid);
+HIDDEN uint64_t vgpu_used(int ridx);
+HIDDEN uint64_t vgpu_limit(int ridx);
+HIDDEN uint64_t vgpu_now_ns(void);
+
+/* hooks.c */
+HIDDEN void vgpu_ensure_init(void);
+HIDDEN void *vgpu_wrapper_for(const char *name, void *real);
+HIDDEN void *vgpu_wrapper_for_real(void *real);
+HIDDEN extern void *(*vgpu_real_dlsym)(void *, const char *);
+
+#endif

@@ -1,0 +1,84 @@
+"""Compute (SM) limit: container-wide budget measured on the simulated device timeline."""
+from __future__ import annotations
+
+import pytest
+
+from isolation.region import Region
+
+SEC = 1_000_000_000
+WARMUP = 2
+
+
+def run_spin(sim, limit: int | None, nproc: int, seconds: float, kind: str = "kernel", windows: int = 2,
+             **env: str) -> list[float]:
+    """Start `nproc` saturating processes; return device utilisation (%) per 1 s window after the warm-up."""
+    helpers = sim.helpers()
+    if limit is not None:
+        env.setdefault("CUDA_DEVICE_SM_LIMIT", str(limit))
+    env.setdefault("CUDA_DEVICE_MEMORY_LIMIT", "8g")
+    t0 = helpers.simgpu_now_ns()
+    procs = [sim.popen("spin", kind, "100", "1000", str(seconds), **env) for _ in range(nproc)]
+    for p in procs:
+        out, err = p.communicate(timeout=seconds + 30)
+        assert p.returncode == 0, err
+        assert int(sim.parse(out)["launches"]) > 0
+    return [helpers.simgpu_busy_ns(0, 0, t0 + (WARMUP + w) * SEC, t0 + (WARMUP + w + 1) * SEC) / SEC * 100
+            for w in range(windows)]
+
+
+@pytest.mark.parametrize("nproc", [1, 4])
+@pytest.mark.parametrize("limit", [10, 30, 50, 70, 90])
+def test_sm_limit_holds_within_5_points(sim, limit, nproc):
+    utils = run_spin(sim, limit, nproc, WARMUP + 2.2, GPU_CORE_UTILIZATION_POLICY="force")
+    assert all(abs(u - limit) <= 5 for u in utils), (limit, nproc, utils)
+
+
+@pytest.mark.parametrize("kind", ["ex", "coop", "graph"])
+def test_every_launch_path_is_limited(sim, kind):
+    utils = run_spin(sim, 30, 1, WARMUP + 1.2, kind=kind, windows=1, GPU_CORE_UTILIZATION_POLICY="force")
+    assert abs(utils[0] - 30) <= 5, (kind, utils)
+
+
+def test_unlimited_workload_saturates_the_device(sim):
+    utils = run_spin(sim, None, 1, WARMUP + 1.2, windows=1)
+    assert utils[0] > 95
+
+
+def test_policy_disable_turns_the_limit_off(sim):
+    utils = run_spin(sim, 30, 1, WARMUP + 1.2, windows=1, GPU_CORE_UTILIZATION_POLICY="disable")
+    assert utils[0] > 95
+
+
+def test_policy_default_follows_the_monitor_switch(sim):
+    # default limits while utilization_switch == 1 (its initial value) ...
+    assert abs(run_spin(sim, 30, 1, WARMUP + 1.2, windows=1)[0] - 30) <= 5
+    # ... and not once a monitor sets it to 0 (no other tenant on the GPU); `force` ignores the switch
+    with Region.open(sim.cache, readonly=False) as r:
+        r.set_utilization_switch(False)
+    assert run_spin(sim, 30, 1, WARMUP + 1.2, windows=1)[0] > 95
+    assert abs(run_spin(sim, 30, 1, WARMUP + 1.2, windows=1, GPU_CORE_UTILIZATION_POLICY="force")[0] - 30) <= 5
+
+
+def test_budget_counters_are_visible_in_the_region(sim):
+    run_spin(sim, 50, 2, WARMUP + 1.2, windows=1, GPU_CORE_UTILIZATION_POLICY="force")
+    with Region.open(sim.cache) as r:
+        st = r.sm_state(0)
+        snap = r.snapshot()
+    assert st["launches"] > 0 and st["throttled_ns"] > 0 and st["measured_ns"] > 0
+    assert snap.last_kernel_time > 0 and snap.devices[0].sm_limit == 50
+
+
+def test_process_sm_util_is_published_for_the_monitor(sim):
+    import time
+    p = sim.popen("spin", "kernel", "100", "1000", "3.5", CUDA_DEVICE_SM_LIMIT="50",
+                  GPU_CORE_UTILIZATION_POLICY="force", CUDA_DEVICE_MEMORY_LIMIT="8g")
+    try:
+        time.sleep(2.6)
+        with Region.open(sim.cache) as r:
+            procs = r.processes()
+            dev = r.devices()[0]
+        assert [x.pid for x in procs] == [p.pid]
+        assert 40 <= procs[0].sm_util[0] <= 60, procs
+        assert dev.sm_util == procs[0].sm_util[0]
+    finally:
+        p.communicate(timeout=30)
