@@ -1,14 +1,47 @@
-"""Allocate: find the pod kubelet is admitting and build the container's environment and mounts.
+"""Allocate: find the container kubelet is admitting and build its environment, mounts and device specs.
 
-Called by the `vgpu-number` gRPC service (server.py) for every container kubelet admits. Kubelet only passes
-fake device IDs; the pod is found deterministically in the node-scoped pod cache: pending, `bind-phase=allocating`,
-`vgpu-node` = this node, and the next unallocated GPU container's GPU set equals the GPUs behind kubelet's IDs.
-No match or more than one match is an error (never a guess). Each answered container consumes one segment of
+Called by the gRPC services (server.py) for every Allocate kubelet sends, on every resource of ours: the GPU
+resources (`vgpu-number`, and plain `nvidia.com/gpu` in whole-GPU mode) and the counting resources
+(`vgpu-memory`, `vgpu-cores`). Kubelet passes fake device IDs only, never the pod, so the container is found in
+the node-scoped pod cache. A candidate is a pod that is pending on this node with `bind-phase=allocating`,
+`vgpu-node` = this node, and whose next unanswered GPU container (next segment of
+`volcano.sh/devices-to-allocate`) is consistent with every Allocate call seen so far for the container being
+admitted:
+
+* a GPU-resource call matches when the GPUs behind kubelet's IDs are exactly the segment's GPUs;
+* a memory / cores call matches when the number of IDs equals the container's limit of that resource (kubelet
+  passes as many fake IDs as the quantity asked for).
+
+Kubelet admits pods one at a time (in creationTimestamp order within a batch) and, per container, calls
+Allocate once per extended resource, in no fixed order, before moving on to the next container. The calls of one
+container therefore form a *sequence*; the plugin keeps the open sequence and narrows the candidates call by call.
+
+The matching rule, applied at every call of a sequence (C = the candidates consistent with the sequence so far;
+if one of them is a pod already half-way through its admission, only such pods are kept):
+
+1. no candidate: re-list the node's pods from the API server and retry; still none is an error;
+2. while every candidate still expects a GPU-resource call, the plugin answers with an empty response and waits
+   for it: the GPU set is the strongest evidence and the container's own call will bring it;
+3. one candidate, or candidates that are *interchangeable* (the same remaining segments - GPU UUIDs, memory,
+   cores - and the same per-container limits and `CUDA_DISABLE_CONTROL` setting for the rest of the pod): the
+   oldest (creationTimestamp, then namespace/name) is chosen, which is the pod kubelet admits first. Any choice
+   gives the container identical limits; only the per-container cache directory
+   `<podUID>_<container>` carries the chosen twin's UID, and it stays distinct per container;
+4. candidates whose limits differ and that all still expect another call: answer empty and wait for it (a
+   memory or cores count separates them);
+5. otherwise (the limits differ and nothing left can separate them) the call is refused with a message naming
+   the pods; kubelet fails that pod.
+
+The container's env, mounts and device specs are returned exactly once, on the call that fixes the match;
+kubelet merges the responses of all resources of a container, so it does not matter which resource carries
+them. The other calls of the sequence get empty responses. Each answered container consumes one segment of
 `volcano.sh/devices-to-allocate`; after the last one the pod gets `bind-phase=success`.
 
 The response is the contract's (../shared/compat/CONTRACT.md, "Device plugin"), byte-compatible with
-volcano-vgpu-device-plugin. Per-container cache directories are created, never deleted while their pod exists;
-`collect_garbage` removes the ones of pods that are gone.
+volcano-vgpu-device-plugin under the default options; the NVIDIA device-plugin options (device list strategy,
+device ID strategy, pass-device-specs) change how the GPUs are named to the container runtime
+(docs/deviceplugin-options.md). Per-container cache directories are created, never deleted while their pod
+exists; `collect_garbage` removes the ones of pods that are gone.
 """
 
 from __future__ import annotations
@@ -20,16 +53,27 @@ import threading
 import time
 import uuid as uuidlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from vgpu import assignment, keys
 from vgpu.errors import CodecError, RequestError, VGPUError
+from vgpu.quantity import parse_integer_quantity
 from vgpu.requests import ContainerRequest, gpu_containers, pod_requests
 from vgpu.resources import SharingConfig
 
-__all__ = ["LIBVGPU_CONTAINER_PATH", "AllocationError", "Allocator", "ContainerGrant", "PodSource"]
+__all__ = [
+    "CDI_ANNOTATION",
+    "GPUS",
+    "LIBVGPU_CONTAINER_PATH",
+    "Allocation",
+    "AllocationError",
+    "Allocator",
+    "ContainerGrant",
+    "PodSource",
+    "ResponseOptions",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +82,14 @@ CACHE_CONTAINER_DIR = "/tmp/vgpu"
 LOCK_CONTAINER_DIR = "/tmp/vgpulock"
 PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
 DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
+VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+CDI_ANNOTATION = "cdi.k8s.io/vgpu-sharing"
+CDI_KIND = "nvidia.com/gpu"
+# Kinds of resource: GPUS (kubelet's IDs name the GPUs), MEMORY and CORES (only the count matters).
+GPUS, MEMORY, CORES = "gpus", "memory", "cores"
+# A sequence whose last call is older than this is over whatever it expected (kubelet's calls for one container
+# come back to back; this only guards against a kubelet that gave up half-way).
+SEQUENCE_TIMEOUT = 30.0
 
 
 class AllocationError(VGPUError):
@@ -61,6 +113,18 @@ class PodSource(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseOptions:
+    """How granted GPUs are named to the container runtime (NVIDIA device-plugin options)."""
+
+    device_list_strategy: tuple[str, ...] = ("envvar",)
+    device_id_strategy: str = "uuid"
+    pass_device_specs: bool = False
+    driver_root: str = "/"
+    # GPU UUID -> (NVML index, minor number); needed by the index strategy and the device specs
+    gpu_numbers: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerGrant:
     """What one container gets: the container and its segment of the assignment."""
 
@@ -76,6 +140,27 @@ class ContainerGrant:
 
 
 @dataclass(frozen=True, slots=True)
+class Allocation:
+    """The container's share of an Allocate response."""
+
+    grant: ContainerGrant
+    envs: dict[str, str]
+    mounts: list[tuple[str, str, bool]]  # (container path, host path, read-only)
+    devices: list[tuple[str, str, str]] = field(default_factory=list)  # (container path, host path, permissions)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One Allocate call of a container: the resource, and the GPUs (GPU kind) or the ID count."""
+
+    resource: str
+    kind: str
+    gpus: tuple[str, ...]
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class _Candidate:
     pod: dict[str, Any]
     uid: str
@@ -83,19 +168,43 @@ class _Candidate:
     requests: tuple[ContainerRequest, ...]
     next_index: int
     in_progress: bool
+    expected: Mapping[str, int]  # resource name -> quantity, for our resources the next container asks for
+    same_as: tuple  # equal for interchangeable candidates
 
     @property
     def key(self) -> str:
         meta = self.pod.get("metadata") or {}
         return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
+    @property
+    def order(self) -> tuple[str, str]:
+        meta = self.pod.get("metadata") or {}
+        return (str(meta.get("creationTimestamp") or ""), self.key)
+
+
+@dataclass(slots=True)
+class _Sequence:
+    """The Allocate calls of the container kubelet is admitting now."""
+
+    calls: list[_Call]
+    last_call: float
+    decided: _Candidate | None = None
+
 
 def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return pod.get("metadata") or {}
 
 
+def _container_spec(pod: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    return next((c for c, _ in gpu_containers(pod) if c.get("name") == name), {})
+
+
+def _disables_control(spec: Mapping[str, Any]) -> bool:
+    return any(isinstance(e, Mapping) and e.get("name") == DISABLE_CONTROL_ENV for e in spec.get("env") or ())
+
+
 class Allocator:
-    """Matches kubelet's Allocate calls to pods and answers them; thread-safe."""
+    """Matches kubelet's Allocate calls to containers and answers them; thread-safe."""
 
     def __init__(
         self,
@@ -105,6 +214,10 @@ class Allocator:
         hook_path: str,
         lock_dir: str = LOCK_CONTAINER_DIR,
         core_policy: str | None = None,
+        resource_kinds: Mapping[str, str] | None = None,
+        options: ResponseOptions | None = None,
+        recorder: Any = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.node_name = node_name
         self.sharing = sharing
@@ -113,12 +226,19 @@ class Allocator:
         self.hook_path = Path(hook_path)
         self.lock_dir = lock_dir
         self.core_policy = core_policy
+        self.kinds: dict[str, str] = dict(resource_kinds or {
+            sharing.resources.number: GPUS, sharing.resources.memory: MEMORY, sharing.resources.cores: CORES,
+        })
+        self.options = options or ResponseOptions()
+        self.recorder = recorder
+        self.clock = clock
         self._lock = threading.Lock()
         # pod uid -> segment indexes answered by this process (covers a cache that has not seen our patch yet)
         self._consumed: dict[str, set[int]] = {}
-        # (uid, resourceVersion, consumed) -> parsed candidate; pods are immutable per resourceVersion
         self._missing_candidates: list[_Candidate] = []
+        self._ambiguous: list[_Candidate] = []
         self._parsed: dict[tuple[str, str, frozenset[int]], _Candidate | None] = {}
+        self._sequence: _Sequence | None = None
 
     # paths -------------------------------------------------------------------------------------------------
     @property
@@ -149,6 +269,21 @@ class Allocator:
             self._parsed[key] = found
         return found
 
+    def _expected(self, spec: Mapping[str, Any]) -> dict[str, int]:
+        resources = spec.get("resources") or {}
+        merged = dict(resources.get("requests") or {})
+        merged.update(resources.get("limits") or {})
+        expected = {}
+        for name in self.kinds:
+            if name in merged:
+                try:
+                    quantity = parse_integer_quantity(merged[name])
+                except (VGPUError, ValueError):
+                    continue
+                if quantity > 0:
+                    expected[name] = quantity
+        return expected
+
     def _parse_candidate(self, pod: dict[str, Any]) -> _Candidate | None:
         meta = _meta(pod)
         annotations = meta.get("annotations") or {}
@@ -172,19 +307,49 @@ class Allocator:
         if next_index is None:
             return None
         in_progress = next_index > 0 or bool(done)
-        return _Candidate(pod, uid, segments, requests, next_index, in_progress)
+        rest = []
+        expected: dict[str, int] = {}
+        for i in range(next_index, len(segments)):
+            if not segments[i] or i in done:
+                continue
+            spec = _container_spec(pod, requests[i].container) if i < len(requests) else {}
+            wants = self._expected(spec)
+            if i == next_index:
+                expected = wants
+            rest.append((i - next_index, tuple((g.uuid, g.memory, g.cores) for g in segments[i]),
+                         tuple(sorted(wants.items())), _disables_control(spec)))
+        return _Candidate(pod, uid, segments, requests, next_index, in_progress, expected, tuple(rest))
 
     def _candidates(self, pods: list[dict[str, Any]]) -> list[_Candidate]:
         found = [c for c in (self._candidate(p) for p in pods) if c is not None]
-        # kubelet admits pods in creation order; keep that order for hints and messages
-        found.sort(key=lambda c: (_meta(c.pod).get("creationTimestamp") or "", c.key))
+        # kubelet admits pods in creation order; keep that order for choices, hints and messages
+        found.sort(key=lambda c: c.order)
         return found
+
+    def _fits(self, candidate: _Candidate, call: _Call) -> bool:
+        """Is this call one that the candidate's next container makes?"""
+        quantity = candidate.expected.get(call.resource)
+        if quantity is None:
+            return False
+        if call.kind == GPUS:
+            segment = candidate.segments[candidate.next_index]
+            return len(call.gpus) == len(segment) and set(call.gpus) == {g.uuid for g in segment}
+        return call.count == quantity
+
+    def _consistent(self, candidates: list[_Candidate], calls: list[_Call]) -> list[_Candidate]:
+        matching = [c for c in candidates if all(self._fits(c, call) for call in calls)]
+        busy = [c for c in matching if c.in_progress]
+        return busy or matching
 
     # GetPreferredAllocation -----------------------------------------------------------------------------------
     def preferred_gpus(self, size: int, available_uuids: set[str]) -> list[str] | None:
         """GPU UUIDs of the container kubelet most likely admits next (a hint only), or None."""
         with self._lock:
             candidates = self._candidates(self.source.pods())
+            sequence = self._open_sequence()
+            if sequence is not None and sequence.decided is None:
+                narrowed = self._consistent(candidates, sequence.calls)
+                candidates = narrowed or candidates
         fitting = [
             c for c in candidates
             if len(c.segments[c.next_index]) == size
@@ -195,43 +360,80 @@ class Allocator:
             return None
         return [g.uuid for g in fitting[0].segments[fitting[0].next_index]]
 
-    # Allocate -------------------------------------------------------------------------------------------------
-    def match(self, gpu_uuids: list[str]) -> ContainerGrant:
-        """The one waiting container whose next segment is exactly these GPUs; raises AllocationError."""
-        if len(set(gpu_uuids)) != len(gpu_uuids):
-            raise AllocationError(
-                f"node {self.node_name}: kubelet chose several vgpu-number devices of one GPU {sorted(gpu_uuids)}; "
-                "each GPU of a container must be distinct"
+    # sequences ---------------------------------------------------------------------------------------------------
+    def _open_sequence(self) -> _Sequence | None:
+        sequence = self._sequence
+        if sequence is not None and self.clock() - sequence.last_call > SEQUENCE_TIMEOUT:
+            self._close(sequence, "timed out")
+            return None
+        return sequence
+
+    def _close(self, sequence: _Sequence, why: str) -> None:
+        if sequence.decided is None:
+            log.error(
+                "event=sequence_abandoned calls=%s reason=%s: kubelet's calls for a container ended before it "
+                "could be matched; that container got no vGPU limits",
+                ",".join(f"{c.resource}:{c.count}" for c in sequence.calls), why,
             )
-        wanted = set(gpu_uuids)
+        if self._sequence is sequence:
+            self._sequence = None
+
+    def _belongs(self, sequence: _Sequence, call: _Call) -> bool:
+        if any(c.resource == call.resource for c in sequence.calls):
+            return False  # each container calls once per resource: this is the next container
+        if sequence.decided is not None:
+            return self._fits(sequence.decided, call)
+        candidates = self._candidates(self.source.pods())
+        return bool(self._consistent(candidates, [*sequence.calls, call]))
+
+    # Allocate -------------------------------------------------------------------------------------------------
+    def _choose(self, calls: list[_Call]) -> _Candidate | None:
+        """The candidate these calls identify, None to wait for the container's next call; raises AllocationError."""
         last_error = ""
         for attempt in range(2):
             pods = self.source.pods() if attempt == 0 else self.source.refresh()
             candidates = self._candidates(pods)
-            matches = [c for c in candidates if {g.uuid for g in c.segments[c.next_index]} == wanted
-                       and len(c.segments[c.next_index]) == len(gpu_uuids)]
-            if len(matches) > 1:
-                busy = [c for c in matches if c.in_progress]
-                if len(busy) == 1:
-                    matches = busy
-            if len(matches) == 1:
-                return self._grant(matches[0])
-            if len(matches) > 1:
-                names = ", ".join(c.key for c in matches)
-                last_error = (
-                    f"node {self.node_name}: GPUs {sorted(wanted)} match the next container of several pods "
-                    f"({names}); refusing to guess"
+            matches = self._consistent(candidates, calls)
+            if not matches:
+                waiting = ", ".join(
+                    f"{c.key}[{c.next_index}]={sorted(g.uuid for g in c.segments[c.next_index])}"
+                    f"{dict(c.expected)}" for c in candidates
+                ) or "none"
+                seen = ", ".join(
+                    f"{c.resource}=GPUs {sorted(c.gpus)}" if c.kind == GPUS else f"{c.resource}={c.count}"
+                    for c in calls
                 )
-                self._missing_candidates = []
+                last_error = (
+                    f"node {self.node_name}: no pod with bind-phase=allocating waits for a container with {seen} "
+                    f"(waiting: {waiting})"
+                )
+                self._missing_candidates = candidates
                 continue
-            waiting = ", ".join(
-                f"{c.key}[{c.next_index}]={sorted(g.uuid for g in c.segments[c.next_index])}" for c in candidates
-            ) or "none"
-            last_error = (
-                f"node {self.node_name}: no pod with bind-phase=allocating waits for GPUs {sorted(wanted)} "
-                f"(waiting: {waiting})"
+            seen_resources = {c.resource for c in calls}
+
+            def pending(c: _Candidate, seen: set[str] = seen_resources) -> set[str]:
+                return set(c.expected) - seen
+
+            if all(any(self.kinds.get(r) == GPUS for r in pending(c)) for c in matches):
+                return None  # every candidate still makes its GPU call: wait for the GPU set
+            if len(matches) == 1 or len({c.same_as for c in matches}) == 1:
+                if len(matches) > 1:
+                    log.info("event=interchangeable_candidates chosen=%s others=%s", matches[0].key,
+                             ",".join(c.key for c in matches[1:]))
+                return matches[0]  # the oldest: kubelet admits pods in creation order
+            if all(pending(c) for c in matches):
+                return None  # a later memory / cores count will separate them
+            names = "; ".join(
+                f"{c.key} (segment {c.next_index}: "
+                f"{','.join(f'{g.uuid}/{g.memory}/{g.cores}' for g in c.segments[c.next_index])}, "
+                f"limits {dict(c.expected)})" for c in matches
             )
-            self._missing_candidates = candidates
+            self._ambiguous = matches
+            raise AllocationError(
+                f"node {self.node_name}: the Allocate calls of this container ("
+                f"{', '.join(c.resource for c in calls)}) match the next container of several pods whose limits "
+                f"differ, and no call is left to tell them apart: {names}"
+            )
         raise AllocationError(last_error)
 
     def _grant(self, candidate: _Candidate) -> ContainerGrant:
@@ -242,8 +444,7 @@ class Allocator:
                 f"{len(candidate.requests)} GPU containers"
             )
         name = candidate.requests[index].container
-        spec = next((c for c, _ in gpu_containers(candidate.pod) if c.get("name") == name), {})
-        disable = any(isinstance(e, Mapping) and e.get("name") == DISABLE_CONTROL_ENV for e in spec.get("env") or ())
+        disable = _disables_control(_container_spec(candidate.pod, name))
         remaining = [
             i for i, seg in enumerate(candidate.segments)
             if seg and i != index and i not in self._consumed.get(candidate.uid, set()) and i > index
@@ -261,14 +462,31 @@ class Allocator:
             disable_control=disable,
         )
 
-    def response_parts(self, grant: ContainerGrant) -> tuple[dict[str, str], list[tuple[str, str, bool]]]:
-        """Env and mounts (container path, host path, read-only) for one container, per the contract."""
+    def _device_id(self, uuid: str) -> str:
+        if self.options.device_id_strategy == "index":
+            numbers = self.options.gpu_numbers.get(uuid)
+            if numbers is not None:
+                return str(numbers[0])
+        return uuid
+
+    def response_parts(self, grant: ContainerGrant) -> Allocation:
+        """Env, mounts, device specs and annotations for one container, per the contract and the options."""
         envs: dict[str, str] = {}
         uuids: list[str] = []
         for g in grant.grants:
             if g.uuid not in uuids:
                 uuids.append(g.uuid)
-        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
+        ids = [self._device_id(u) for u in uuids]
+        strategies = self.options.device_list_strategy
+        annotations: dict[str, str] = {}
+        extra_mounts: list[tuple[str, str, bool]] = []
+        if "envvar" in strategies:
+            envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
+        if "volume-mounts" in strategies:
+            envs["NVIDIA_VISIBLE_DEVICES"] = VOLUME_MOUNTS_ROOT
+            extra_mounts = [(f"{VOLUME_MOUNTS_ROOT}/{i}", "/dev/null", True) for i in ids]
+        if "cdi-annotations" in strategies:
+            annotations[CDI_ANNOTATION] = ",".join(f"{CDI_KIND}={i}" for i in ids)
         for i, g in enumerate(grant.grants):
             envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{g.memory * self.factor}m"
         envs["CUDA_DEVICE_SM_LIMIT"] = str(grant.grants[0].cores if grant.grants else 0)
@@ -282,7 +500,20 @@ class Allocator:
         ]
         if not grant.disable_control:
             mounts.append((PRELOAD_CONTAINER_PATH, str(self.vgpu_root / "ld.so.preload"), True))
-        return envs, mounts
+        mounts.extend(extra_mounts)
+        devices: list[tuple[str, str, str]] = []
+        if self.options.pass_device_specs:
+            root = self.options.driver_root
+
+            def host(path: str) -> str:
+                return os.path.normpath(os.path.join(root, path.lstrip("/")))
+
+            for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
+                devices.append((path, host(path), "rw"))
+            for u in uuids:
+                minor = self.options.gpu_numbers.get(u, (0, 0))[1]
+                devices.append((f"/dev/nvidia{minor}", host(f"/dev/nvidia{minor}"), "rw"))
+        return Allocation(grant, envs, mounts, devices, annotations)
 
     def prepare_host(self, grant: ContainerGrant) -> None:
         """Create the container's cache directory, the lock directory and ld.so.preload (never deletes)."""
@@ -298,22 +529,69 @@ class Allocator:
         if not preload.exists():
             preload.write_text(LIBVGPU_CONTAINER_PATH + "\n")
 
-    def allocate(self, gpu_uuids: list[str]) -> tuple[ContainerGrant, dict[str, str], list[tuple[str, str, bool]]]:
-        """Match, prepare the host, record progress on the pod; returns the grant, env and mounts."""
+    def allocate_call(self, resource: str, gpu_uuids: list[str] | None = None, count: int = 0) -> Allocation | None:
+        """One Allocate call of one container: its Allocation if this call fixes the match, else None (empty
+        response). Raises AllocationError when the call cannot belong to any waiting container."""
+        kind = self.kinds.get(resource)
+        if kind is None:
+            raise AllocationError(f"node {self.node_name}: resource {resource} is not one of ours")
+        if kind == GPUS:
+            gpus = tuple(gpu_uuids or ())
+            if len(set(gpus)) != len(gpus):
+                raise AllocationError(
+                    f"node {self.node_name}: kubelet chose several {resource} devices of one GPU {sorted(gpus)}; "
+                    "each GPU of a container must be distinct"
+                )
+            call = _Call(resource, kind, gpus, len(gpus))
+        else:
+            call = _Call(resource, kind, (), count)
         with self._lock:
             self._missing_candidates = []
+            self._ambiguous = []
+            sequence = self._open_sequence()
+            if sequence is not None and not self._belongs(sequence, call):
+                self._close(sequence, f"next call {resource} belongs to another container")
+                sequence = None
+            if sequence is not None and sequence.decided is not None:
+                sequence.calls.append(call)
+                sequence.last_call = self.clock()
+                self._maybe_finish(sequence)
+                return None  # the container's env went out on an earlier call
+            calls = [*(sequence.calls if sequence else ()), call]
             try:
-                grant = self.match(gpu_uuids)
-            except AllocationError:
+                chosen = self._choose(calls)
+            except AllocationError as exc:
+                self._sequence = None
                 lone = self._missing_candidates
                 if len(lone) == 1:
-                    self._mark_failed(lone[0].pod)
+                    self._mark_failed(lone[0].pod, str(exc))
+                elif self.recorder is not None:
+                    for candidate in self._ambiguous:
+                        self.recorder.warning(candidate.pod, "VGPUAllocationAmbiguous", str(exc)[:1000])
                 raise
-            envs, mounts = self.response_parts(grant)
+            if chosen is None:
+                self._sequence = _Sequence(calls, self.clock())
+                log.debug("event=allocate_deferred calls=%d", len(calls))
+                return None
+            grant = self._grant(chosen)
+            allocation = self.response_parts(grant)
             self.prepare_host(grant)
             self._consumed.setdefault(grant.pod_uid, set()).add(grant.segment_index)
             self._record(grant)
-            return grant, envs, mounts
+            self._sequence = _Sequence(calls, self.clock(), decided=chosen)
+            self._maybe_finish(self._sequence)
+            return allocation
+
+    def _maybe_finish(self, sequence: _Sequence) -> None:
+        if sequence.decided is not None and set(sequence.decided.expected) <= {c.resource for c in sequence.calls}:
+            self._sequence = None
+
+    def allocate(self, gpu_uuids: list[str]) -> Allocation:
+        """A GPU-resource call that must fix the match on its own (kept for tools and tests)."""
+        allocation = self.allocate_call(self.sharing.resources.number, gpu_uuids)
+        if allocation is None:
+            raise AllocationError(f"node {self.node_name}: GPUs {sorted(gpu_uuids)} need the container's other calls")
+        return allocation
 
     def _record(self, grant: ContainerGrant) -> None:
         done = self._consumed.get(grant.pod_uid, set())
@@ -331,7 +609,7 @@ class Allocator:
             grant.namespace, grant.pod, grant.container, ",".join(g.uuid for g in grant.grants), grant.last,
         )
 
-    def _mark_failed(self, pod: dict[str, Any]) -> None:
+    def _mark_failed(self, pod: dict[str, Any], message: str) -> None:
         meta = _meta(pod)
         try:
             self.source.patch_annotations(
@@ -341,6 +619,8 @@ class Allocator:
             )
         except Exception as exc:  # noqa: BLE001 - the allocation error is what kubelet must see
             log.warning("event=mark_failed_error pod=%s/%s error=%s", meta.get("namespace"), meta.get("name"), exc)
+        if self.recorder is not None:
+            self.recorder.warning(pod, "VGPUAllocationFailed", message[:1000])
 
     # garbage collection -------------------------------------------------------------------------------------
     def collect_garbage(self, min_age: float = 300.0, now: Callable[[], float] = time.time) -> list[str]:

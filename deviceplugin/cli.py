@@ -1,6 +1,9 @@
 """`vgpu device-plugin`: the kubelet device plugin, node inventory publisher and node monitor in one process.
 
-`register(subparsers)` is discovered by vgpu/cli.py. Flags override the YAML file given with `--config`.
+`register(subparsers)` is discovered by vgpu/cli.py. Options (flags, environment variables, the two files and their
+precedence) are defined in deviceplugin.config.OPTIONS; `--help` lists each with its default and environment name.
+With --fail-on-init-error=false a backend that cannot start leaves the process up, advertising nothing and
+exporting `vgpu_device_plugin_backend_up 0`.
 The process runs until SIGTERM / SIGINT and removes its sockets on the way out.
 """
 
@@ -18,62 +21,72 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any) -> None:
-    """Add the `device-plugin` subcommand."""
+    """Add the `device-plugin` subcommand; its options come from deviceplugin.config.OPTIONS."""
+    from deviceplugin.config import CONFIG_FILE_ENV, CONFIG_FILE_FLAG, OPTIONS
+
     p = subparsers.add_parser(
         "device-plugin",
         help="run the kubelet device plugin and node monitor",
         description="Advertise split GPUs to kubelet, answer Allocate, publish the node inventory, serve metrics.",
+        epilog="Precedence: flag > environment > --config-file > --config > default. Booleans take true/false "
+        "(a bare boolean flag means true). Every option: docs/deviceplugin-options.md.",
     )
-    p.add_argument("--config", metavar="FILE", help="YAML configuration (flags override it)")
-    p.add_argument("--node-name", help="this node's name (default: $NODE_NAME)")
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    p.add_argument("--backend", choices=["nvml", "sim", "null"], help="GPU source (default nvml)")
-    p.add_argument("--sim-gpus", help="simulated GPUs, e.g. 4xA100-40GB,2xT4 (backend sim)")
-    p.add_argument("--sim-control", metavar="FILE", help="fault-injection control file (backend sim)")
-    p.add_argument("--kubelet-dir", help="kubelet device-plugin directory (default /var/lib/kubelet/device-plugins)")
-    p.add_argument("--hook-path", help="host directory holding vgpu/ (default /usr/local)")
-    p.add_argument("--lock-dir", help="host directory mounted at /tmp/vgpulock (default /tmp/vgpulock)")
-    p.add_argument("--metrics-listen", help="HOST:PORT for /metrics (default :9394; empty disables)")
-    p.add_argument("--split-count", type=int, help="vgpu-number devices per GPU (default 10)")
-    p.add_argument("--gpu-memory-factor", help="MiB per memory unit, or auto (default 1)")
-    p.add_argument("--register-interval", type=float, help="seconds between inventory re-checks (default 30)")
-    p.add_argument("--handshake", action="store_true", default=None, help="write the legacy handshake annotation")
+    p.add_argument("--config", metavar="FILE",
+                   help="component YAML file with the sharing section shared with the scheduler "
+                        "(deploy/: device-plugin.yaml) (default none)")
+    p.add_argument(CONFIG_FILE_FLAG, dest="config_file", metavar="FILE",
+                   help=f"options file in the NVIDIA device plugin's layout (version: v1, flags: ...) "
+                        f"(default none; env {CONFIG_FILE_ENV})")
+    for option in OPTIONS:
+        where = [f"default {option.default}"]
+        if option.env:
+            where.append(f"env {option.env}")
+        if option.file_key:
+            where.append(f"file {option.file_key}")
+        text = f"{option.help}" + (f" [{', '.join(option.choices)}]" if option.choices else "")
+        text += f" ({'; '.join(where)})"
+        kwargs: dict[str, Any] = {"dest": option.field.replace(".", "__"), "help": text.replace("%", "%%")}
+        if option.kind == "bool":
+            kwargs.update(nargs="?", const="true", metavar="BOOL")
+        else:
+            kwargs["metavar"] = option.flag.lstrip("-").replace("-", "_").upper()
+        p.add_argument(option.flag, **kwargs)
     p.set_defaults(func=run)
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    import os
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    from deviceplugin.config import OPTIONS
 
-    factor: Any = args.gpu_memory_factor
-    if factor is not None and factor != "auto":
-        try:
-            factor = int(factor)
-        except ValueError:
-            pass  # validation reports it with the field name
-    return {
-        "node_name": args.node_name or (None if args.config else os.environ.get("NODE_NAME")),
-        "kubeconfig": args.kubeconfig,
-        "backend": args.backend,
-        "sim_gpus": args.sim_gpus,
-        "sim_control": args.sim_control,
-        "kubelet_dir": args.kubelet_dir,
-        "hook_path": args.hook_path,
-        "lock_dir": args.lock_dir,
-        "metrics_listen": args.metrics_listen,
-        "split_count": args.split_count,
-        "gpu_memory_factor": factor,
-        "register_interval": args.register_interval,
-        "handshake": args.handshake,
-    }
+    return {o.field: getattr(args, o.field.replace(".", "__"), None) for o in OPTIONS}
+
+
+def _health_filter(config: Any) -> Any:
+    off_all, off_xids, _ = config.healthchecks()
+    if not off_all and not off_xids:
+        return None
+
+    def keep(event: Any) -> bool:
+        if off_all:
+            return False
+        return event.xid is None
+
+    return keep
 
 
 def run(args: argparse.Namespace) -> int:
     """Start everything and block until a termination signal."""
     import os
+    import sys
 
-    from deviceplugin.allocator import Allocator
+    from deviceplugin.allocator import CORES as KIND_CORES
+    from deviceplugin.allocator import GPUS, Allocator, ResponseOptions
+    from deviceplugin.allocator import MEMORY as KIND_MEMORY
     from deviceplugin.backends import make_backend
-    from deviceplugin.config import load_config, resolve_memory_factor
+    from deviceplugin.config import (
+        WHOLE_GPU_RESOURCE,
+        resolve_config,
+        resolve_memory_factor,
+    )
     from deviceplugin.monitor import NodeCollector, serve_metrics
     from deviceplugin.pods import NodePods
     from deviceplugin.registrar import Registrar
@@ -81,39 +94,80 @@ def run(args: argparse.Namespace) -> int:
         CORES,
         MEMORY,
         NUMBER,
+        WHOLE,
         DevicePluginManager,
         DeviceState,
     )
     from vgpu.errors import ConfigError
     from vgpu.kube.client import make_api_client
+    from vgpu.kube.events import EventRecorder
 
-    config = load_config(args.config, _overrides(args))
-    if not config.node_name:
-        config.node_name = os.environ.get("NODE_NAME", "")
-    if not config.node_name:
-        raise ConfigError("node_name: required (--node-name or $NODE_NAME)")
-    if config.backend == "sim" and not config.sim_gpus:
-        raise ConfigError("sim_gpus: required with --backend sim (e.g. 4xA100-40GB)")
+    config = resolve_config(args.config, _flags(args), os.environ, args.config_file)
+
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
 
     backend = make_backend(config)
+    if backend.init_error:
+        if config.fail_on_init_error:
+            print(f"vgpu device-plugin: GPU backend {config.backend} failed to start: {backend.init_error} "
+                  "(set --fail-on-init-error=false to stay up without GPUs)", file=sys.stderr)
+            return 1
+        log.error("event=backend_init_failed backend=%s error=%s: staying up and advertising nothing "
+                  "(--fail-on-init-error=false)", config.backend, backend.init_error)
+        metrics_server = None
+        if config.metrics_listen:
+            collector = NodeCollector(backend, DeviceState([]), config.hook_path + "/vgpu/containers",
+                                      backend_up=False)
+            metrics_server, port = serve_metrics(collector, config.metrics_listen)
+            log.info("event=metrics_listening port=%d", port)
+        done.wait()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+        return 0
+
     gpus = backend.devices()
+    for gpu in gpus:
+        if gpu.mig_enabled:
+            backend.close()
+            raise ConfigError(
+                f"--mig-strategy: none: GPU {gpu.uuid} (index {gpu.nvml_index}) has MIG mode enabled, which this "
+                f"plugin does not support; disable it (nvidia-smi -i {gpu.nvml_index} -mig 0) or keep the node off "
+                "the vgpu-sharing device plugin"
+            )
     factor = resolve_memory_factor(config, [g.memory_mib for g in gpus])
+    sharing = config.sharing_for(factor)
     log.info("event=start node=%s gpus=%d factor=%d backend=%s", config.node_name, len(gpus), factor, config.backend)
 
     api = make_api_client(config.kubeconfig, qps=config.kube_qps, burst=config.kube_burst)
+    recorder = EventRecorder(api, "vgpu-device-plugin", host=config.node_name)
     pods = NodePods(api, config.node_name).start()
     state = DeviceState(gpus)
+    names = {NUMBER: sharing.resources.number, MEMORY: sharing.resources.memory, CORES: sharing.resources.cores}
+    kinds = {sharing.resources.number: GPUS, sharing.resources.memory: KIND_MEMORY,
+             sharing.resources.cores: KIND_CORES}
+    if config.advertise_nvidia_gpu:
+        names[WHOLE] = WHOLE_GPU_RESOURCE
+        kinds[WHOLE_GPU_RESOURCE] = GPUS
+    options = ResponseOptions(
+        device_list_strategy=tuple(config.device_list_strategy),
+        device_id_strategy=config.device_id_strategy,
+        pass_device_specs=config.pass_device_specs,
+        driver_root=config.nvidia_driver_root,
+        gpu_numbers={g.uuid: (g.nvml_index, g.minor) for g in gpus},
+    )
     allocator = Allocator(
-        config.node_name, config.sharing(factor), pods, config.hook_path, config.lock_dir, config.core_policy
+        config.node_name, sharing, pods, config.hook_path, config.lock_dir, config.core_policy,
+        resource_kinds=kinds, options=options, recorder=recorder,
     )
     registrar = Registrar(
-        api, config.node_name, state, config.split_count, factor, config.mode, config.register_interval,
-        config.handshake, housekeeping=allocator.collect_garbage,
+        api, config.node_name, state, sharing.split_count, factor, config.mode, config.register_interval,
+        config.handshake, housekeeping=allocator.collect_garbage, labels=config.node_labels,
     )
-    names = {NUMBER: config.resources.number, MEMORY: config.resources.memory, CORES: config.resources.cores}
     manager = DevicePluginManager(
-        config.kubelet_dir, backend, state, names, config.split_count, factor, allocator,
-        on_health_change=registrar.wake,
+        config.kubelet_dir, backend, state, names, sharing.split_count, factor, allocator,
+        on_health_change=registrar.wake, health_filter=_health_filter(config),
     )
     metrics_server = None
     if config.metrics_listen:
@@ -121,9 +175,6 @@ def run(args: argparse.Namespace) -> int:
         metrics_server, port = serve_metrics(collector, config.metrics_listen)
         log.info("event=metrics_listening port=%d", port)
 
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
     manager.start()
     registrar.start()
     try:
@@ -132,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         manager.stop()
         registrar.stop()
         pods.stop()
+        recorder.close(1.0)
         if metrics_server is not None:
             metrics_server.shutdown()
         backend.close()

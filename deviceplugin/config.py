@@ -1,14 +1,33 @@
-"""Configuration of the device plugin: a pydantic model loaded from YAML, with command-line overrides.
+"""Configuration of the device plugin: one pydantic model, filled from flags, environment and files.
 
-Built once by `deviceplugin.cli`; every other module receives a resolved `PluginConfig`. Memory is counted in
-memory units of `gpu_memory_factor` MiB; "auto" picks the smallest factor that keeps the memory fake-device list
-within kubelet's message budget, an explicit factor that breaks the budget is refused.
+Built once by `deviceplugin.cli` (`resolve_config`); every other module receives a resolved `PluginConfig`.
+Sources, highest first (docs/deviceplugin-options.md):
+
+1. command-line flags;
+2. environment variables (the NVIDIA device plugin's names: `FAIL_ON_INIT_ERROR`, `DEVICE_LIST_STRATEGY`, ...);
+3. `--config-file` / `CONFIG_FILE`: a file in the NVIDIA plugin's layout (`version: v1`, options under `flags`,
+   ours under `flags.vgpu`);
+4. `--config`: the component file shipped in deploy/ (`device-plugin.yaml`): snake_case keys of `PluginConfig`,
+   with the `sharing:` section (`vgpu.resources.SharingConfig`) that the scheduler's file carries too;
+5. defaults.
+
+Every value from a flag, the environment or a file goes through the same parser; a bad value raises ConfigError
+whose message starts with the option as the user wrote it (`--device-id-strategy`, `DEVICE_ID_STRATEGY`,
+`flags.plugin.deviceIDStrategy in FILE`), so the CLI prints one line and exits 2.
+
+Memory is counted in units of `gpu_memory_factor` MiB. The factor is `sharing.gpu_memory_factor` (default 1,
+the contract's), unless the plugin's own `gpu_memory_factor` overrides it with a number or `auto`. A factor that
+makes the node's memory fake-device list overflow kubelet's message budget is refused at start with the smallest
+factor that fits; `auto` picks that factor itself (see `resolve_memory_factor`).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,14 +35,19 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from vgpu.errors import ConfigError
-from vgpu.resources import ResourceNames, SharingConfig
+from vgpu.resources import HAMI_NAMES, SharingConfig
 
 __all__ = [
     "CORE_DEVICES_PER_GPU",
     "DEFAULT_IGNORED_XIDS",
+    "DEVICE_LIST_STRATEGIES",
     "MEMORY_ENTRY_BUDGET",
+    "OPTIONS",
+    "Option",
     "PluginConfig",
     "load_config",
+    "parse_healthchecks",
+    "resolve_config",
     "resolve_memory_factor",
 ]
 
@@ -32,12 +56,16 @@ MEMORY_ENTRY_BUDGET = 60000
 # Xids that say "the application did something wrong", not "the GPU is broken" (as NVIDIA's plugin).
 DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 CORE_DEVICES_PER_GPU = 100
+DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations")
+DEVICE_ID_STRATEGIES = ("uuid", "index")
+MIG_STRATEGIES = ("none",)
+WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
 _MAX_FACTOR = 1024
 log = logging.getLogger(__name__)
 
 
 class PluginConfig(BaseModel):
-    """Everything `vgpu device-plugin` needs; YAML keys are the field names."""
+    """Everything `vgpu device-plugin` needs; the `--config` YAML keys are the field names."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -50,13 +78,11 @@ class PluginConfig(BaseModel):
     hook_path: str = Field("/usr/local", description="host root of vgpu/ (libvgpu.so, ld.so.preload, containers/)")
     lock_dir: str = Field("/tmp/vgpulock", description="host directory mounted at /tmp/vgpulock")
     metrics_listen: str = Field(":9394", description="HOST:PORT of /metrics; empty disables the monitor")
-    resources: ResourceNames = Field(default_factory=ResourceNames, description="resource names")
-    hami_aliases: bool = Field(False, description="also read HAMi resource names in pod specs")
-    split_count: int = Field(10, ge=1, le=1000, description="vgpu-number fake devices per GPU")
+    sharing: SharingConfig = Field(default_factory=SharingConfig, description="shared with the scheduler")
     gpu_memory_factor: int | Literal["auto"] | None = Field(
         None,
-        description="MiB per memory unit, or auto; unset = 1 when the node fits kubelet's budget, else derived "
-        "(with a warning)",
+        description="this node's MiB per memory unit, overriding sharing.gpu_memory_factor: a number, or auto "
+        "(the smallest factor that fits kubelet's budget); unset = sharing.gpu_memory_factor",
     )
     memory_entry_budget: int = Field(MEMORY_ENTRY_BUDGET, ge=1, description="max memory fake devices per node")
     core_policy: Literal["default", "force", "disable"] | None = Field(
@@ -65,80 +91,384 @@ class PluginConfig(BaseModel):
     ignored_xids: list[int] = Field(default_factory=lambda: list(DEFAULT_IGNORED_XIDS))
     handshake: bool = Field(False, description="write volcano.sh/node-vgpu-handshake (Volcano <= 1.15.0)")
     register_interval: float = Field(30.0, gt=0, description="seconds between inventory re-checks")
-    mode: str = Field("hami-core", description="sharing mode published in the inventory")
+    mode: str = Field("hami-core", description="sharing mode published in the inventory and the node label")
     kube_qps: float = Field(50.0, gt=0)
     kube_burst: int = Field(100, ge=1)
+    # options of NVIDIA's device plugin (same names and meanings)
+    fail_on_init_error: bool = Field(True, description="exit when the GPU backend cannot start")
+    nvidia_driver_root: str = Field("/", description="host path of the driver installation")
+    pass_device_specs: bool = Field(False, description="return DeviceSpecs for /dev/nvidia* in Allocate")
+    device_list_strategy: list[Literal["envvar", "volume-mounts", "cdi-annotations"]] = Field(
+        default_factory=lambda: ["envvar"], min_length=1, description="how GPUs are named to the runtime"
+    )
+    device_id_strategy: Literal["uuid", "index"] = Field("uuid", description="GPU IDs in the device list")
+    mig_strategy: Literal["none"] = Field("none", description="MIG handling; only none")
+    disable_healthchecks: str = Field("", description="all, xids, or a comma list of Xids to ignore")
+    # options of ours
+    node_labels: bool = Field(True, description="write nvidia.com/gpu.* and volcano.sh/vgpu.mode node labels")
+    advertise_nvidia_gpu: bool = Field(False, description="also advertise plain nvidia.com/gpu (whole GPUs)")
 
     @field_validator("gpu_memory_factor")
     @classmethod
-    def _factor_range(cls, value: int | str) -> int | str:
+    def _factor_range(cls, value: int | str | None) -> int | str | None:
         if isinstance(value, int) and not isinstance(value, bool) and not 1 <= value <= _MAX_FACTOR:
             raise ValueError(f"must be 1..{_MAX_FACTOR} or 'auto', got {value}")
         return value
 
-    def sharing(self, factor: int) -> SharingConfig:
-        """The shared-core view (resource names, factor, split) used to read pod requests."""
-        return SharingConfig(
-            resources=self.resources,
-            hami_aliases=self.hami_aliases,
-            gpu_memory_factor=factor,
-            split_count=self.split_count,
-        )
+    @field_validator("disable_healthchecks")
+    @classmethod
+    def _healthchecks(cls, value: str) -> str:
+        parse_healthchecks(value)
+        return value
+
+    def sharing_for(self, factor: int) -> SharingConfig:
+        """The shared configuration with this node's resolved memory factor."""
+        return self.sharing.model_copy(update={"gpu_memory_factor": factor})
+
+    def healthchecks(self) -> tuple[bool, bool, frozenset[int]]:
+        """(all checks off, Xid checks off, extra ignored Xids) from disable_healthchecks."""
+        return parse_healthchecks(self.disable_healthchecks)
+
+    def effective_ignored_xids(self) -> list[int]:
+        """ignored_xids plus the Xids listed in disable_healthchecks."""
+        return sorted(set(self.ignored_xids) | self.healthchecks()[2])
+
+
+def parse_healthchecks(value: str) -> tuple[bool, bool, frozenset[int]]:
+    """`all`, `xids`, or a comma list of Xids (mixable) -> (all off, Xids off, Xids to ignore); raises ValueError."""
+    off_all = off_xids = False
+    xids: set[int] = set()
+    for raw in str(value).split(","):
+        token = raw.strip().lower()
+        if not token:
+            continue
+        if token == "all":
+            off_all = True
+        elif token == "xids":
+            off_xids = True
+        elif token.isdigit():
+            xids.add(int(token))
+        else:
+            raise ValueError(f"unknown value {raw.strip()!r} (expected all, xids or Xid numbers such as 48,79)")
+    return off_all, off_xids, frozenset(xids)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# options: one table for flags, environment, the NVIDIA-layout file and --help
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One option: where it can be given and how its text is parsed."""
+
+    field: str  # PluginConfig field; "sharing.x" for a field of the sharing section
+    flag: str
+    env: str | None
+    file_key: str | None  # key in the --config-file (NVIDIA layout)
+    kind: str  # bool | str | int | float | choice | list | factor | xids | path
+    help: str
+    choices: tuple[str, ...] = ()
+    default: str = ""  # as shown in --help
+
+
+OPTIONS: tuple[Option, ...] = (
+    # NVIDIA device plugin
+    Option("fail_on_init_error", "--fail-on-init-error", "FAIL_ON_INIT_ERROR", "flags.failOnInitError", "bool",
+           "exit when the GPU backend cannot start; false: stay up, advertise nothing", default="true"),
+    Option("nvidia_driver_root", "--nvidia-driver-root", "NVIDIA_DRIVER_ROOT", "flags.nvidiaDriverRoot", "path",
+           "host path of the driver installation (/run/nvidia/driver under the GPU Operator)", default="/"),
+    Option("pass_device_specs", "--pass-device-specs", "PASS_DEVICE_SPECS", "flags.plugin.passDeviceSpecs", "bool",
+           "return DeviceSpecs for /dev/nvidiactl, /dev/nvidia-uvm*, /dev/nvidiaN", default="false"),
+    Option("device_list_strategy", "--device-list-strategy", "DEVICE_LIST_STRATEGY",
+           "flags.plugin.deviceListStrategy", "list", "how GPUs are passed to the container runtime (comma list)",
+           DEVICE_LIST_STRATEGIES, "envvar"),
+    Option("device_id_strategy", "--device-id-strategy", "DEVICE_ID_STRATEGY", "flags.plugin.deviceIDStrategy",
+           "choice", "GPU IDs in the device list", DEVICE_ID_STRATEGIES, "uuid"),
+    Option("mig_strategy", "--mig-strategy", "MIG_STRATEGY", "flags.migStrategy", "choice",
+           "MIG handling; only none (MIG-enabled cards are refused)", MIG_STRATEGIES, "none"),
+    Option("disable_healthchecks", "--disable-healthchecks", "DP_DISABLE_HEALTHCHECKS",
+           "flags.plugin.disableHealthchecks", "xids", "all, xids, or a comma list of Xids to ignore",
+           default="empty: all checks on"),
+    # ours
+    Option("node_name", "--node-name", "NODE_NAME", None, "str", "this node's name (required)", default="none"),
+    Option("kubeconfig", "--kubeconfig", None, None, "str", "kubeconfig file", default="in-cluster"),
+    Option("backend", "--backend", None, "flags.vgpu.backend", "choice", "GPU source", ("nvml", "sim", "null"),
+           "nvml"),
+    Option("sim_gpus", "--sim-gpus", None, "flags.vgpu.simGpus", "str",
+           "simulated GPUs, e.g. 4xA100-40GB,2xT4 (backend sim; +mig marks MIG-enabled cards)", default="none"),
+    Option("sim_control", "--sim-control", None, None, "str", "fault-injection control file (backend sim)",
+           default="none"),
+    Option("kubelet_dir", "--kubelet-dir", None, "flags.vgpu.kubeletDir", "path", "kubelet device-plugin directory",
+           default="/var/lib/kubelet/device-plugins"),
+    Option("hook_path", "--hook-path", "HOOK_PATH", "flags.vgpu.hookPath", "path",
+           "host directory holding vgpu/ (libvgpu.so, ld.so.preload, containers/)", default="/usr/local"),
+    Option("lock_dir", "--lock-dir", None, None, "path", "host directory mounted at /tmp/vgpulock",
+           default="/tmp/vgpulock"),
+    Option("metrics_listen", "--metrics-listen", None, "flags.vgpu.metricsListen", "str",
+           "HOST:PORT of /metrics (empty disables)", default=":9394"),
+    Option("node_labels", "--node-labels", "NODE_LABELS", "flags.vgpu.nodeLabels", "bool",
+           "write nvidia.com/gpu.product/.memory/.count and volcano.sh/vgpu.mode on the node", default="true"),
+    Option("advertise_nvidia_gpu", "--advertise-nvidia-gpu", "ADVERTISE_NVIDIA_GPU", "flags.vgpu.advertiseNvidiaGpu",
+           "bool", "also advertise plain nvidia.com/gpu, one per GPU, for whole-GPU pods (needs "
+           "sharing.hami_aliases)", default="false"),
+    Option("gpu_memory_factor", "--gpu-memory-factor", "GPU_MEMORY_FACTOR", "flags.vgpu.gpuMemoryFactor", "factor",
+           "MiB per memory unit on this node, or auto; overrides sharing.gpu_memory_factor",
+           default="sharing.gpu_memory_factor (1)"),
+    Option("sharing.split_count", "--split-count", None, None, "int",
+           "vgpu-number devices per GPU; overrides sharing.split_count", default="sharing.split_count (10)"),
+    Option("register_interval", "--register-interval", None, None, "float",
+           "seconds between inventory re-checks", default="30"),
+    Option("handshake", "--handshake", None, "flags.vgpu.handshake", "bool",
+           "write volcano.sh/node-vgpu-handshake (Volcano <= 1.15.0)", default="false"),
+)
+CONFIG_FILE_FLAG, CONFIG_FILE_ENV = "--config-file", "CONFIG_FILE"
+_BY_FILE_KEY = {o.file_key: o for o in OPTIONS if o.file_key}
+# keys of NVIDIA's config file that mean nothing here: accepted and ignored (with a log line)
+_IGNORED_FILE_KEYS = {
+    "flags.gdsEnabled", "flags.mofedEnabled", "flags.useNodeFeatureAPI", "flags.deviceDiscoveryStrategy",
+    "flags.plugin.cdiAnnotationPrefix", "flags.plugin.nvidiaCTKPath", "flags.plugin.containerDriverRoot",
+    "flags.plugin.nvidiaDevRoot", "flags.plugin.deviceListStrategyEnvvar", "flags.gfd",
+}
+_REFUSED_FILE_SECTIONS = {
+    "sharing": "time-slicing and MPS sharing are not used here: GPUs are shared through the volcano.sh/vgpu-* "
+               "resources; remove the section",
+    "resources": "resource renaming is not supported (the resource names are sharing.resources in --config); "
+                 "remove the section",
+}
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r} (expected true or false)")
+
+
+def parse_value(option: Option, raw: Any, where: str) -> Any:
+    """Parse one option's value from a flag, the environment or a file; raises ConfigError naming `where`."""
+    try:
+        if option.kind == "bool":
+            if isinstance(raw, bool):
+                return raw
+            return _bool(str(raw))
+        if option.kind == "int":
+            if isinstance(raw, bool):
+                raise ValueError(f"not an integer: {raw!r}")
+            return int(str(raw).strip())
+        if option.kind == "float":
+            return float(str(raw).strip())
+        if option.kind == "factor":
+            text = str(raw).strip().lower()
+            if text == "auto":
+                return "auto"
+            try:
+                value = int(text)
+            except ValueError:
+                raise ValueError(f"not a number or auto: {raw!r}") from None
+            if not 1 <= value <= _MAX_FACTOR:
+                raise ValueError(f"must be 1..{_MAX_FACTOR} or auto, got {value}")
+            return value
+        if option.kind == "choice":
+            text = str(raw).strip()
+            if option.field == "mig_strategy" and text in ("single", "mixed"):
+                raise ValueError(f"{text!r} is not supported yet: MIG is not supported, use none and disable MIG "
+                                 "on the cards (nvidia-smi -i <index> -mig 0)")
+            if text not in option.choices:
+                raise ValueError(f"unknown value {text!r} (expected {' or '.join(option.choices)})")
+            return text
+        if option.kind == "list":
+            items = raw if isinstance(raw, list) else str(raw).split(",")
+            values = [str(i).strip() for i in items if str(i).strip()]
+            if not values:
+                raise ValueError(f"empty (expected one or more of {', '.join(option.choices)})")
+            for value in values:
+                if value not in option.choices:
+                    raise ValueError(f"unknown value {value!r} (expected {', '.join(option.choices)})")
+            return list(dict.fromkeys(values))
+        if option.kind == "xids":
+            text = ",".join(str(i) for i in raw) if isinstance(raw, list) else str(raw)
+            parse_healthchecks(text)
+            return text
+        if option.kind == "path":
+            text = str(raw).strip()
+            if not text:
+                raise ValueError("empty path")
+            if option.field == "nvidia_driver_root" and not text.startswith("/"):
+                raise ValueError(f"must be an absolute path, got {text!r}")
+            return text
+        return str(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _read_yaml(path: str, label: str) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"{label} {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{label} {path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{label} {path}: expected a mapping at the top level")
+    return loaded
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and path not in _BY_FILE_KEY and path not in _IGNORED_FILE_KEYS:
+            flat.update(_flatten(value, path + "."))
+        else:
+            flat[path] = value
+    return flat
+
+
+def read_options_file(path: str) -> dict[str, Any]:
+    """A config file in the NVIDIA plugin's layout -> {PluginConfig field: value}; raises ConfigError."""
+    label = "--config-file"
+    data = _read_yaml(path, label)
+    version = data.get("version", "v1")
+    if version != "v1":
+        raise ConfigError(f"{label} {path}: version: unknown value {version!r} (expected v1)")
+    for section, why in _REFUSED_FILE_SECTIONS.items():
+        if section in data:
+            raise ConfigError(f"{label} {path}: {section}: {why}")
+    for key in data:
+        if key not in ("version", "flags") and key not in _IGNORED_FILE_KEYS:
+            raise ConfigError(f"{label} {path}: {key}: unknown key (expected version, flags)")
+    values: dict[str, Any] = {}
+    for key, value in _flatten(data.get("flags") or {}, "flags.").items():
+        if key in _IGNORED_FILE_KEYS:
+            log.info("event=config_key_ignored file=%s key=%s", path, key)
+            continue
+        option = _BY_FILE_KEY.get(key)
+        if option is None:
+            raise ConfigError(f"{key} in {path}: unknown key")
+        if value is None:
+            continue
+        values[option.field] = parse_value(option, value, f"{key} in {path}")
+    return values
+
+
+def _set(data: dict[str, Any], field_path: str, value: Any) -> None:
+    parts = field_path.split(".")
+    target = data
+    for part in parts[:-1]:
+        nested = target.get(part)
+        if not isinstance(nested, dict):
+            nested = {}
+            target[part] = nested
+        target = nested
+    target[parts[-1]] = value
+
+
+def _validate(data: dict[str, Any], where: str) -> PluginConfig:
+    try:
+        return PluginConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"]) or "config"
+        raise ConfigError(f"{key}: {first['msg']} (from {where})") from None
+
+
+def _read_component_file(path: str) -> dict[str, Any]:
+    """The `--config` file; values of options in the table go through the same parser as flags."""
+    data = _read_yaml(path, "--config")
+    by_field = {o.field: o for o in OPTIONS}
+    for key, value in list(data.items()):
+        option = by_field.get(key)
+        if option is not None and value is not None and option.kind in ("bool", "choice", "list", "xids", "factor"):
+            data[key] = parse_value(option, value, f"{key} in {path}")
+    return data
+
+
+def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> PluginConfig:
+    """Read the `--config` YAML file (if any), apply non-None overrides (field paths), validate."""
+    data: dict[str, Any] = _read_component_file(path) if path else {}
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _set(data, key, value)
+    return _validate(data, path or "flags")
+
+
+def resolve_config(
+    config_path: str | None,
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    config_file_flag: str | None = None,
+) -> PluginConfig:
+    """The configuration from every source, flag > env > --config-file > --config > default; raises ConfigError.
+
+    `flags` maps option fields to the raw flag text (None = not given)."""
+    environ = os.environ if environ is None else environ
+    data: dict[str, Any] = _read_component_file(config_path) if config_path else {}
+    config_file = config_file_flag or environ.get(CONFIG_FILE_ENV) or None
+    if config_file:
+        for key, value in read_options_file(config_file).items():
+            _set(data, key, value)
+    by_field = {o.field: o for o in OPTIONS}
+    for option in OPTIONS:
+        if option.env and environ.get(option.env, "") != "":
+            _set(data, option.field, parse_value(option, environ[option.env], option.env))
+    for field_name, raw in flags.items():
+        if raw is None:
+            continue
+        option = by_field[field_name]
+        _set(data, field_name, parse_value(option, raw, option.flag))
+    config = _validate(data, config_path or "flags and environment")
+    check_consistency(config)
+    return config
+
+
+def check_consistency(config: PluginConfig) -> None:
+    """Refuse contradictory combinations; raises ConfigError naming the option."""
+    if not config.node_name:
+        raise ConfigError("--node-name: required (or $NODE_NAME)")
+    if config.backend == "sim" and not config.sim_gpus:
+        raise ConfigError("--sim-gpus: required with --backend sim (e.g. 4xA100-40GB)")
+    if config.backend != "sim" and config.sim_gpus:
+        raise ConfigError(f"--sim-gpus: only meaningful with --backend sim (backend is {config.backend})")
+    if config.advertise_nvidia_gpu:
+        if WHOLE_GPU_RESOURCE in config.sharing.resources.all():
+            raise ConfigError(f"--advertise-nvidia-gpu: {WHOLE_GPU_RESOURCE} is already one of sharing.resources")
+        if not config.sharing.hami_aliases:
+            raise ConfigError(
+                f"--advertise-nvidia-gpu: needs sharing.hami_aliases: true (in the sharing section of both "
+                f"components), or the scheduler does not read {HAMI_NAMES.number} in pod specs"
+            )
 
 
 def resolve_memory_factor(config: PluginConfig, memory_mib: list[int]) -> int:
-    """The memory factor to use for GPUs of these sizes (MiB); raises ConfigError if an explicit one is too small."""
+    """The memory factor for GPUs of these sizes (MiB); raises ConfigError if the configured one is too small."""
     total = sum(memory_mib)
     budget = config.memory_entry_budget
     needed = max(1, math.ceil(total / budget)) if total else 1
     # floor(mib / f) summed can be below total / f, so confirm and step up if rounding left us over.
     while sum(m // needed for m in memory_mib) > budget:
         needed += 1
-    if config.gpu_memory_factor is None:
-        if needed > 1:
-            log.warning(
-                "event=gpu_memory_factor_derived factor=%d total_mib=%d budget=%d: 1 MiB units would overflow "
-                "kubelet's ListAndWatch budget; volcano.sh/vgpu-memory is counted in units of %d MiB on this node "
-                "(set gpu_memory_factor explicitly to silence this)", needed, total, budget, needed,
-            )
-        if needed > _MAX_FACTOR:
-            raise ConfigError(f"gpu_memory_factor: would need {needed}, above the maximum {_MAX_FACTOR}")
-        return needed
     if config.gpu_memory_factor == "auto":
         if needed > _MAX_FACTOR:
             raise ConfigError(f"gpu_memory_factor: auto would need {needed}, above the maximum {_MAX_FACTOR}")
+        if needed != config.sharing.gpu_memory_factor:
+            log.warning(
+                "event=gpu_memory_factor_auto factor=%d sharing_factor=%d total_mib=%d: volcano.sh/vgpu-memory is "
+                "counted in units of %d MiB on this node", needed, config.sharing.gpu_memory_factor, total, needed,
+            )
         return needed
-    factor = int(config.gpu_memory_factor)
+    if config.gpu_memory_factor is None:
+        factor, name = config.sharing.gpu_memory_factor, "sharing.gpu_memory_factor"
+    else:
+        factor, name = int(config.gpu_memory_factor), "gpu_memory_factor"
     entries = sum(m // factor for m in memory_mib)
     if entries > budget:
         raise ConfigError(
-            f"gpu_memory_factor: {factor} gives {entries} volcano.sh/vgpu-memory devices for {total} MiB, over "
-            f"kubelet's budget of {budget}; set it to at least {needed} or to 'auto'"
+            f"{name}: {factor} gives {entries} {config.sharing.resources.memory} devices for {total} MiB of GPU "
+            f"memory, over kubelet's budget of {budget}; set it to at least {needed} (sharing.gpu_memory_factor, or this "
+            f"node's --gpu-memory-factor) or let the plugin pick it with --gpu-memory-factor=auto"
         )
     return factor
-
-
-def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> PluginConfig:
-    """Read the YAML file (if any), apply non-None overrides, validate; errors raise ConfigError."""
-    data: dict[str, Any] = {}
-    if path:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path}: not valid YAML: {exc}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path}: expected a mapping at the top level")
-        data.update(loaded)
-    for key, value in (overrides or {}).items():
-        if value is not None:
-            data[key] = value
-    try:
-        return PluginConfig.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"]) or "config"
-        raise ConfigError(f"{where}: {first['msg']} (from {path or 'flags'})") from None

@@ -1,6 +1,7 @@
 """Node monitor: `/metrics` on the device plugin's metrics port (default :9394), collected at scrape time.
 
-Per GPU (from the backend): memory used and utilisation. Per container: limit, memory used, SM utilisation and
+`vgpu_device_plugin_backend_up` says whether the GPU backend started. Per GPU (from the backend): memory used and
+utilisation. Per container: limit, memory used, SM utilisation and
 last-kernel age read (read-only) from the shared accounting files libvgpu.so writes under
 `$HOOK_PATH/vgpu/containers/<podUID>_<container>/*.cache`, through isolation.region; the pod's namespace and name
 come from the node-scoped pod cache. Both the legacy names of volcano-vgpu-device-plugin (with their labels and the
@@ -46,7 +47,9 @@ class NodeCollector(Collector):
         containers_root: Path,
         pods_by_uid: Callable[[], dict[str, dict[str, Any]]] | None = None,
         now: Callable[[], float] = time.time,
+        backend_up: bool = True,
     ) -> None:
+        self.backend_up = backend_up
         self.backend = backend
         self.state = state
         self.root = Path(containers_root)
@@ -55,6 +58,10 @@ class NodeCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Yield GPU and container metrics."""
+        up = GaugeMetricFamily("vgpu_device_plugin_backend_up",
+                               "1 if the GPU backend started; 0 when it failed and --fail-on-init-error=false")
+        up.add_metric([], 1 if self.backend_up else 0)
+        yield up
         yield from self._gpu_metrics()
         yield from self._container_metrics()
 

@@ -2,13 +2,17 @@
 
 One thread started by deviceplugin.cli: it re-checks every `interval` seconds and at once when `wake()` is called
 (health change), patches the node only when the encoded value differs from what the node carries, and writes
-`volcano.sh/node-vgpu-handshake: Reported <time>` each round when enabled (Volcano <= 1.15.0). It also runs the
-allocator's cache-directory garbage collection about once a minute.
+`volcano.sh/node-vgpu-handshake: Reported <time>` each round when enabled (Volcano <= 1.15.0). With node labels on
+(the default) the same patch keeps `nvidia.com/gpu.product`, `nvidia.com/gpu.memory` (MiB), `nvidia.com/gpu.count`
+and `volcano.sh/vgpu.mode` equal to this node's GPUs, in the forms of NVIDIA's GPU Feature Discovery (product
+with spaces as dashes; the first GPU's model and memory on a node with mixed cards). It also runs the allocator's
+cache-directory garbage collection about once a minute.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +26,13 @@ from vgpu.inventory import GPUDevice, encode_volcano
 from vgpu.kube.client import read_json
 from vgpu.kube.patch import patch_node_metadata
 
-__all__ = ["Registrar", "inventory_value"]
+__all__ = ["LABEL_COUNT", "LABEL_MEMORY", "LABEL_MODE", "LABEL_PRODUCT", "Registrar", "inventory_value",
+           "node_labels"]
+
+LABEL_PRODUCT = "nvidia.com/gpu.product"
+LABEL_MEMORY = "nvidia.com/gpu.memory"
+LABEL_COUNT = "nvidia.com/gpu.count"
+LABEL_MODE = "volcano.sh/vgpu.mode"
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +56,25 @@ def inventory_value(state: DeviceState, split: int, factor: int, mode: str) -> s
     return encode_volcano(devices)
 
 
+def _label_value(text: str) -> str:
+    value = re.sub(r"[^A-Za-z0-9._-]+", "-", text.strip())[:63]
+    return value.strip("-_.")
+
+
+def node_labels(state: DeviceState, mode: str) -> dict[str, str]:
+    """The GPU labels of this node (empty without GPUs)."""
+    _, gpus, _ = state.snapshot()
+    if not gpus:
+        return {}
+    first = min(gpus, key=lambda g: g.minor)
+    return {
+        LABEL_PRODUCT: _label_value(first.name),
+        LABEL_MEMORY: str(first.memory_mib),
+        LABEL_COUNT: str(len(gpus)),
+        LABEL_MODE: _label_value(mode),
+    }
+
+
 class Registrar:
     """Keeps the node annotation equal to the inventory."""
 
@@ -61,7 +90,9 @@ class Registrar:
         handshake: bool = False,
         housekeeping: Callable[[], object] | None = None,
         housekeeping_every: float = 60.0,
+        labels: bool = False,
     ) -> None:
+        self.labels = labels
         self.api = api_client
         self.node_name = node_name
         self.state = state
@@ -91,11 +122,15 @@ class Registrar:
         if self.handshake:
             stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f +0000 UTC")
             patch[keys.NODE_HANDSHAKE] = f"Reported {stamp}"
-        if not patch:
+        label_patch: dict[str, str | None] = {}
+        if self.labels:
+            have = (node.get("metadata") or {}).get("labels") or {}
+            label_patch = {k: v for k, v in node_labels(self.state, self.mode).items() if have.get(k) != v}
+        if not patch and not label_patch:
             return False
-        patch_node_metadata(self.api, self.node_name, annotations=patch)
+        patch_node_metadata(self.api, self.node_name, annotations=patch or None, labels=label_patch or None)
         self.patches += 1
-        log.info("event=node_annotated node=%s keys=%s", self.node_name, ",".join(sorted(patch)))
+        log.info("event=node_annotated node=%s keys=%s", self.node_name, ",".join(sorted([*patch, *label_patch])))
         return True
 
     def _run(self) -> None:

@@ -3,8 +3,9 @@
 `DevicePluginManager` (started by deviceplugin.cli) serves one `v1beta1.DevicePlugin` per resource on
 `<kubelet dir>/nvidia-vgpu-{number,memory,cores}.sock`, registers each with kubelet once it is serving, streams the
 fake devices (`<UUID>-<i>`, `<UUID>-memory-<i>`, `<UUID>-core-<i>`) and every health change through
-ListAndWatch, and answers GetPreferredAllocation / Allocate (through allocator.Allocator for vgpu-number; kubelet
-only counts the other two). One watcher thread notices a kubelet restart (its socket recreated, or ours deleted)
+ListAndWatch, and answers GetPreferredAllocation / Allocate (every Allocate call goes to allocator.Allocator,
+which returns the container's env on whichever call fixes the match). In whole-GPU mode a fourth service
+advertises plain `nvidia.com/gpu` (one device per GPU, ID = the GPU's UUID) on `nvidia-gpu.sock`. One watcher thread notices a kubelet restart (its socket recreated, or ours deleted)
 and serves and registers again; one health thread applies backend events. Neither is ever duplicated.
 """
 
@@ -21,18 +22,21 @@ from pathlib import Path
 
 import grpc
 
-from deviceplugin.allocator import AllocationError, Allocator
-from deviceplugin.backends import GPUBackend, GPUInfo
+from deviceplugin.allocator import Allocation, AllocationError, Allocator
+from deviceplugin.backends import GPUBackend, GPUInfo, HealthEvent
 from deviceplugin.config import CORE_DEVICES_PER_GPU
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from vgpu.errors import VGPUError
 
-__all__ = ["CORES", "MEMORY", "NUMBER", "DevicePluginManager", "DeviceState", "ResourceService", "socket_name"]
+__all__ = [
+    "CORES", "MEMORY", "NUMBER", "WHOLE", "DevicePluginManager", "DeviceState", "ResourceService", "socket_name",
+]
 
 log = logging.getLogger(__name__)
 
-NUMBER, MEMORY, CORES = "number", "memory", "cores"
+NUMBER, MEMORY, CORES, WHOLE = "number", "memory", "cores", "whole"
+GPU_KINDS = (NUMBER, WHOLE)
 VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 
@@ -105,6 +109,8 @@ class ResourceService(pb_grpc.DevicePluginServicer):
             return f"-{i}"
         if self.kind == MEMORY:
             return f"-memory-{i}"
+        if self.kind == WHOLE:
+            return ""
         return f"-core-{i}"
 
     def device_list(self) -> pb.ListAndWatchResponse:
@@ -158,7 +164,7 @@ class ResourceService(pb_grpc.DevicePluginServicer):
         available = [d for d in creq.available_deviceIDs if self._lookup(d) is not None and d not in must]
         available.sort(key=lambda d: (self._lookup(d).minor, self._lookup(d).index))  # type: ignore[union-attr]
         chosen = list(must)
-        if self.kind == NUMBER and self.allocator is not None and len(chosen) < size:
+        if self.kind in GPU_KINDS and self.allocator is not None and len(chosen) < size:
             by_gpu: dict[str, list[str]] = {}
             for d in available:
                 by_gpu.setdefault(self._lookup(d).uuid, []).append(d)  # type: ignore[union-attr]
@@ -189,10 +195,10 @@ class ResourceService(pb_grpc.DevicePluginServicer):
         return chosen[:size] if size > 0 else chosen
 
     def Allocate(self, request, context):
-        """vgpu-number: the matched container's env and mounts; the counting resources: empty responses."""
+        """The matched container's env, mounts and device specs on the call that fixes the match; else empty."""
         responses = []
         for creq in request.container_requests:
-            if self.kind != NUMBER or self.allocator is None:
+            if self.allocator is None:
                 responses.append(pb.ContainerAllocateResponse())
                 continue
             uuids = []
@@ -202,24 +208,34 @@ class ResourceService(pb_grpc.DevicePluginServicer):
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown device {device_id!r}")
                 uuids.append(fake.uuid)
             try:
-                _, envs, mounts = self.allocator.allocate(uuids)
+                if self.kind in GPU_KINDS:
+                    allocation = self.allocator.allocate_call(self.resource_name, uuids)
+                else:
+                    allocation = self.allocator.allocate_call(self.resource_name, count=len(uuids))
             except AllocationError as exc:
-                log.warning("event=allocate_failed error=%s", exc)
+                log.warning("event=allocate_failed resource=%s error=%s", self.resource_name, exc)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             except VGPUError as exc:
-                log.warning("event=allocate_failed error=%s", exc)
+                log.warning("event=allocate_failed resource=%s error=%s", self.resource_name, exc)
                 context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-            responses.append(
-                pb.ContainerAllocateResponse(
-                    envs=envs,
-                    mounts=[pb.Mount(container_path=c, host_path=h, read_only=ro) for c, h, ro in mounts],
-                )
-            )
+            responses.append(container_response(allocation))
         return pb.AllocateResponse(container_responses=responses)
 
     def PreStartContainer(self, request, context):
         """Nothing to do before a container starts."""
         return pb.PreStartContainerResponse()
+
+
+def container_response(allocation: Allocation | None) -> pb.ContainerAllocateResponse:
+    """The protobuf form of an Allocation (empty for None)."""
+    if allocation is None:
+        return pb.ContainerAllocateResponse()
+    return pb.ContainerAllocateResponse(
+        envs=allocation.envs,
+        mounts=[pb.Mount(container_path=c, host_path=h, read_only=ro) for c, h, ro in allocation.mounts],
+        devices=[pb.DeviceSpec(container_path=c, host_path=h, permissions=p) for c, h, p in allocation.devices],
+        annotations=allocation.annotations,
+    )
 
 
 class _Served:
@@ -275,20 +291,22 @@ class DevicePluginManager:
         allocator: Allocator | None,
         on_health_change: Callable[[], None] | None = None,
         poll_interval: float = 0.2,
+        health_filter: Callable[[HealthEvent], bool] | None = None,
     ) -> None:
         self.dir = Path(kubelet_dir)
         self.backend = backend
         self.state = state
         self.on_health_change = on_health_change
         self.poll_interval = poll_interval
+        self.health_filter = health_filter
         per_gpu = {
             NUMBER: lambda g: split_count,
             MEMORY: lambda g: g.memory_mib // memory_factor,
             CORES: lambda g: CORE_DEVICES_PER_GPU,
+            WHOLE: lambda g: 1,
         }
         self.services = {
-            kind: ResourceService(kind, resource_names[kind], state, per_gpu[kind], allocator if kind == NUMBER else None)
-            for kind in (NUMBER, MEMORY, CORES)
+            kind: ResourceService(kind, name, state, per_gpu[kind], allocator) for kind, name in resource_names.items()
         }
         self.served = {
             kind: _Served(svc, self.dir / socket_name(svc.resource_name)) for kind, svc in self.services.items()
@@ -375,6 +393,10 @@ class DevicePluginManager:
                 continue
             changed = False
             for event in events:
+                if self.health_filter is not None and not self.health_filter(event):
+                    log.info("event=health_ignored uuid=%s healthy=%s reason=%s", event.uuid, event.healthy,
+                             event.reason)
+                    continue
                 if self.state.set_health(event.uuid, event.healthy):
                     changed = True
                     log.info("event=health uuid=%s healthy=%s reason=%s", event.uuid, event.healthy, event.reason)

@@ -26,6 +26,13 @@ class GPUInfo:
     memory_mib: int
     minor: int
     numa: int | None = None
+    index: int | None = None  # NVML enumeration index (None: same as minor)
+    mig_enabled: bool = False
+
+    @property
+    def nvml_index(self) -> int:
+        """The index `nvidia-smi -i` and the index device-ID strategy use."""
+        return self.minor if self.index is None else self.index
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,7 @@ class HealthEvent:
     uuid: str
     healthy: bool
     reason: str
+    xid: int | None = None  # set when an Xid caused the change
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,9 @@ class GPUUsage:
 @runtime_checkable
 class GPUBackend(Protocol):
     """What the plugin needs from a source of GPUs."""
+
+    init_error: str | None
+    """Why the backend could not start (None when it did); the plugin exits or idles on it."""
 
     def devices(self) -> list[GPUInfo]:
         """All GPUs, sorted by minor number (stable for the life of the process)."""
@@ -73,12 +84,12 @@ def make_backend(config: PluginConfig) -> GPUBackend:
 
         return SimBackend.from_spec(
             config.sim_gpus, node_name=config.node_name, control_file=config.sim_control,
-            ignored_xids=config.ignored_xids,
+            ignored_xids=config.effective_ignored_xids(),
         )
     if config.backend == "nvml":
         from deviceplugin.backends.nvml import NVMLBackend
 
-        return NVMLBackend(ignored_xids=config.ignored_xids)
+        return NVMLBackend(ignored_xids=config.effective_ignored_xids(), driver_root=config.nvidia_driver_root)
     from deviceplugin.backends.null import NullBackend
 
     return NullBackend()

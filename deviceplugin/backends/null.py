@@ -10,6 +10,8 @@ __all__ = ["NullBackend"]
 class NullBackend:
     """No devices, no events."""
 
+    init_error: str | None = None
+
     def devices(self) -> list[GPUInfo]:
         """No GPUs."""
         return []

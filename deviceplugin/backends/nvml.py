@@ -1,27 +1,44 @@
 """Real GPUs through nvidia-ml-py (`pynvml`): inventory, Xid health events and usage.
 
 Every NVML call is guarded: an error marks the GPU unhealthy (or leaves it out of usage) and is logged, it never
-propagates. If NVML cannot be initialised the backend has no GPUs. Unhealthy GPUs are re-probed; a GPU that
-answers again and has had no critical Xid for `recovery_seconds` becomes healthy again.
+propagates. If NVML cannot be initialised the backend has no GPUs and `init_error` says why (the plugin then
+exits or idles, per --fail-on-init-error). With a driver root other than `/` (the GPU Operator's
+`/run/nvidia/driver`), `libnvidia-ml.so.1` is loaded from under that root. Unhealthy GPUs are re-probed; a GPU
+that answers again and has had no critical Xid for `recovery_seconds` becomes healthy again.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import threading
 import time
 
 from deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
 
-__all__ = ["NVMLBackend"]
+__all__ = ["NVMLBackend", "find_nvml_library"]
 
 log = logging.getLogger(__name__)
+
+NVML_LIBRARY = "libnvidia-ml.so.1"
+_LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib", "lib64",
+                 "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "lib")
+
+
+def find_nvml_library(driver_root: str) -> str | None:
+    """Path of libnvidia-ml.so.1 under `driver_root`, or None."""
+    for directory in _LIBRARY_DIRS:
+        path = os.path.join(driver_root, directory, NVML_LIBRARY)
+        if os.path.exists(path):
+            return path
+    return None
 
 
 class NVMLBackend:
     """GPUs of this machine as NVML sees them."""
 
-    def __init__(self, ignored_xids=(), recovery_seconds: float = 60.0) -> None:
+    def __init__(self, ignored_xids=(), recovery_seconds: float = 60.0, driver_root: str = "/") -> None:
         self._ignored = set(ignored_xids)
         self._recovery = recovery_seconds
         self._lock = threading.Lock()
@@ -31,12 +48,20 @@ class NVMLBackend:
         self._last_probe = 0.0
         self._event_set = None
         self._nvml = None
+        self.init_error: str | None = None
         try:
             import pynvml
 
+            if os.path.normpath(driver_root) != "/":
+                library = find_nvml_library(driver_root)
+                if library is None:
+                    raise RuntimeError(f"{NVML_LIBRARY} not found under driver root {driver_root}")
+                if pynvml.nvmlLib is None:
+                    pynvml.nvmlLib = ctypes.CDLL(library)
             pynvml.nvmlInit()
             self._nvml = pynvml
         except Exception as exc:  # noqa: BLE001 - missing library or driver: no GPUs, no crash
+            self.init_error = f"NVML: {exc}"
             log.warning("event=nvml_init_failed error=%s", exc)
             return
         self._gpus = self._discover()
@@ -70,7 +95,14 @@ class NVMLBackend:
                     numa = int(nv.nvmlDeviceGetNumaNodeId(handle))
                 except Exception:  # noqa: BLE001
                     numa = None
-                gpus.append(GPUInfo(uuid=uid, name=name, memory_mib=memory, minor=minor, numa=numa))
+                mig = False
+                try:
+                    current, _pending = nv.nvmlDeviceGetMigMode(handle)
+                    mig = int(current) == int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1))
+                except Exception:  # noqa: BLE001 - not supported: not a MIG-capable card
+                    mig = False
+                gpus.append(GPUInfo(uuid=uid, name=name, memory_mib=memory, minor=minor, numa=numa, index=index,
+                                    mig_enabled=mig))
             except Exception as exc:  # noqa: BLE001
                 log.warning("event=nvml_device_failed index=%d error=%s", index, exc)
         gpus.sort(key=lambda g: g.minor)
@@ -103,12 +135,12 @@ class NVMLBackend:
         """GPUs found at start, in minor order."""
         return list(self._gpus)
 
-    def _change(self, uid: str, healthy: bool, reason: str, out: list[HealthEvent]) -> None:
+    def _change(self, uid: str, healthy: bool, reason: str, out: list[HealthEvent], xid: int | None = None) -> None:
         with self._lock:
             if self._healthy.get(uid) == healthy:
                 return
             self._healthy[uid] = healthy
-        out.append(HealthEvent(uid, healthy, reason))
+        out.append(HealthEvent(uid, healthy, reason, xid))
 
     def poll_health(self, timeout: float) -> list[HealthEvent]:
         """Wait for an Xid event up to `timeout`; also re-probes unhealthy GPUs every few seconds."""
@@ -123,7 +155,7 @@ class NVMLBackend:
             uid = self._text(nv.nvmlDeviceGetUUID(data.device))
             if data.eventType == nv.nvmlEventTypeXidCriticalError and xid not in self._ignored:
                 self._last_xid[uid] = time.monotonic()
-                self._change(uid, False, f"xid {xid}", events)
+                self._change(uid, False, f"xid {xid}", events, xid)
         except Exception as exc:  # noqa: BLE001
             if getattr(exc, "value", None) != getattr(nv, "NVML_ERROR_TIMEOUT", -2):
                 log.warning("event=nvml_wait_failed error=%s", exc)

@@ -1,5 +1,8 @@
 """Simulated GPUs for tests and the demo, described by a spec such as `4xA100-40GB,2xT4`.
 
+A `+mig` suffix on an entry (`1xA100-40GB+mig`) marks those cards as having MIG mode enabled, which the plugin
+refuses under `--mig-strategy none` (as it does for real cards).
+
 Names and memory sizes follow what NVML reports for each model; UUIDs are derived from the node name so they are
 the same on every start. Faults can be injected in-process (`inject_xid`, `lose`, `recover`, `set_usage`) or
 from outside through a control file: each appended line is one command,
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
 from vgpu.errors import ConfigError
 
-__all__ = ["MODELS", "SimBackend", "parse_sim_spec"]
+__all__ = ["MODELS", "SimBackend", "parse_sim_spec", "parse_sim_spec_full"]
 
 # short model name -> (NVML name, memory MiB as NVML reports it)
 MODELS: dict[str, tuple[str, int]] = {
@@ -42,11 +45,18 @@ MODELS: dict[str, tuple[str, int]] = {
     "RTX4090": ("NVIDIA GeForce RTX 4090", 24564),
 }
 _NAMESPACE = uuidlib.UUID("6f1d7a52-3c1e-4f7b-9a55-0e2b8f6d9c41")
-_ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+)$")
+_ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+?)(\+mig)?$")
 
 
 def parse_sim_spec(spec: str) -> list[tuple[str, int]]:
-    """`4xA100-40GB,2xT4` -> [("A100-40GB", 4), ("T4", 2)]; raises ConfigError naming the bad entry."""
+    """`4xA100-40GB,2xT4` -> [("A100-40GB", 4), ("T4", 2)]; raises ConfigError naming the bad entry.
+
+    A `+mig` suffix (`1xA100-40GB+mig`) simulates cards with MIG mode enabled; see `parse_sim_spec_full`."""
+    return [(model, count) for model, count, _ in parse_sim_spec_full(spec)]
+
+
+def parse_sim_spec_full(spec: str) -> list[tuple[str, int, bool]]:
+    """Like parse_sim_spec, with a third item: MIG mode enabled."""
     result = []
     for raw in spec.split(","):
         entry = raw.strip()
@@ -61,7 +71,7 @@ def parse_sim_spec(spec: str) -> list[tuple[str, int]]:
             raise ConfigError(f"sim_gpus: unknown model {match[2]!r}; known: {', '.join(MODELS)}")
         if not 1 <= count <= 64:
             raise ConfigError(f"sim_gpus: count {count} in {entry!r} is outside 1..64")
-        result.append((model, count))
+        result.append((model, count, bool(match[3])))
     return result
 
 
@@ -75,6 +85,8 @@ class _State:
 
 class SimBackend:
     """Simulated GPUs with injectable faults; thread-safe."""
+
+    init_error: str | None = None
 
     def __init__(self, gpus: list[GPUInfo], control_file: str | None = None, ignored_xids=()) -> None:
         self._gpus = gpus
@@ -91,12 +103,13 @@ class SimBackend:
     def from_spec(cls, spec: str, node_name: str, control_file: str | None = None, ignored_xids=()) -> SimBackend:
         """Build the GPUs of `spec` with UUIDs derived from `node_name`."""
         gpus = []
-        for model, count in parse_sim_spec(spec):
+        for model, count, mig in parse_sim_spec_full(spec):
             name, memory = MODELS[model]
             for _ in range(count):
                 index = len(gpus)
                 uid = uuidlib.uuid5(_NAMESPACE, f"{node_name}/{index}")
-                gpus.append(GPUInfo(uuid=f"GPU-{uid}", name=name, memory_mib=memory, minor=index, numa=None))
+                gpus.append(GPUInfo(uuid=f"GPU-{uid}", name=name, memory_mib=memory, minor=index, numa=None,
+                                    index=index, mig_enabled=mig))
         return cls(gpus, control_file=control_file, ignored_xids=ignored_xids)
 
     def devices(self) -> list[GPUInfo]:
@@ -110,19 +123,19 @@ class SimBackend:
             raise KeyError(f"no simulated GPU {gpu!r}")
         return gpu
 
-    def _set_health(self, uid: str, healthy: bool, reason: str) -> None:
+    def _set_health(self, uid: str, healthy: bool, reason: str, xid: int | None = None) -> None:
         with self._lock:
             state = self._state[uid]
             changed = state.healthy != healthy
             state.healthy = healthy
         if changed:
-            self._events.put(HealthEvent(uid, healthy, reason))
+            self._events.put(HealthEvent(uid, healthy, reason, xid))
 
     def inject_xid(self, gpu: str | int, xid: int) -> None:
         """Simulate an Xid event; non-ignored Xids make the GPU unhealthy."""
         uid = self._resolve(gpu)
         if xid not in self._ignored:
-            self._set_health(uid, False, f"xid {xid}")
+            self._set_health(uid, False, f"xid {xid}", xid)
 
     def lose(self, gpu: str | int) -> None:
         """Simulate a GPU that fell off the bus."""

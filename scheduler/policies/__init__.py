@@ -1,9 +1,14 @@
 """Node scoring policies: how the extender ranks the nodes a pod fits on.
 
 Every policy is a `NodePolicy` registered by name in `NODE_POLICIES`; `make_policy(name)` builds one.
+`DEFAULT_NODE_POLICY` is the one `vgpu scheduler` should use when none is given.
 """
 
-from scheduler.policies.base import NODE_POLICIES, NodePolicy, make_policy, register
+from scheduler.policies.base import NODE_POLICIES, NodeContext, NodePolicy, PodContext, make_policy, register
 from scheduler.policies import classic as _classic  # noqa: F401  (registers binpack and spread)
+from scheduler.policies import baselines as _baselines  # noqa: F401  (random, bestfit, dotprod, packing)
+from scheduler.policies import frag as _frag  # noqa: F401  (fgd, fragaware)
 
-__all__ = ["NodePolicy", "NODE_POLICIES", "make_policy", "register"]
+DEFAULT_NODE_POLICY = "fragaware"
+
+__all__ = ["NodePolicy", "NodeContext", "PodContext", "NODE_POLICIES", "DEFAULT_NODE_POLICY", "make_policy", "register"]

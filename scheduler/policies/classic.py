@@ -8,7 +8,7 @@ after the increment, so it was always 0).
 from collections.abc import Sequence
 
 from scheduler.fit import FitResult, GPUUsage
-from scheduler.policies.base import register
+from scheduler.policies.base import NodeContext, PodContext, register
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest
 
@@ -38,10 +38,12 @@ class Binpack:
         usage: Sequence[GPUUsage],
         requests: Sequence[ContainerRequest],
         result: FitResult,
+        node: NodeContext | None = None,
+        pod: PodContext | None = None,
     ) -> float:
-        return sum(100.0 * memory / devices[i].memory for i, (_, memory) in _after(usage, result).items())
+        return float(sum(100.0 * memory / devices[i].memory for i, (_, memory) in _after(usage, result).items()))
 
-    def observe(self, requests: Sequence[ContainerRequest]) -> None:
+    def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
         return None
 
 
@@ -58,8 +60,10 @@ class Spread:
         usage: Sequence[GPUUsage],
         requests: Sequence[ContainerRequest],
         result: FitResult,
+        node: NodeContext | None = None,
+        pod: PodContext | None = None,
     ) -> float:
-        return sum(100.0 for shares, _ in _after(usage, result).values() if shares == 0)
+        return float(sum(100.0 for shares, _ in _after(usage, result).values() if shares == 0))
 
-    def observe(self, requests: Sequence[ContainerRequest]) -> None:
+    def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
         return None

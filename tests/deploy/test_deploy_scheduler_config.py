@@ -116,29 +116,70 @@ def test_extender_sidecar_serves_the_url_kube_scheduler_calls():
         assert f"http://{host_port}{path}" in command
 
 
-@pytest.mark.parametrize(
-    "kind, name, container_name",
-    [
-        ("Deployment", "vgpu-scheduler", "extender"),
-        ("DaemonSet", "vgpu-device-plugin", "device-plugin"),
-        ("DaemonSet", "vgpu-device-plugin-sim", "device-plugin"),
-    ],
-)
-def test_both_components_read_the_same_sharing_config(kind, name, container_name):
+COMPONENT_FILES = [
+    ("Deployment", "vgpu-scheduler", "extender", "scheduler.yaml"),
+    ("DaemonSet", "vgpu-device-plugin", "device-plugin", "device-plugin.yaml"),
+    ("DaemonSet", "vgpu-device-plugin-sim", "device-plugin", "device-plugin.yaml"),
+]
+
+
+def shipped_file(kind: str, name: str, container_name: str, tmp_path) -> tuple[str, str]:
+    """(ConfigMap key, path of a copy on disk) of the file a component's --config points at."""
     pod = find(kind, name)["spec"]["template"]["spec"]
     (c,) = [c for c in pod["containers"] if c["name"] == container_name]
     directory, key = flag(c["command"], "config").rsplit("/", 1)
     (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == directory]
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     assert volume["configMap"]["name"] == "vgpu-sharing-config"
-    assert key in find("ConfigMap", "vgpu-sharing-config")["data"]
+    data = find("ConfigMap", "vgpu-sharing-config")["data"]
+    assert key in data
+    path = tmp_path / key
+    path.write_text(data[key])
+    return key, str(path)
 
 
-def test_sharing_config_parses_and_names_the_managed_resources():
-    text = find("ConfigMap", "vgpu-sharing-config")["data"]["sharing.yaml"]
-    cfg = SharingConfig.model_validate(yaml.safe_load(text))
-    assert cfg == SharingConfig()  # the shipped file spells out the defaults
+@pytest.mark.parametrize("kind, name, container_name, key", COMPONENT_FILES)
+def test_each_component_mounts_its_own_file(kind, name, container_name, key, tmp_path):
+    assert shipped_file(kind, name, container_name, tmp_path)[0] == key
+
+
+def test_both_components_load_their_file_with_the_same_sharing_section(tmp_path):
+    """Each shipped file through the component's real loader; the `sharing` sections are equal."""
+    from deviceplugin.config import load_config as load_plugin_config
+    from scheduler.config import load_config as load_scheduler_config
+
+    sections = []
+    for kind, name, container_name, key in COMPONENT_FILES:
+        (tmp_path / name).mkdir()
+        _, path = shipped_file(kind, name, container_name, tmp_path / name)
+        if key == "scheduler.yaml":
+            sections.append(load_scheduler_config(path, {}).sharing)
+        else:
+            sections.append(load_plugin_config(path).sharing)
+    assert sections[0] == sections[1] == sections[2]
+    assert sections[0] == SharingConfig()  # the shipped files spell out the defaults
+
+
+def test_sharing_config_names_the_managed_resources(tmp_path):
+    from scheduler.config import load_config as load_scheduler_config
+
+    _, path = shipped_file(*COMPONENT_FILES[0][:3], tmp_path)
+    cfg = load_scheduler_config(path, {}).sharing
     (ext,) = scheduler_config()["extenders"]
     managed = {r["name"] for r in ext["managedResources"]}
     for names in cfg.name_sets():
         assert set(names.all()) <= managed
+
+
+def test_sim_daemonset_memory_factor_fits_its_simulated_gpus():
+    """The sim DaemonSet's GPUs need more than 1 MiB per unit; its flag must be a factor the plugin accepts."""
+    from deviceplugin.backends.sim import MODELS, parse_sim_spec
+    from deviceplugin.config import load_config as load_plugin_config
+    from deviceplugin.config import resolve_memory_factor
+
+    pod = find("DaemonSet", "vgpu-device-plugin-sim")["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    factor = flag(c["command"], "gpu-memory-factor")
+    memory = [MODELS[m][1] for m, n in parse_sim_spec(flag(c["command"], "sim-gpus")) for _ in range(n)]
+    config = load_plugin_config(None, {"gpu_memory_factor": int(factor)})
+    assert resolve_memory_factor(config, memory) == int(factor)

@@ -22,17 +22,26 @@ def test_explicit_factor_too_small_is_refused_with_the_needed_value():
         resolve_memory_factor(config, EIGHT_80GB)
 
 
-def test_unset_factor_is_one_when_it_fits():
+def test_default_factor_is_one_and_an_overflowing_node_is_refused():
+    """The contract's default 1 is never changed silently: a node over kubelet's budget must opt in."""
     assert resolve_memory_factor(load_config(None), [15360, 15360]) == 1
-    assert resolve_memory_factor(load_config(None), [40960, 40960]) == 2
+    with pytest.raises(ConfigError, match=r"^sharing.gpu_memory_factor: 1 gives 81920 volcano.sh/vgpu-memory devices "
+                                          r".* at least 2 .*--gpu-memory-factor=auto"):
+        resolve_memory_factor(load_config(None), [40960, 40960])
+    shared = load_config(None, {"sharing.gpu_memory_factor": 2})
+    assert resolve_memory_factor(shared, [40960, 40960]) == 2
+    override = load_config(None, {"sharing.gpu_memory_factor": 2, "gpu_memory_factor": 4})
+    assert resolve_memory_factor(override, [40960, 40960]) == 4  # the plugin's own override wins
 
 
-def test_yaml_then_flags(tmp_path):
+def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "dp.yaml"
-    path.write_text("split_count: 5\ngpu_memory_factor: auto\nhandshake: true\nignored_xids: [13]\n")
-    config = load_config(str(path), {"split_count": 7, "hook_path": None})
-    assert (config.split_count, config.gpu_memory_factor, config.handshake, config.ignored_xids) == (7, "auto", True, [13])
+    path.write_text("sharing:\n  split_count: 5\ngpu_memory_factor: auto\nhandshake: true\nignored_xids: [13]\n")
+    config = load_config(str(path), {"sharing.split_count": 7, "hook_path": None})
+    assert (config.sharing.split_count, config.gpu_memory_factor, config.handshake, config.ignored_xids) == (
+        7, "auto", True, [13])
     assert config.hook_path == "/usr/local"
+    assert config.sharing_for(3).gpu_memory_factor == 3 and config.sharing_for(3).split_count == 7
 
 
 @pytest.mark.parametrize(
@@ -40,7 +49,8 @@ def test_yaml_then_flags(tmp_path):
     [
         ("gpu_memory_factor: 0\n", "gpu_memory_factor"),
         ("gpu_memory_factor: lots\n", "gpu_memory_factor"),
-        ("split_count: 0\n", "split_count"),
+        ("sharing:\n  split_count: 0\n", "sharing.split_count"),
+        ("split_count: 5\n", "split_count: Extra inputs"),  # the flat layout of old: it lives under sharing now
         ("core_policy: sometimes\n", "core_policy"),
         ("colour: blue\n", "colour"),
         ("- a list\n", "mapping"),

@@ -1,0 +1,91 @@
+"""`vgpu replay`: replay the openb GPU-sharing trace through our fit and node policies and compare them.
+
+Registered by vgpu/cli.py; the work is in scheduler/replay.py (imported inside the command).
+"""
+
+import argparse
+import sys
+
+__all__ = ["register"]
+
+OURS = "fragaware"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `replay` subcommand."""
+    p = subparsers.add_parser(
+        "replay",
+        help="replay the openb trace (ATC'23 FGD protocol) through our node policies",
+        description="Replay a GPU-sharing trace: shuffle per seed, inflate to 130%% of GPU capacity, schedule "
+        "each pod once (never deleted), and report the unallocated GPU share at 100%% and 130%% arrived.",
+    )
+    p.add_argument("--nodes", required=True, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
+    p.add_argument("--pods", required=True, help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
+    p.add_argument(
+        "--policy",
+        action="append",
+        default=None,
+        help=f"node policy to replay (repeatable; 'ours' = {OURS}); default: fgd, bestfit, ours",
+    )
+    p.add_argument("--seeds", type=int, default=10, help="number of seeds, 42, 43, ... (default 10)")
+    p.add_argument("--first-seed", type=int, default=42, help="first seed (default 42)")
+    p.add_argument("--ratio", type=float, default=1.3, help="inflate arrivals to this share of capacity (1.3)")
+    p.add_argument("--jobs", type=int, default=1, help="parallel processes (default 1)")
+    p.add_argument("--json", action="store_true", help='print {"results": [...]} instead of the table')
+    p.add_argument("--plot", metavar="PNG", help="draw unallocated %% vs arrived %% (median, quartile band)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=_main)
+
+
+class _Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, result, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = width * done // total
+        bar = "#" * filled + "-" * (width - filled)
+        line = (
+            f"\r[{bar}] {done}/{total} {result.policy} seed {result.seed}: "
+            f"{result.unallocated_pct_at_100:.2f}% unallocated at 100% ({result.seconds:.1f}s)"
+        )
+        sys.stderr.write(line.ljust(100))
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _main(args: argparse.Namespace) -> int:
+    import json
+
+    from scheduler.policies import NODE_POLICIES
+    from scheduler.replay import run_many, summarise, format_table
+    from vgpu.errors import ConfigError
+
+    names = [OURS if n == "ours" else n for n in (args.policy or ["fgd", "bestfit", "ours"])]
+    for n in names:
+        if n not in NODE_POLICIES:
+            raise ConfigError(f"--policy: unknown policy {n!r} (known: ours, {', '.join(sorted(NODE_POLICIES))})")
+    if args.seeds < 1 or args.jobs < 1:
+        raise ConfigError("--seeds and --jobs must be at least 1")
+    if not 1.0 <= args.ratio <= 3.0:
+        raise ConfigError(f"--ratio: {args.ratio} is outside 1.0..3.0")
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    progress = _Progress(not args.no_progress)
+    if progress.enabled:
+        sys.stderr.write(f"replaying {len(names)} policies x {args.seeds} seeds ...")
+        sys.stderr.flush()
+    results = run_many(args.nodes, args.pods, names, seeds, jobs=args.jobs, ratio=args.ratio, on_result=progress)
+    if args.json:
+        print(json.dumps({"results": [r.summary() for r in results]}))
+    else:
+        print(format_table(summarise(results, names)))
+    if args.plot:
+        from scheduler.replay import plot_curves
+
+        plot_curves(results, names, args.plot)
+    return 0

@@ -1,0 +1,160 @@
+"""Matching kubelet's Allocate calls to pods when several pods wait on the same GPUs (binpack makes this common).
+
+The real plugin process, the kubelet stand-in and the API-server stand-in; kubelet's call order per container
+follows the order of the container's limits (kubelet's own order is Go map order, i.e. any order).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from dp_helpers import gpu_container
+
+from proto.deviceplugin.v1beta1 import api_pb2 as pb
+from vgpu.kube.client import read_json
+from vgpu.standins.kubelet import AdmissionError
+
+NUMBER, MEMORY, CORES = "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"
+
+
+def the_response(container) -> pb.ContainerAllocateResponse:
+    """The one response of a container that carries its env (exactly one must); the others are empty."""
+    full = [r for r in container.responses.values() if r.envs]
+    empty = [r for r in container.responses.values() if not r.envs]
+    assert len(full) == 1, f"container {container.name}: env returned {len(full)} times"
+    assert all(r == pb.ContainerAllocateResponse() for r in empty)
+    return full[0]
+
+
+def memory_first(name: str, memory: int, cores: int) -> dict:
+    """A container whose limits list memory and cores before the GPU count (kubelet calls them first)."""
+    return {"name": name, "image": "busybox", "resources": {"limits": {
+        MEMORY: str(memory), CORES: str(cores), NUMBER: "1"}}}
+
+
+def admit_all(cluster, pods: list[dict], order: list[int]) -> dict[str, tuple[str, pb.ContainerAllocateResponse]]:
+    """Admit pods in `order`; returns pod name -> (uid, the env-carrying response of its only container)."""
+    got = {}
+    for i in order:
+        pod = pods[i]
+        (container,) = cluster.kubelet.admit(pod)
+        got[pod["metadata"]["name"]] = (pod["metadata"]["uid"], the_response(container))
+    return got
+
+
+def check_distinct_cache_dirs(cluster, got, uids: set[str]) -> None:
+    dirs = [{m.container_path: m.host_path for m in r.mounts}["/tmp/vgpu"] for _, r in got.values()]
+    caches = [r.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] for _, r in got.values()]
+    assert len(set(dirs)) == len(dirs) and len(set(caches)) == len(caches)
+    root = cluster.hook / "vgpu" / "containers"
+    assert set(dirs) == {str(root / f"{uid}_c") for uid in uids}
+
+
+def test_two_identical_pods_on_one_gpu_admitted_in_either_order(cluster):
+    cluster.start_plugin("1xT4")
+    (a,) = cluster.wait_inventory()
+    pods = [cluster.create_pod(f"twin-{i}", [gpu_container("c", 1, 1000, 10)], f"{a},NVIDIA,1000,10:")
+            for i in (1, 2)]
+    got = admit_all(cluster, pods, [1, 0])  # the younger first: kubelet may see it first in another batch
+    for _, response in got.values():
+        assert response.envs["NVIDIA_VISIBLE_DEVICES"] == a
+        assert response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+        assert response.envs["CUDA_DEVICE_SM_LIMIT"] == "10"
+    check_distinct_cache_dirs(cluster, got, {p["metadata"]["uid"] for p in pods})
+    for pod in pods:
+        assert cluster.pod(pod["metadata"]["name"])["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"
+
+
+@pytest.mark.parametrize("layout", ["number-first", "memory-first"])
+def test_five_pods_with_different_limits_on_one_gpu(cluster, layout):
+    """Limits differ: the memory / cores ID counts tell the pods apart, whichever resource kubelet calls first."""
+    cluster.start_plugin("1xT4")
+    (a,) = cluster.wait_inventory()
+    limits = [(1000, 10), (2000, 10), (1000, 20), (1500, 15), (3000, 5)]
+    pods = []
+    for i, (memory, cores) in enumerate(limits):
+        container = (gpu_container("c", 1, memory, cores) if layout == "number-first"
+                     else memory_first("c", memory, cores))
+        pods.append(cluster.create_pod(f"p{i}", [container], f"{a},NVIDIA,{memory},{cores}:"))
+    order = list(range(5))
+    random.Random(7).shuffle(order)
+    got = admit_all(cluster, pods, order)
+    for i, (memory, cores) in enumerate(limits):
+        uid, response = got[f"p{i}"]
+        assert response.envs["NVIDIA_VISIBLE_DEVICES"] == a
+        assert response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{memory}m"
+        assert response.envs["CUDA_DEVICE_SM_LIMIT"] == str(cores)
+        mounts = {m.container_path: m.host_path for m in response.mounts}
+        assert mounts["/tmp/vgpu"] == str(cluster.hook / "vgpu" / "containers" / f"{uid}_c")
+        assert cluster.pod(f"p{i}")["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"
+
+
+def test_five_identical_pods_and_mixed_call_orders(cluster):
+    """Interchangeable pods: the oldest is matched, every container gets the same limits and its own directory."""
+    cluster.start_plugin("2xT4")
+    a, b = cluster.wait_inventory()
+    pods = []
+    for i in range(5):
+        container = gpu_container("c", 1, 2000, 10) if i % 2 else memory_first("c", 2000, 10)
+        pods.append(cluster.create_pod(f"same-{i}", [container], f"{a},NVIDIA,2000,10:"))
+    # a pod on the other GPU with the same limits: only the GPU set tells it apart
+    other = cluster.create_pod("other", [memory_first("c", 2000, 10)], f"{b},NVIDIA,2000,10:")
+    got = admit_all(cluster, [*pods, other], [5, 3, 0, 4, 1, 2])
+    for name, (_, response) in got.items():
+        assert response.envs["NVIDIA_VISIBLE_DEVICES"] == (b if name == "other" else a)
+        assert response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+        assert response.envs["CUDA_DEVICE_SM_LIMIT"] == "10"
+    check_distinct_cache_dirs(cluster, got, {p["metadata"]["uid"] for p in [*pods, other]})
+    assert {m.container_path: m.host_path for m in got["other"][1].mounts}["/tmp/vgpu"].endswith(
+        f"{other['metadata']['uid']}_c")
+    for name in [*(p["metadata"]["name"] for p in pods), "other"]:
+        assert cluster.pod(name)["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"
+
+
+def test_two_container_twins_keep_each_pod_consistent(cluster):
+    """Twins with two GPU containers: the match follows one pod through all its containers."""
+    cluster.start_plugin("2xT4")
+    a, b = cluster.wait_inventory()
+    spec = [gpu_container("x", 1, 1000, 10), gpu_container("y", 1, 3000, 30)]
+    assignment = f"{a},NVIDIA,1000,10:;{b},NVIDIA,3000,30:"
+    pods = [cluster.create_pod(f"pair-{i}", spec, assignment) for i in (1, 2)]
+    for pod in reversed(pods):
+        x, y = cluster.kubelet.admit(pod)
+        rx, ry = the_response(x), the_response(y)
+        assert (rx.envs["NVIDIA_VISIBLE_DEVICES"], rx.envs["CUDA_DEVICE_MEMORY_LIMIT_0"]) == (a, "1000m")
+        assert (ry.envs["NVIDIA_VISIBLE_DEVICES"], ry.envs["CUDA_DEVICE_MEMORY_LIMIT_0"]) == (b, "3000m")
+        dir_x = {m.container_path: m.host_path for m in rx.mounts}["/tmp/vgpu"]
+        dir_y = {m.container_path: m.host_path for m in ry.mounts}["/tmp/vgpu"]
+        assert dir_x.rsplit("_", 1)[0] == dir_y.rsplit("_", 1)[0]  # both containers of one pod's record
+    for pod in pods:
+        assert cluster.pod(pod["metadata"]["name"])["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"
+
+
+def test_differing_limits_with_nothing_to_tell_them_apart_is_refused(cluster):
+    """Memory given as a percentage makes no Allocate call: two pods asking 25% and 50% cannot be told apart."""
+    cluster.start_plugin("1xT4")
+    (a,) = cluster.wait_inventory()
+
+    def container(percent: int) -> dict:
+        return {"name": "c", "image": "busybox", "resources": {"limits": {
+            NUMBER: "1", "volcano.sh/vgpu-memory-percentage": str(percent)}}}
+
+    quarter = cluster.create_pod("quarter", [container(25)], f"{a},NVIDIA,3840,0:")
+    cluster.create_pod("half", [container(50)], f"{a},NVIDIA,7680,0:")
+    with pytest.raises(AdmissionError, match=r"match the next container of several pods whose limits differ, "
+                                             r"and no call is left to tell them apart") as refused:
+        cluster.kubelet.admit(quarter)
+    assert "default/quarter" in str(refused.value) and "default/half" in str(refused.value)
+    for name in ("quarter", "half"):  # neither is marked failed: the plugin cannot tell which one kubelet admitted
+        assert cluster.pod(name)["metadata"]["annotations"]["volcano.sh/bind-phase"] == "allocating"
+    # both pods carry a Warning event saying why
+    deadline = time.monotonic() + 10
+    while True:
+        events = read_json(cluster.core.list_namespaced_event("default", _preload_content=False))["items"]
+        warned = {e["involvedObject"]["name"] for e in events if e.get("reason") == "VGPUAllocationAmbiguous"}
+        if warned == {"quarter", "half"}:
+            break
+        assert time.monotonic() < deadline, events
+        time.sleep(0.1)

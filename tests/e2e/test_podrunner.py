@@ -1,0 +1,90 @@
+"""The kubelet-side runner of the e2e harness: how a device plugin's answer becomes a process's environment.
+
+Pure translation checks (mounts -> host paths, /etc/ld.so.preload -> LD_PRELOAD, NVIDIA_VISIBLE_DEVICES ->
+simulated devices) and one real process run under the isolation library with the translated environment.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import orjson
+import pytest
+
+from vgpu.standins.podrunner import ContainerAllocation, isolation_paths, map_to_host, translate_env
+
+UUID_A, UUID_B = "GPU-aaaa", "GPU-bbbb"
+INVENTORY = {UUID_A: ("NVIDIA A100-PCIE-40GB", 10240), UUID_B: ("Tesla T4", 3840)}
+
+
+def _allocation(tmp_path, preload: bool = True) -> ContainerAllocation:
+    hook = tmp_path / "hook" / "vgpu"
+    (hook / "containers" / "uid_main").mkdir(parents=True)
+    (hook / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    mounts = [
+        {"container_path": "/usr/local/vgpu/libvgpu.so", "host_path": str(hook / "libvgpu.so"), "read_only": True},
+        {"container_path": "/tmp/vgpu", "host_path": str(hook / "containers" / "uid_main"), "read_only": False},
+        {"container_path": "/tmp/vgpulock", "host_path": str(tmp_path / "lock"), "read_only": False},
+    ]
+    if preload:
+        mounts.append({"container_path": "/etc/ld.so.preload", "host_path": str(hook / "ld.so.preload"),
+                       "read_only": True})
+    alloc = ContainerAllocation()
+    alloc.merge({"envs": {"NVIDIA_VISIBLE_DEVICES": f"{UUID_B},{UUID_A}", "CUDA_DEVICE_MEMORY_LIMIT_0": "1000m",
+                          "CUDA_DEVICE_MEMORY_LIMIT_1": "2000m", "CUDA_DEVICE_SM_LIMIT": "30",
+                          "CUDA_DEVICE_MEMORY_SHARED_CACHE": "/tmp/vgpu/abc.cache"}, "mounts": mounts})
+    alloc.merge({"envs": {}, "mounts": []})  # the counting resources answer empty
+    return alloc
+
+
+POD = {"metadata": {"name": "p", "namespace": "ns", "uid": "uid"}, "spec": {"nodeName": "n1"}}
+CONTAINER = {"name": "main", "env": [{"name": "A", "value": "1"},
+                                     {"name": "ME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]}
+
+
+def test_mount_lookup_takes_the_longest_prefix():
+    mounts = [("/tmp", "/h/tmp", False), ("/tmp/vgpu", "/h/vgpu", False)]
+    assert map_to_host("/tmp/vgpu/x.cache", mounts) == "/h/vgpu/x.cache"
+    assert map_to_host("/tmp/vgpux", mounts) == "/h/tmp/vgpux"
+    assert map_to_host("/etc/passwd", mounts) is None
+
+
+def test_translation_maps_paths_preload_and_devices(tmp_path):
+    lib = tmp_path / "build" / "libvgpu.so"
+    env = translate_env(POD, CONTAINER, _allocation(tmp_path), lib, tmp_path / "sim", INVENTORY,
+                        tmp_path / "state", memory_factor=4)
+    assert env["A"] == "1" and env["ME"] == "p"
+    assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == str(tmp_path / "hook/vgpu/containers/uid_main/abc.cache")
+    assert env["LD_PRELOAD"] == str(lib)  # the plugin did not copy the library to its hook path: the build's
+    assert env["LD_LIBRARY_PATH"].split(":")[0] == str(tmp_path / "sim")
+    # devices in NVIDIA_VISIBLE_DEVICES order, memory units x factor = MiB
+    assert env["SIMGPU_DEVICES"] == "Tesla T4:15360:40,NVIDIA A100-PCIE-40GB:40960:108"
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+
+
+def test_no_preload_mount_means_no_preload(tmp_path):
+    env = translate_env(POD, CONTAINER, _allocation(tmp_path, preload=False), tmp_path / "libvgpu.so", None,
+                        INVENTORY, tmp_path / "state")
+    assert "LD_PRELOAD" not in env
+
+
+def test_single_gpu_processes_share_the_simulated_device_state(tmp_path):
+    alloc = ContainerAllocation(envs={"NVIDIA_VISIBLE_DEVICES": UUID_A})
+    one = translate_env(POD, CONTAINER, alloc, None, None, INVENTORY, tmp_path)
+    two = translate_env(POD, {"name": "other"}, alloc, None, None, INVENTORY, tmp_path)
+    assert one["SIMGPU_STATE"] == two["SIMGPU_STATE"] == str(tmp_path / f"{UUID_A}.state")
+
+
+def test_a_process_with_the_translated_env_is_limited(tmp_path):
+    lib, sim = isolation_paths()
+    if lib is None or sim is None:
+        pytest.skip("isolation library not buildable here")
+    env = translate_env(POD, CONTAINER, _allocation(tmp_path), lib, sim, INVENTORY, tmp_path / "state")
+    out = subprocess.run([sys.executable, "-m", "vgpu.standins.workload", "--mib", "1500", "--chunk", "250",
+                          "--expect-oom", "--kernels", "2"], env=env, capture_output=True, text=True, timeout=60)
+    report = orjson.loads(out.stdout.split("VGPU-WORKLOAD ", 1)[1])
+    assert out.returncode == 0, out.stdout + out.stderr
+    first, second = report["devices"]
+    assert first["total_mib"] == 1000 and first["allocated_mib"] == 1000 and first["oom_at_mib"] == 1250
+    assert second["total_mib"] == 2000 and second["allocated_mib"] == 1500 and second["oom_at_mib"] is None

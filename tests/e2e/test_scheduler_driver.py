@@ -1,0 +1,269 @@
+"""The kube-scheduler stand-in against a real HTTP extender peer and the API-server stand-in.
+
+Checks that the driver calls an extender as kube-scheduler does: the order filter -> prioritize -> bind, the Go
+field names of ExtenderArgs / ExtenderBindingArgs, NodeNames vs Nodes by nodeCacheCapable, only the nodes that
+passed the in-tree fit, score x weight x 10, managedResources gating, FailedScheduling with the reasons, retry
+after an error, and the httpTimeout bound. The extender here is a scripted HTTP server (a protocol peer), not one of
+our components; the real extender is covered by the end-to-end tests.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+
+import httpx
+import pytest
+
+from vgpu.standins.apiserver import ApiServerStandIn
+from vgpu.standins.scheduler_driver import (
+    BUILTIN_CONFIG,
+    SchedulerDriver,
+    find_deploy_config,
+    load_scheduler_config,
+    parse_duration,
+    parse_scheduler_config,
+    pod_resource_requests,
+)
+
+
+class ScriptedExtender:
+    """An HTTP extender whose answers are functions of the request; records every call."""
+
+    def __init__(self, api_url: str) -> None:
+        self.calls: list[tuple[str, dict]] = []
+        self.api_url = api_url
+        self.filter: Callable[[dict], Any] = lambda body: {"NodeNames": body["NodeNames"], "FailedNodes": {}}
+        self.prioritize: Callable[[dict], Any] = lambda body: [{"Host": n, "Score": 0} for n in body["NodeNames"]]
+        self.delay = 0.0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server API
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.calls.append((self.path, body))
+                if outer.delay:
+                    time.sleep(outer.delay)
+                if self.path == "/filter":
+                    answer = outer.filter(body)
+                elif self.path == "/prioritize":
+                    answer = outer.prioritize(body)
+                else:
+                    binding = {"apiVersion": "v1", "kind": "Binding",
+                               "metadata": {"name": body["PodName"], "uid": body["PodUID"]},
+                               "target": {"kind": "Node", "name": body["Node"]}}
+                    resp = httpx.post(f"{outer.api_url}/api/v1/namespaces/{body['PodNamespace']}/pods/"
+                                      f"{body['PodName']}/binding", json=binding)
+                    answer = {"Error": "" if resp.status_code < 300 else resp.text}
+                data = json.dumps(answer).encode()
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def verbs(self) -> list[str]:
+        return [path for path, _ in self.calls]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture()
+def env(tmp_path):
+    api = ApiServerStandIn().start()
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    ext = ScriptedExtender(api.url)
+    drivers: list[SchedulerDriver] = []
+
+    def make(config_text: str = BUILTIN_CONFIG, **kwargs: Any) -> SchedulerDriver:
+        config = parse_scheduler_config(config_text).with_extender_url(ext.url)
+        driver = SchedulerDriver(config, kubeconfig, seed=1, unschedulable_flush=kwargs.pop("flush", 30.0),
+                                 **kwargs).start()
+        drivers.append(driver)
+        return driver
+
+    http = httpx.Client(base_url=api.url)
+    for name, cpu in (("n1", "4"), ("n2", "4"), ("n3", "1")):
+        http.post("/api/v1/nodes", json={"metadata": {"name": name, "labels": {"zone": name}},
+                                         "status": {"allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"}}})
+    yield api, ext, make, http
+    for driver in drivers:
+        driver.stop()
+    ext.close()
+    http.close()
+    api.stop()
+
+
+def _pod(name: str, gpu: bool = True, cpu: str = "500m", **spec: Any) -> dict:
+    resources: dict = {"requests": {"cpu": cpu}}
+    if gpu:
+        resources["limits"] = {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "1000"}
+    return {"metadata": {"name": name, "namespace": "default"},
+            "spec": {"schedulerName": "vgpu-scheduler", "containers": [{"name": "c", "resources": resources}],
+                     **spec}}
+
+
+def _wait(predicate: Callable[[], Any], timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def _get(http: httpx.Client, name: str) -> dict:
+    return http.get(f"/api/v1/namespaces/default/pods/{name}").json()
+
+
+def test_calls_filter_prioritize_bind_with_go_field_names(env):
+    api, ext, make, http = env
+    ext.filter = lambda b: {"NodeNames": [n for n in b["NodeNames"] if n != "n2"],
+                            "FailedNodes": {"n2": "insufficient memory"}, "Error": ""}
+    ext.prioritize = lambda b: [{"Host": n, "Score": 9 if n == "n3" else 1} for n in b["NodeNames"]]
+    make()
+    http.post("/api/v1/namespaces/default/pods", json=_pod("a"))
+    pod = _wait(lambda: (p := _get(http, "a"))["spec"].get("nodeName") and p)
+    assert pod["spec"]["nodeName"] == "n3"
+    assert ext.verbs() == ["/filter", "/prioritize", "/bind"]
+    filt, prio, bind = (body for _, body in ext.calls)
+    assert set(filt) == {"Pod", "Nodes", "NodeNames"} and filt["Nodes"] is None
+    assert filt["NodeNames"] == ["n1", "n2", "n3"]
+    assert filt["Pod"]["metadata"]["name"] == "a" and filt["Pod"]["metadata"]["uid"]
+    assert prio["NodeNames"] == ["n1", "n3"]
+    assert set(bind) == {"PodName", "PodNamespace", "PodUID", "Node"}
+    assert bind == {"PodName": "a", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "n3"}
+
+
+def test_only_nodes_passing_in_tree_fit_reach_the_extender(env):
+    api, ext, make, http = env
+    make()
+    http.post("/api/v1/namespaces/default/pods", json=_pod("big", cpu="2"))
+    _wait(lambda: _get(http, "big")["spec"].get("nodeName"))
+    assert ext.calls[0][1]["NodeNames"] == ["n1", "n2"]  # n3 has 1 cpu
+
+
+def test_single_feasible_node_skips_prioritize(env):
+    api, ext, make, http = env
+    ext.filter = lambda b: {"NodeNames": ["n1"], "FailedNodes": {"n2": "x", "n3": "y"}}
+    make()
+    http.post("/api/v1/namespaces/default/pods", json=_pod("one"))
+    _wait(lambda: _get(http, "one")["spec"].get("nodeName"))
+    assert ext.verbs() == ["/filter", "/bind"]
+
+
+def test_pod_without_managed_resources_uses_default_binder(env):
+    api, ext, make, http = env
+    make()
+    http.post("/api/v1/namespaces/default/pods", json=_pod("plain", gpu=False))
+    assert _wait(lambda: _get(http, "plain")["spec"].get("nodeName"))
+    assert ext.calls == []
+
+
+def test_node_names_or_node_list_by_node_cache_capable(env):
+    api, ext, make, http = env
+    ext.filter = lambda b: {"Nodes": {"items": [n for n in b["Nodes"]["items"]
+                                                if n["metadata"]["name"] == "n2"]}, "FailedNodes": {}}
+    make(BUILTIN_CONFIG.replace("nodeCacheCapable: true", "nodeCacheCapable: false"))
+    http.post("/api/v1/namespaces/default/pods", json=_pod("full"))
+    pod = _wait(lambda: (p := _get(http, "full"))["spec"].get("nodeName") and p)
+    assert pod["spec"]["nodeName"] == "n2"
+    body = ext.calls[0][1]
+    assert body["NodeNames"] is None and [n["metadata"]["name"] for n in body["Nodes"]["items"]] == \
+        ["n1", "n2", "n3"]
+
+
+def test_unschedulable_records_reasons_then_retries_when_room_appears(env):
+    api, ext, make, http = env
+    room = {"open": False}
+    ext.filter = lambda b: ({"NodeNames": b["NodeNames"], "FailedNodes": {}} if room["open"] else
+                            {"NodeNames": [], "FailedNodes": {n: "insufficient memory" for n in b["NodeNames"]}})
+    make(flush=2.0)
+    http.post("/api/v1/namespaces/default/pods", json=_pod("wait"))
+
+    def condition() -> dict | None:
+        for cond in _get(http, "wait")["status"].get("conditions") or ():
+            if cond["type"] == "PodScheduled" and cond["status"] == "False":
+                return cond
+        return None
+
+    cond = _wait(condition)
+    assert cond["reason"] == "Unschedulable"
+    assert cond["message"] == "0/3 nodes are available: 3 insufficient memory."
+    events = http.get("/api/v1/namespaces/default/events").json()["items"]
+    assert any(e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == "wait" for e in events)
+    room["open"] = True
+    assert _wait(lambda: _get(http, "wait")["spec"].get("nodeName"), timeout=20)
+
+
+def test_extender_error_fails_the_cycle_and_is_retried_with_backoff(env):
+    api, ext, make, http = env
+    answers = iter([{"Error": "cache not ready"}])
+    ext.filter = lambda b: next(answers, {"NodeNames": b["NodeNames"], "FailedNodes": {}})
+    make()
+    http.post("/api/v1/namespaces/default/pods", json=_pod("err"))
+    assert _wait(lambda: _get(http, "err")["spec"].get("nodeName"), timeout=20)
+    assert ext.verbs().count("/filter") >= 2
+    events = http.get("/api/v1/namespaces/default/events").json()["items"]
+    assert any("cache not ready" in e["message"] for e in events if e["reason"] == "FailedScheduling")
+
+
+def test_http_timeout_bounds_every_call(env):
+    api, ext, make, http = env
+    ext.delay = 2.0
+    make(BUILTIN_CONFIG.replace("httpTimeout: 30s", "httpTimeout: 300ms"))
+    http.post("/api/v1/namespaces/default/pods", json=_pod("slow"))
+
+    def failed() -> bool:
+        events = http.get("/api/v1/namespaces/default/events").json()["items"]
+        return any(e["reason"] == "FailedScheduling" and "filter" in e["message"] for e in events)
+
+    start = time.monotonic()
+    _wait(failed, timeout=10)
+    assert time.monotonic() - start < 2.0
+    assert not _get(http, "slow")["spec"].get("nodeName")
+
+
+def test_other_scheduler_names_are_left_alone(env):
+    api, ext, make, http = env
+    make()
+    pod = _pod("other")
+    pod["spec"]["schedulerName"] = "default-scheduler"
+    http.post("/api/v1/namespaces/default/pods", json=pod)
+    time.sleep(1.0)
+    assert not _get(http, "other")["spec"].get("nodeName") and ext.calls == []
+
+
+def test_parsers():
+    assert parse_duration("1m30s") == 90 and parse_duration("500ms") == 0.5 and parse_duration(None) == 0
+    requests = pod_resource_requests({"spec": {
+        "containers": [{"resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "1Gi"}}},
+                       {"resources": {"requests": {"cpu": "1"}}}],
+        "initContainers": [{"resources": {"requests": {"cpu": "2"}}}]}})
+    assert requests["cpu"] == 2000 and requests["memory"] == 2**30
+
+
+def test_deploy_configuration_is_the_one_driven():
+    path = find_deploy_config()
+    if path is None:
+        pytest.skip("deploy/ holds no KubeSchedulerConfiguration in this tree")
+    config = load_scheduler_config(path)
+    assert "vgpu-scheduler" in config.scheduler_names
+    ext = config.extenders[0]
+    assert ext.filter_verb and ext.bind_verb and ext.node_cache_capable
+    assert {"volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"} <= ext.ignored_resources

@@ -1,0 +1,135 @@
+"""Node policies of the replay and the extender: hand-computed scores, the fragmentation measure, learning."""
+
+from collections import Counter
+
+import pytest
+
+from scheduler.fit import GPUUsage, fit
+from scheduler.policies import DEFAULT_NODE_POLICY, NODE_POLICIES, make_policy
+from scheduler.policies.base import NodeContext, PodContext
+from scheduler.policies.frag import TypeTable, _sigmoid_score, pod_type, typical_types
+from scheduler.policies.shares import bestfit_gpu_order, idle_milli
+from scheduler.replay import ShareRequest
+from vgpu.inventory import GPUDevice
+
+CARD = 16_384_000
+
+
+def gpus(n, model="T4"):
+    return tuple(GPUDevice(uuid=f"g{i}", split=1000, memory=CARD, type=f"NVIDIA-{model}", index=i) for i in range(n))
+
+
+def share(milli, count=1):
+    return ShareRequest(container="c", init=False, count=count, memory=0, memory_percent=0,
+                        cores=milli // 10, permille=milli)
+
+
+def used(*milli):
+    return [GPUUsage(1 if m else 0, CARD * m // 1000, m // 10) for m in milli]
+
+
+def test_all_policies_registered_and_default_is_ours():
+    for name in ("random", "bestfit", "dotprod", "packing", "fgd", "fragaware", "binpack", "spread"):
+        assert name in NODE_POLICIES
+    assert DEFAULT_NODE_POLICY == "fragaware"
+
+
+@pytest.mark.parametrize("name", sorted(NODE_POLICIES))
+def test_policies_work_without_node_context_as_the_extender_calls_them(name):
+    policy = make_policy(name)
+    devices, usage, reqs = gpus(2), used(0, 600), (share(300),)
+    policy.observe(reqs)
+    result = fit(devices, usage, reqs, order=policy.gpu_order or bestfit_gpu_order)
+    assert result.ok
+    assert isinstance(policy.score(devices, usage, reqs, result), float)
+
+
+def test_sigmoid_score_matches_the_simulator_quantisation():
+    assert [_sigmoid_score(-d) for d in (0, 1000, 2000, 3000, 4600)] == [50, 26, 11, 4, 0]
+    assert _sigmoid_score(1000) == 73
+
+
+def test_fragment_measure_hand_checked():
+    # types: half 1-GPU 500-milli pods (CPU 4000), half CPU-only pods
+    table = TypeTable([((4000, (share(500),), pod_type((share(500),), None)[2]), 0.5), ((1000, (), pod_type((), None)[2]), 0.5)])
+    devices, usage = gpus(2), used(0, 600)  # free 1000 and 400
+    # 500-type: node can host it; the 400-free GPU is a fragment -> 400. CPU-only: all idle 1400 is fragment.
+    assert table.fragment(devices, usage, cpu_free=8000) == pytest.approx(0.5 * 400 + 0.5 * 1400)
+    # too little CPU for the 500-type: everything idle is fragment for it too
+    assert table.fragment(devices, usage, cpu_free=3000) == pytest.approx(1400)
+    # the GPU type allow-list: a G2-only type cannot use T4 cards
+    from vgpu.requests import Selectors
+
+    typed = TypeTable([((0, (share(500),), Selectors(use_types=("g2",))), 1.0)])
+    assert typed.fragment(devices, usage, None) == pytest.approx(1400)
+    assert typed.fragment(gpus(2, "G2"), usage, None) == pytest.approx(400)
+
+
+def test_typical_types_keep_the_top_95_percent_and_renormalise():
+    counts = Counter({"a": 50, "b": 30, "c": 16, "d": 4})
+    kept = typical_types(Counter({(1, (), pod_type((), None)[2]): 50}), 0.95)
+    assert kept[0][1] == 1.0
+    # with plain keys the ordering helper needs real types, so build them
+    types = {k: (i * 1000, (), pod_type((), None)[2]) for i, k in enumerate(counts)}
+    kept = typical_types(Counter({types[k]: n for k, n in counts.items()}), 0.95)
+    assert [round(p, 4) for _, p in kept] == [round(50 / 96, 4), round(30 / 96, 4), round(16 / 96, 4)]
+
+
+def test_fgd_prefers_the_placement_that_fragments_least_and_picks_the_first_best_gpu():
+    fgd = make_policy("fgd")
+    fgd.set_workload([((share(500),), PodContext(cpu=0))] * 3 + [((share(1000),), PodContext(cpu=0))])
+    devices = gpus(3)
+    usage = used(500, 0, 500)  # GPUs 0 and 2 half full
+    node = NodeContext(cpu_free=10_000, memory_free=10_000)
+    order = fgd.gpu_order_for(node, PodContext(cpu=0))
+    assert order(devices, usage, share(500), [0, 1, 2]) == [0, 2, 1]
+    empty, half = used(0, 0), used(500, 0)
+    r_empty = fit(gpus(2), empty, (share(500),), order=order)
+    r_half = fit(gpus(2), half, (share(500),), order=order)
+    assert fgd.score(gpus(2), half, (share(500),), r_half, node=node) > fgd.score(gpus(2), empty, (share(500),), r_empty, node=node)
+
+
+def test_fragaware_learns_the_workload_from_observed_pods():
+    ours = make_policy("fragaware")
+    assert len(ours.table) == 0
+    for _ in range(4):
+        ours.observe((share(250),), PodContext(cpu=2000))
+    assert len(ours.table) == 1 and ours.memo_version > 0
+    version = ours.memo_version
+    ours.observe((share(250),), PodContext(cpu=2000))  # 5 pods: no rebuild until 8
+    assert ours.memo_version == version
+    assert not hasattr(ours, "set_workload")  # no oracle
+
+
+def test_bestfit_dotprod_packing_scores_hand_checked():
+    devices, usage, reqs = gpus(2), used(0, 600), (share(300),)
+    result = fit(devices, usage, reqs, order=bestfit_gpu_order)
+    assert result.placement == ((1,),)  # least free share that fits
+    node, pod = NodeContext(cpu_free=64_000, memory_free=1), PodContext(cpu=32_000)
+    # s = 0.5*32000/128000 + 0.5*(1400-300)/8000 = 0.125 + 0.06875 -> int(80.625) = 80
+    assert make_policy("bestfit").score(devices, usage, reqs, result, node=node, pod=pod) == 80.0
+    # dot = 0.5*0.25 + 0.175*0.0375 = 0.1315625 -> int(100*(1-0.0657...)) = 93
+    assert make_policy("dotprod").score(devices, usage, reqs, result, node=node, pod=pod) == 93.0
+    # packing: uses a shared GPU with 400 free -> 100 - (40 // 10) = 96
+    assert make_policy("packing").score(devices, usage, reqs, result) == 96.0
+    empty = used(0, 0)
+    r2 = fit(devices, empty, reqs, order=bestfit_gpu_order)
+    assert make_policy("packing").score(devices, empty, reqs, r2) == 31.0  # max(33 - 2, 2)
+    assert make_policy("packing").score(devices, usage, (share(1000),), fit(devices, usage, (share(1000),))) == 49.0
+
+
+def test_random_policy_draws_ties_uniformly_and_reseeds():
+    policy = make_policy("random")
+    assert policy.tie_break == "random"
+    policy.seed(1)
+    a = [policy.gpu_order(gpus(8), used(*[0] * 8), share(100), list(range(8))) for _ in range(3)]
+    policy.seed(1)
+    b = [policy.gpu_order(gpus(8), used(*[0] * 8), share(100), list(range(8))) for _ in range(3)]
+    assert a == b and len({tuple(x) for x in a}) > 1
+
+
+def test_idle_share_is_the_smaller_of_memory_and_cores():
+    d = gpus(1)[0]
+    assert idle_milli(d, GPUUsage(1, CARD // 2, 20)) == 500
+    assert idle_milli(d, GPUUsage(1, CARD // 10, 70)) == 300
+    assert idle_milli(d, GPUUsage(1000, 0, 0)) == 0  # no free slot

@@ -1,0 +1,486 @@
+"""`vgpu demo`: a GPU-sharing cluster in a box, with sample pods and a live table.
+
+Starts the harness of vgpu/standins/cluster.py (API-server, kubelet and kube-scheduler stand-ins around our real
+extender and device plugins, all as local processes over simulated GPUs), submits sample pods (or the pods of
+`--pods FILE`), and shows nodes, GPUs and pods refreshing in the terminal: what each GPU has allocated, what each
+container uses against its limit (read from the device plugins' real :9394 metrics), and where a limit was hit.
+`--headless` prints a summary instead and exits 0 only if every sample pod succeeded and the deliberate
+over-limit allocation was refused with CUDA_ERROR_OUT_OF_MEMORY.
+
+Pods are submitted one at a time, each once the previous one has left Pending: when two pods bound to the same
+GPU wait for Allocate at the same moment, kubelet's Allocate (device IDs only, no pod) cannot tell them apart and
+the device plugin refuses to guess (the contract's rule), so a burst of identical co-located pods fails admission.
+tests/e2e exercises that concurrency on purpose; the demo shows the steady state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import yaml
+
+from vgpu import keys
+from vgpu.assignment import salvage
+from vgpu.errors import ConfigError
+from vgpu.inventory import decode_volcano
+
+__all__ = ["run_demo", "sample_pods", "load_pods_file", "Snapshot", "render", "evaluate", "workload_reports"]
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "demo"
+WORKLOAD = ["python3", "-m", "vgpu.standins.workload"]
+_MARK = "VGPU-WORKLOAD "
+
+
+def _make_container(name: str, args: list[str], number: int | None = None, memory: int | None = None,
+               cores: int | None = None, percent: int | None = None, cpu: str = "100m", factor: int = 1) -> dict:
+    limits: dict[str, str] = {}
+    if number is not None:
+        limits["volcano.sh/vgpu-number"] = str(number)
+    if memory is not None:
+        limits["volcano.sh/vgpu-memory"] = str(-(-memory // factor))  # MiB -> memory units
+    if percent is not None:
+        limits["volcano.sh/vgpu-memory-percentage"] = str(percent)
+    if cores is not None:
+        limits["volcano.sh/vgpu-cores"] = str(cores)
+    return {"name": name, "image": "vgpu-sample:local", "command": WORKLOAD + args,
+            "resources": {"limits": limits, "requests": {"cpu": cpu, "memory": "128Mi"}}}
+
+
+def _pod(name: str, containers: list[dict], annotations: dict[str, str] | None = None,
+         role: str = "sample") -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": "vgpu-demo", "demo-role": role},
+                         "annotations": dict(annotations or {})},
+            "spec": {"schedulerName": "vgpu-scheduler", "restartPolicy": "Never", "containers": containers}}
+
+
+def sample_pods(inventories: dict[str, list[Any]], hold: float, factor: int = 1) -> list[dict]:
+    """The demo's sample pods; `inventories` (node -> GPUDevice list) supplies UUIDs for the pinned pods.
+
+    Memory sizes are written in MiB here and converted to memory units of `factor` MiB (the node inventory's unit).
+    """
+    h = ["--hold", f"{hold:g}"]
+
+    def _container(*args: Any, **kwargs: Any) -> dict:
+        return _make_container(*args, factor=factor, **kwargs)
+
+    nodes = sorted(inventories)
+    last_node = inventories[nodes[-1]] if nodes else []
+    first_node = inventories[nodes[0]] if nodes else []
+    pinned = last_node[-1].uuid if last_node else ""
+    shared = first_node[-1].uuid if first_node else ""
+    pods = [
+        _pod("train-multi", [
+            _container("trainer", ["--mib", "6000", "--kernels", "40", *h], number=2, memory=8000, cores=30),
+            _container("sidecar", ["--mib", "1000", "--kernels", "5", *h], number=1, memory=2000, cores=10),
+        ]),
+        _pod("infer-a100", [_container("server", ["--mib", "3000", "--kernels", "30", *h], number=1, memory=4000,
+                                       cores=20)], annotations={keys.USE_GPU_TYPE: "A100"}),
+        _pod("notebook-quarter", [_container("notebook", ["--mib", "5000", "--kernels", "10", *h], number=1,
+                                             percent=25, cores=10)]),
+        _pod("exclusive-trainer", [_container("trainer", ["--mib", "30000", "--kernels", "50", *h], number=1,
+                                              cores=100)]),
+        _pod("cpu-only", [{"name": "main", "image": "busybox", "command": ["sleep", f"{max(1.0, hold):g}"],
+                           "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}}}]),
+    ]
+    if pinned:
+        pods.append(_pod("pinned-uuid", [_container("main", ["--mib", "1000", "--kernels", "10", *h], number=1,
+                                                    memory=2000, cores=10)],
+                         annotations={keys.USE_GPU_UUID: pinned}))
+    over_annotations = {keys.USE_GPU_UUID: shared} if shared else {}
+    # over-limit allocates past its 2000 MiB and must be refused; its neighbour joins the same GPU while it runs
+    pods.append(_pod("over-limit", [_container("greedy", ["--mib", "3000", "--chunk", "500", "--kernels", "5",
+                                                          "--expect-oom", "--hold", f"{max(hold, 6.0):g}"],
+                                               number=1, memory=2000, cores=10)],
+                     annotations=over_annotations, role="over-limit"))
+    neighbour = _pod("neighbour", [_container("main", ["--mib", "1500", "--kernels", "20", *h], number=1,
+                                              memory=2000, cores=10)], annotations=over_annotations)
+    pods.append(neighbour)
+    return pods
+
+
+def load_pods_file(path: str) -> list[dict]:
+    """Pods from a YAML file (several documents, or a List); the demo's scheduler is set where none is named."""
+    try:
+        docs = list(yaml.safe_load_all(Path(path).read_text()))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"--pods {path}: {exc}") from None
+    pods = []
+    for doc in docs:
+        if not isinstance(doc, dict):
+            continue
+        items = doc.get("items") if doc.get("kind") == "List" else [doc]
+        for item in items or ():
+            if not isinstance(item, dict) or item.get("kind", "Pod") != "Pod":
+                continue
+            item.setdefault("metadata", {}).setdefault("namespace", NAMESPACE)
+            item.setdefault("spec", {}).setdefault("schedulerName", "vgpu-scheduler")
+            pods.append(item)
+    if not pods:
+        raise ConfigError(f"--pods {path}: no Pod found")
+    return pods
+
+
+# ------------------------------------------------------------------------------------------------ observation
+
+def workload_reports(workdir: Path) -> dict[tuple[str, str, str], dict]:
+    """(namespace, pod, container) -> the sample workload's JSON report, from the kubelets' pod logs."""
+    out: dict[tuple[str, str, str], dict] = {}
+    for log_path in workdir.glob("node-*/logs/*.log"):
+        parts = log_path.stem.split("_", 2)
+        if len(parts) != 3:
+            continue
+        try:
+            text = log_path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in reversed(text.splitlines()):
+            if line.startswith(_MARK):
+                try:
+                    out[(parts[0], parts[1], parts[2])] = orjson.loads(line[len(_MARK):])
+                except orjson.JSONDecodeError:
+                    pass
+                break
+    return out
+
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def scrape(port: int, timeout: float = 1.0) -> list[tuple[str, dict[str, str], float]]:
+    """The samples of a Prometheus text endpoint on localhost (empty when it does not answer)."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=timeout).text
+    except httpx.HTTPError:
+        return []
+    samples = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        try:
+            value = float(match[3])
+        except ValueError:
+            continue
+        samples.append((match[1], dict(_LABEL.findall(match[2] or "")), value))
+    return samples
+
+
+def _label(labels: dict[str, str], *names: str) -> str:
+    for name in names:
+        if labels.get(name):
+            return labels[name]
+    return ""
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What the live table shows, gathered from the API server, the metrics endpoints and the pod logs."""
+
+    nodes: list[dict] = field(default_factory=list)
+    pods: list[dict] = field(default_factory=list)
+    usage: dict[tuple[str, str, str], float] = field(default_factory=dict)  # (ns, pod, container) -> bytes
+    limits: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    reports: dict[tuple[str, str, str], dict] = field(default_factory=dict)
+    factor: int = 1  # MiB per memory unit of the annotations
+
+    @classmethod
+    def take(cls, cluster: Any, with_metrics: bool = True) -> "Snapshot":
+        """Read everything once."""
+        snap = cls(nodes=cluster.node_objects(), pods=cluster.pods(), reports=workload_reports(cluster.workdir),
+                   factor=getattr(cluster, "memory_factor", 1))
+        if with_metrics:
+            for node in cluster.nodes:
+                # the legacy per-container series, summed over the container's devices
+                for name, labels, value in scrape(node.metrics_port):
+                    key = (_label(labels, "podnamespace", "namespace"), _label(labels, "podname", "pod"),
+                           _label(labels, "ctrname", "container"))
+                    if name == "vGPU_device_memory_usage_in_bytes":
+                        snap.usage[key] = snap.usage.get(key, 0.0) + value
+                    elif name == "vGPU_device_memory_limit_in_bytes":
+                        snap.limits[key] = snap.limits.get(key, 0.0) + value
+        return snap
+
+
+def _inventory(node: dict) -> list[Any]:
+    value = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_REGISTER)
+    try:
+        return list(decode_volcano(value)) if value else []
+    except Exception:  # noqa: BLE001 - a malformed annotation is shown as such
+        return []
+
+
+def _container_gpu_names(pod: dict) -> list[str]:
+    from vgpu.requests import pod_requests
+    from vgpu.resources import SharingConfig
+
+    try:
+        reqs = pod_requests(pod, SharingConfig())
+    except Exception:  # noqa: BLE001 - a pod the request parser refuses still shows
+        return []
+    return [r.container for r in reqs]
+
+
+def _phase(pod: dict) -> str:
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
+    if phase == "Pending":
+        ann = (pod.get("metadata") or {}).get("annotations") or {}
+        if (pod.get("spec") or {}).get("nodeName"):
+            return f"Pending({ann.get(keys.BIND_PHASE) or 'bound'})"
+        for cond in status.get("conditions") or ():
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                return "Pending(unschedulable)"
+    return phase
+
+
+def _pending_reason(pod: dict) -> str:
+    for cond in (pod.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return str(cond.get("message") or cond.get("reason") or "")
+    return ""
+
+
+def render(snap: Snapshot, header: str = "") -> str:
+    """The live table as text."""
+    lines = [header] if header else []
+    gpu_rows = [("NODE", "GPU", "TYPE", "MEM alloc/total MiB", "CORES", "SHARES", "HEALTH", "PODS")]
+    index_of: dict[str, tuple[str, int]] = {}
+    alloc: dict[str, list[int]] = {}
+    holders: dict[str, list[str]] = {}
+    for pod in snap.pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        ann = (pod.get("metadata") or {}).get("annotations") or {}
+        for segment in salvage(ann.get(keys.VGPU_IDS, "")):
+            for grant in segment:
+                entry = alloc.setdefault(grant.uuid, [0, 0, 0])
+                entry[0] += grant.memory
+                entry[1] += grant.cores
+                entry[2] += 1
+                holders.setdefault(grant.uuid, []).append((pod.get("metadata") or {}).get("name", "?"))
+    for node in sorted(snap.nodes, key=lambda n: n["metadata"]["name"]):
+        name = node["metadata"]["name"]
+        devices = _inventory(node)
+        raw = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_REGISTER)
+        if raw and not devices:
+            gpu_rows.append((name, "-", "inventory annotation malformed", "-", "-", "-", "-", "-"))
+        for i, dev in enumerate(devices):
+            index_of[dev.uuid] = (name, i)
+            used = alloc.get(dev.uuid, [0, 0, 0])
+            memory = f"{used[0] * snap.factor}/{dev.memory * snap.factor}"
+            gpu_rows.append((name, str(i), dev.type.removeprefix("NVIDIA-"), memory, f"{used[1]}/100",
+                             f"{used[2]}/{dev.split}", "ok" if dev.healthy else "UNHEALTHY",
+                             ",".join(sorted(set(holders.get(dev.uuid, [])))) or "-"))
+    lines += _table(gpu_rows)
+    lines.append("")
+    pod_rows = [("POD", "PHASE", "NODE", "CONTAINER", "GPUS", "MEM used/limit MiB", "LIMIT")]
+    pending = []
+    for pod in sorted(snap.pods, key=lambda p: (p["metadata"].get("namespace"), p["metadata"]["name"])):
+        meta = pod["metadata"]
+        ns, pname = meta.get("namespace") or "default", meta["name"]
+        node = (pod.get("spec") or {}).get("nodeName") or "-"
+        phase = _phase(pod)
+        ann = meta.get("annotations") or {}
+        segments = salvage(ann.get(keys.VGPU_IDS, ""))
+        names = _container_gpu_names(pod)
+        if phase == "Pending(unschedulable)":
+            pending.append(f"  {pname}: {_pending_reason(pod)}")
+        rows_for_pod = 0
+        for position, ctr in enumerate(names):
+            grants = segments[position] if position < len(segments) else ()
+            gpus = ",".join(str(index_of.get(g.uuid, ("", "?"))[1]) for g in grants) or "-"
+            report = snap.reports.get((ns, pname, ctr)) or {}
+            if (ns, pname, ctr) in snap.usage and phase == "Running":
+                used = snap.usage[(ns, pname, ctr)] / (1 << 20)  # live, from the node's :9394 metrics
+            elif report.get("devices"):
+                used = sum(d.get("allocated_mib", 0) for d in report["devices"])
+            else:
+                used = None
+            limit = sum(g.memory for g in grants) * snap.factor if grants else None
+            hit = "-"
+            for dev in report.get("devices") or ():
+                if dev.get("oom_at_mib"):
+                    hit = f"OOM refused at {dev['oom_at_mib']} MiB"
+            if report.get("result") == "limit-not-enforced":
+                hit = "NOT ENFORCED"
+            mem = f"{'-' if used is None else int(used)}/{'-' if limit is None else limit}"
+            pod_rows.append((pname if rows_for_pod == 0 else "", phase if rows_for_pod == 0 else "",
+                             node if rows_for_pod == 0 else "", ctr, gpus, mem, hit))
+            rows_for_pod += 1
+        if rows_for_pod == 0:
+            pod_rows.append((pname, phase, node, "-", "-", "-", "-"))
+    lines += _table(pod_rows)
+    if pending:
+        lines.append("")
+        lines.append("pending:")
+        lines += pending
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows]
+
+
+def evaluate(snap: Snapshot, submitted: list[dict], running_ok: bool = False) -> tuple[bool, list[str]]:
+    """Did every submitted pod succeed (or run, with `running_ok`), and was every over-limit allocation refused?"""
+    by_name = {(p["metadata"].get("namespace"), p["metadata"]["name"]): p for p in snap.pods}
+    ok = True
+    lines = []
+    saw_refusal = False
+    for pod in submitted:
+        meta = pod["metadata"]
+        key = (meta.get("namespace") or NAMESPACE, meta["name"])
+        live = by_name.get(key)
+        phase = (live or {}).get("status", {}).get("phase") if live else "missing"
+        role = (meta.get("labels") or {}).get("demo-role")
+        reports = [r for (ns, name, _), r in snap.reports.items() if (ns, name) == key]
+        good = phase == "Succeeded" or (running_ok and phase == "Running")
+        verdict = "ok" if good else f"FAILED ({phase})"
+        if not good:
+            ok = False
+        if role == "over-limit":
+            refused = any(r.get("result") == "oom-refused" for r in reports)
+            saw_refusal = saw_refusal or refused
+            verdict += ", over-limit allocation refused with CUDA_ERROR_OUT_OF_MEMORY" if refused else \
+                ", over-limit allocation NOT refused"
+            ok = ok and refused
+        node = ((live or {}).get("spec") or {}).get("nodeName") or "-"
+        lines.append(f"  {key[0]}/{key[1]:<20} node={node:<8} {verdict}")
+    if any((p["metadata"].get("labels") or {}).get("demo-role") == "over-limit" for p in submitted) \
+            and not saw_refusal:
+        ok = False
+    return ok, lines
+
+
+# --------------------------------------------------------------------------------------------------- the demo
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Start the cluster, submit the pods, show the table (or the summary), stop everything; the exit status."""
+    from vgpu.standins.cluster import Cluster
+
+    from vgpu.standins.podrunner import isolation_paths
+
+    lib, sim = isolation_paths()
+    if lib is None or sim is None:
+        print("vgpu demo: the isolation library and the simulated GPU could not be built (needs make and a C "
+              "compiler); run `make -C isolation` to see why", file=sys.stderr)
+        return 2
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="vgpu-demo-"))
+    if args.workdir and workdir.exists() and any(workdir.iterdir()):
+        if not (workdir / "kubeconfig").exists() and not (workdir / "apiserver.json").exists():
+            print(f"vgpu demo: --workdir {workdir} is not empty and not a previous demo's; refusing to use it",
+                  file=sys.stderr)
+            return 2
+        shutil.rmtree(workdir)  # a previous demo's state: start afresh
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = sys.stdout
+    interactive = not args.headless and out.isatty()
+    cluster = Cluster(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO")
+    stopping = {"signal": 0}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stopping["signal"] = signum
+        raise KeyboardInterrupt
+
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    status = 1
+    try:
+        print(f"vgpu demo: starting {args.nodes} node(s) x {args.gpus} in {workdir}", file=out, flush=True)
+        t0 = time.monotonic()
+        cluster.start()
+        ports = ", ".join(f"{n.name} :{n.metrics_port}" for n in cluster.nodes)
+        print(f"vgpu demo: up in {time.monotonic() - t0:.1f}s; API server {cluster.url}; node metrics {ports}; "
+              f"scheduler metrics :{cluster.scheduler_metrics_port}; extender :{cluster.extender_port}",
+              file=out, flush=True)
+        print(f"vgpu demo: kubeconfig {cluster.kubeconfig} (try: vgpu inspect --kubeconfig {cluster.kubeconfig})",
+              file=out, flush=True)
+        inventories = {n["metadata"]["name"]: _inventory(n) for n in cluster.node_objects()}
+        hold = args.hold if args.hold is not None else (2.0 if args.headless else 20.0)
+        pods = load_pods_file(args.pods) if args.pods else sample_pods(inventories, hold, cluster.memory_factor)
+        # One pod at a time: each is submitted once the previous one has left Pending (or was found unschedulable).
+        # See the module docstring for why the sample pods do not arrive all at once.
+        queue = list(pods)
+        current: dict | None = None
+        current_since = 0.0
+        deadline = time.monotonic() + (args.duration if args.duration else (180.0 if args.headless else 1e9))
+        header_base = f"vgpu demo  nodes={args.nodes} gpus={args.gpus}  node metrics {ports}  " \
+                      f"scheduler metrics :{cluster.scheduler_metrics_port}"
+        snap = Snapshot()
+        while time.monotonic() < deadline:
+            snap = Snapshot.take(cluster, with_metrics=interactive)
+            while queue and (current is None or _left_pending(snap, [current])
+                             or time.monotonic() - current_since > 30):
+                current, current_since = queue.pop(0), time.monotonic()
+                cluster.create_pod(current)
+                if not interactive:
+                    print(f"vgpu demo: submitted {current['metadata']['name']}", file=out, flush=True)
+                break
+            done = not queue and _all_done(snap, pods, running_is_done=bool(args.pods))
+            if interactive:
+                text = render(snap, f"{header_base}  t={time.monotonic() - t0:.0f}s  (Ctrl-C to stop)")
+                out.write("\x1b[H\x1b[2J" + text + "\n")
+                out.flush()
+            if done and (args.headless or not interactive) and not args.duration:
+                break
+            for proc in cluster.processes():
+                if not proc.alive:
+                    raise RuntimeError(f"{proc.name} exited unexpectedly:\n{proc.tail()}")
+            time.sleep(1.0 if interactive else 0.5)
+        snap = Snapshot.take(cluster, with_metrics=True)
+        print(render(snap, header_base), file=out)
+        ok, lines = evaluate(snap, pods, running_ok=bool(args.pods))
+        print("\nsummary:", file=out)
+        for line in lines:
+            print(line, file=out)
+        print(f"vgpu demo: {'PASS' if ok else 'FAIL'}: {len(pods)} pod(s); logs in {workdir}/logs and "
+              f"{workdir}/node-*/logs", file=out, flush=True)
+        status = 0 if ok else 1
+    except KeyboardInterrupt:
+        print("\nvgpu demo: interrupted, stopping", file=out, flush=True)
+        status = 130 if stopping["signal"] != signal.SIGTERM else 143
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"vgpu demo: {exc}", file=sys.stderr, flush=True)
+        status = 1
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        cluster.stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, old_term)
+        if not args.workdir and not args.keep_workdir and status == 0:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return status
+
+
+def _left_pending(snap: Snapshot, submitted: list[dict]) -> bool:
+    wanted = {(p["metadata"].get("namespace") or NAMESPACE, p["metadata"]["name"]) for p in submitted}
+    moved = {(p["metadata"].get("namespace"), p["metadata"]["name"]) for p in snap.pods
+             if (p.get("status") or {}).get("phase") not in (None, "Pending")
+             or _phase(p) == "Pending(unschedulable)"}
+    return wanted <= moved
+
+
+def _all_done(snap: Snapshot, submitted: list[dict], running_is_done: bool = False) -> bool:
+    wanted = {(p["metadata"].get("namespace") or NAMESPACE, p["metadata"]["name"]) for p in submitted}
+    final = ("Succeeded", "Failed", "Running") if running_is_done else ("Succeeded", "Failed")
+    done = {(p["metadata"].get("namespace"), p["metadata"]["name"]) for p in snap.pods
+            if (p.get("status") or {}).get("phase") in final}
+    return wanted <= done

@@ -1,0 +1,42 @@
+"""Subcommand `vgpu demo`: a cluster in a box (see vgpu/demo.py). Discovered by vgpu/cli.py."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["register"]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add the `demo` subcommand."""
+    p = subparsers.add_parser(
+        "demo", help="run a simulated GPU cluster with sample pods",
+        description="Start an API-server, kubelet and kube-scheduler stand-in around the real extender and device "
+                    "plugins over simulated GPUs, submit sample pods and show nodes, GPUs and pods live.")
+    p.add_argument("--nodes", type=_positive, default=3, help="simulated GPU nodes (default 3)")
+    p.add_argument("--gpus", default="4xA100-40GB", help="GPUs per node, e.g. 4xA100-40GB or 2xA100-80GB,2xT4")
+    p.add_argument("--pods", default=None, help="YAML file of pods to submit instead of the samples")
+    p.add_argument("--headless", action="store_true", help="no live table: print a summary, exit 0 on success")
+    p.add_argument("--duration", type=float, default=None,
+                   help="seconds to run (default: until the pods finish when headless, else until Ctrl-C)")
+    p.add_argument("--hold", type=float, default=None,
+                   help="seconds each sample workload keeps its memory (default 2 headless, 20 live)")
+    p.add_argument("--workdir", default=None,
+                   help="keep state and logs here (an empty or previous demo directory; default: a temporary one)")
+    p.add_argument("--keep-workdir", action="store_true",
+                   help="keep the temporary directory (deleted after a successful run otherwise)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from vgpu.demo import run_demo
+
+    return run_demo(args)

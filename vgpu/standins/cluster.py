@@ -1,0 +1,522 @@
+"""TEST INFRASTRUCTURE: a whole cluster in a box, as real processes on this machine.
+
+Shared by `vgpu demo` and tests/e2e. `Cluster` starts, each as its own process group with its log under
+`<workdir>/logs/`:
+  * the API-server stand-in (`python -m vgpu.standins.apiserver`, persistent, so it can be killed and restarted);
+  * per node: a kubelet stand-in that runs admitted pods as local processes (`python -m vgpu.standins.podrunner`),
+    and our real device plugin (`vgpu device-plugin --backend sim`) registered with it over unix sockets;
+  * our real extender (`vgpu scheduler`) and the kube-scheduler stand-in (`python -m vgpu.standins.scheduler_driver`)
+    reading deploy/'s KubeSchedulerConfiguration.
+Each piece can be killed (SIGKILL to its process group), stopped and restarted on the same ports and paths, which
+is what the fault tests do. `stop()` (also run at interpreter exit) ends every group it started, whatever
+happened before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import httpx
+import orjson
+
+__all__ = ["Proc", "Cluster", "NodeProcs", "free_port", "port_or_free", "memory_factor_for", "REPO"]
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+_LIVE: "set[Proc]" = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
+    """`preferred` if it can be bound on all interfaces, else a free port."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", preferred))
+            return preferred
+        except OSError:
+            return free_port(host)
+
+
+def memory_factor_for(gpus: str) -> int:
+    """The smallest power-of-two MiB per memory unit that keeps a node with `gpus` within kubelet's budget."""
+    from deviceplugin.backends.sim import MODELS, parse_sim_spec
+    from deviceplugin.config import MEMORY_ENTRY_BUDGET
+
+    total = sum(MODELS[model][1] * count for model, count in parse_sim_spec(gpus))
+    factor = 1
+    while total // factor > MEMORY_ENTRY_BUDGET:
+        factor *= 2
+    return factor
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Proc:
+    """A child process in its own process group; stdout and stderr go to `log_path`."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.env = env
+        self.cwd = cwd
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> "Proc":
+        """Start (or start again)."""
+        if self.alive:
+            return self
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(self.env or {})
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            out.write(f"--- start {time.strftime('%H:%M:%S')} {' '.join(self.argv)}\n".encode())
+            out.flush()
+            self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=env, cwd=str(self.cwd) if self.cwd else None, start_new_session=True,
+                                          preexec_fn=_die_with_parent)
+        self.starts += 1
+        with _LIVE_LOCK:
+            _LIVE.add(self)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self.popen is not None and self.popen.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        """The process id (also the process group id)."""
+        return self.popen.pid if self.popen else None
+
+    def _signal_group(self, sig: int) -> None:
+        if self.popen is None:
+            return
+        try:
+            os.killpg(self.popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group, as a crash would."""
+        if self.popen is None:
+            return
+        self._signal_group(signal.SIGKILL)
+        try:
+            self.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+    def stop(self, timeout: float = 8.0) -> None:
+        """SIGTERM the group, then SIGKILL what is left after `timeout`."""
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        self._signal_group(signal.SIGKILL)  # stragglers in the group
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+        with _LIVE_LOCK:
+            _LIVE.discard(self)
+
+    def tail(self, lines: int = 20) -> str:
+        """The end of this process's log."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def _kill_all_live() -> None:
+    with _LIVE_LOCK:
+        procs = list(_LIVE)
+    for proc in procs:
+        proc._signal_group(signal.SIGKILL)
+
+
+atexit.register(_kill_all_live)
+
+
+def _vgpu(*args: str) -> list[str]:
+    return [sys.executable, "-m", "vgpu.cli", *args]
+
+
+@dataclass(slots=True)
+class NodeProcs:
+    """The processes and paths of one simulated node."""
+
+    name: str
+    dir: Path
+    kubelet_dir: Path
+    hook_path: Path
+    sim_control: Path
+    metrics_port: int
+    kubelet: Proc | None = None
+    plugin: Proc | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Cluster:
+    """The API server, N GPU nodes, the extender and the scheduling driver; see the module docstring."""
+
+    def __init__(self, workdir: str | os.PathLike[str], nodes: int = 3, gpus: str | list[str] = "4xA100-40GB",
+                 scheduler_config: str | None = None, metrics_port: int = 9394, scheduler_metrics_port: int = 9395,
+                 node_cpu: str = "64", node_memory: str = "256Gi", log_level: str = "INFO",
+                 scheduler_args: Iterable[str] = (), plugin_args: Iterable[str] = (),
+                 unschedulable_flush: float = 5.0, memory_factor: int | None = None) -> None:
+        self.workdir = Path(workdir).resolve()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.logs = self.workdir / "logs"
+        self.n_nodes = nodes
+        self.gpus = gpus
+        self.node_cpu, self.node_memory = node_cpu, node_memory
+        self.log_level = log_level
+        self.scheduler_args = list(scheduler_args)
+        self.plugin_args = list(plugin_args)
+        self.unschedulable_flush = unschedulable_flush
+        from vgpu.standins.scheduler_driver import find_deploy_config
+
+        config = scheduler_config or find_deploy_config()
+        if config is None:
+            # deploy/ has no KubeSchedulerConfiguration in this tree: fall back to the driver's built-in copy
+            self.scheduler_config: str | None = None
+        else:
+            self.scheduler_config = str(config)
+        self.api_port = free_port()
+        self.url = f"http://127.0.0.1:{self.api_port}"
+        self.kubeconfig = str(self.workdir / "kubeconfig")
+        self.extender_port = free_port()
+        # preferred ports (the contract's :9394 / :9395) when free, else (or when 0) any free port
+        self.scheduler_metrics_port = port_or_free(scheduler_metrics_port) if scheduler_metrics_port else free_port()
+        first_metrics = port_or_free(metrics_port) if metrics_port else 0
+        self.nodes: list[NodeProcs] = []
+        for i in range(nodes):
+            name = f"node-{i}"
+            ndir = self.workdir / name
+            port = first_metrics if i == 0 and first_metrics else free_port()
+            self.nodes.append(NodeProcs(name=name, dir=ndir, kubelet_dir=ndir / "device-plugins",
+                                        hook_path=ndir / "hook", sim_control=ndir / "sim-control",
+                                        metrics_port=port))
+        per_node = [gpus] * nodes if isinstance(gpus, str) else list(gpus)
+        if len(per_node) != nodes:
+            raise ValueError(f"gpus: {len(per_node)} specs for {nodes} nodes")
+        self.memory_factor = memory_factor or max(memory_factor_for(spec) for spec in per_node)
+        self.trace = self.workdir / "trace.jsonl"
+        self.apiserver = Proc("apiserver", [
+            sys.executable, "-m", "vgpu.standins.apiserver", "--listen", f"127.0.0.1:{self.api_port}",
+            "--data", str(self.workdir / "apiserver.json"), "--kubeconfig-out", self.kubeconfig,
+            "--history", "200000", "--bookmark-interval", "2"], self.logs / "apiserver.log")
+        self.extender = Proc("extender", _vgpu(
+            "--log-level", log_level, "scheduler", "--kubeconfig", self.kubeconfig,
+            "--listen", f"127.0.0.1:{self.extender_port}",
+            "--metrics-listen", f"0.0.0.0:{self.scheduler_metrics_port}",
+            *self.scheduler_args), self.logs / "extender.log")
+        driver_args = [sys.executable, "-m", "vgpu.standins.scheduler_driver", "--kubeconfig", self.kubeconfig,
+                       "--extender-url", f"http://127.0.0.1:{self.extender_port}", "--trace", str(self.trace),
+                       "--unschedulable-flush", str(unschedulable_flush), "--log-level", log_level]
+        driver_args += ["--config", self.scheduler_config] if self.scheduler_config else ["--builtin-config"]
+        self.driver = Proc("scheduler-driver", driver_args, self.logs / "scheduler-driver.log")
+        for node, node_gpus in zip(self.nodes, per_node):
+            node.extra["gpus"] = node_gpus
+            node.kubelet = Proc(f"kubelet-{node.name}", [
+                sys.executable, "-m", "vgpu.standins.podrunner", "--node-name", node.name,
+                "--kubelet-dir", str(node.kubelet_dir), "--kubeconfig", self.kubeconfig, "--workdir", str(node.dir),
+                "--trace", str(self.trace), "--memory-factor", str(self.memory_factor), "--cpu", node_cpu,
+                "--memory", node_memory, "--log-level", log_level],
+                self.logs / f"kubelet-{node.name}.log")
+            node.plugin = Proc(f"device-plugin-{node.name}", _vgpu(
+                "--log-level", log_level, "device-plugin", "--backend", "sim", "--sim-gpus", node_gpus,
+                "--node-name", node.name, "--kubelet-dir", str(node.kubelet_dir), "--hook-path", str(node.hook_path),
+                "--kubeconfig", self.kubeconfig, "--metrics-listen", f"0.0.0.0:{node.metrics_port}",
+                "--gpu-memory-factor", str(self.memory_factor),
+                *self._sim_control_args(node), *self.plugin_args), self.logs / f"device-plugin-{node.name}.log")
+        self._http = httpx.Client(base_url=self.url, timeout=10)
+        self._core: Any = None
+
+    # -- helpers
+    def _sim_control_args(self, node: NodeProcs) -> list[str]:
+        from vgpu.standins import compat
+
+        return compat.sim_control_args(node.sim_control)
+
+    @property
+    def core(self) -> Any:
+        """A kubernetes CoreV1Api on the stand-in (created on first use)."""
+        if self._core is None:
+            from kubernetes import client as k8s
+
+            from vgpu.kube.client import make_api_client
+
+            self._core = k8s.CoreV1Api(make_api_client(self.kubeconfig, qps=1000, burst=2000))
+        return self._core
+
+    def api_get(self, path: str) -> Any:
+        """GET a path of the API server as JSON (None when it does not answer)."""
+        try:
+            resp = self._http.get(path)
+        except httpx.HTTPError:
+            return None
+        return orjson.loads(resp.content) if resp.status_code == 200 else None
+
+    def pods(self) -> list[dict]:
+        """Every pod."""
+        return (self.api_get("/api/v1/pods") or {}).get("items") or []
+
+    def node_objects(self) -> list[dict]:
+        """Every node."""
+        return (self.api_get("/api/v1/nodes") or {}).get("items") or []
+
+    def events(self) -> list[dict]:
+        """Every core/v1 event."""
+        return (self.api_get("/api/v1/events") or {}).get("items") or []
+
+    def create_pod(self, pod: dict, namespace: str | None = None) -> dict:
+        """Create a pod (retrying while the API server is restarting)."""
+        ns = namespace or (pod.get("metadata") or {}).get("namespace") or "default"
+        for attempt in range(50):
+            try:
+                resp = self._http.post(f"/api/v1/namespaces/{ns}/pods", content=orjson.dumps(pod),
+                                       headers={"Content-Type": "application/json"})
+            except httpx.HTTPError:
+                time.sleep(0.2)
+                continue
+            if resp.status_code in (200, 201):
+                return orjson.loads(resp.content)
+            raise RuntimeError(f"create pod {ns}/{(pod.get('metadata') or {}).get('name')}: {resp.status_code} "
+                               f"{resp.text[:300]}")
+        raise RuntimeError("create pod: API server does not answer")
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """Delete a pod."""
+        try:
+            self._http.delete(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except httpx.HTTPError:
+            pass
+
+    def patch_node(self, name: str, patch: dict) -> None:
+        """Merge-patch a node (metadata or spec)."""
+        self._http.patch(f"/api/v1/nodes/{name}", content=orjson.dumps(patch),
+                         headers={"Content-Type": "application/merge-patch+json"})
+
+    @staticmethod
+    def wait(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 0.2,
+             procs: Iterable[Proc] = ()) -> Any:
+        """Poll `predicate` until truthy; raise TimeoutError naming `what` (with logs of dead processes)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = predicate()
+            if value:
+                return value
+            for proc in procs:
+                if not proc.alive:
+                    raise RuntimeError(f"{proc.name} exited while waiting for {what}:\n{proc.tail()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+            time.sleep(interval)
+
+    # -- start / stop of the pieces
+    def start_apiserver(self, timeout: float = 20.0) -> None:
+        """Start (or restart) the API-server stand-in and wait until it answers."""
+        self.apiserver.start()
+        self.wait("the API server", lambda: self.api_get("/api/v1/nodes") is not None, timeout,
+                  procs=[self.apiserver])
+
+    def ensure_node_object(self, node: NodeProcs) -> None:
+        """Create the Node object if the kubelet stand-in has not (cpu/memory/pods allocatable)."""
+        if self.api_get(f"/api/v1/nodes/{node.name}") is not None:
+            return
+        body = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": node.name, "labels": {"kubernetes.io/hostname": node.name,
+                                                           "nvidia.com/gpu.present": "true"}},
+                "status": {"capacity": {"cpu": self.node_cpu, "memory": self.node_memory, "pods": "250"},
+                           "allocatable": {"cpu": self.node_cpu, "memory": self.node_memory, "pods": "250"}}}
+        self._http.post("/api/v1/nodes", content=orjson.dumps(body), headers={"Content-Type": "application/json"})
+
+    def _prepare_node(self, node: NodeProcs) -> None:
+        node.dir.mkdir(parents=True, exist_ok=True)
+        node.kubelet_dir.mkdir(parents=True, exist_ok=True)
+        node.hook_path.mkdir(parents=True, exist_ok=True)
+        node.sim_control.touch()
+        self.ensure_node_object(node)
+
+    def start_node(self, node: NodeProcs, timeout: float = 60.0) -> None:
+        """Start a node's kubelet stand-in, then its device plugin; wait until its GPUs are published."""
+        self._prepare_node(node)
+        assert node.kubelet is not None and node.plugin is not None
+        node.kubelet.start()
+        self.wait(f"kubelet stand-in of {node.name}", lambda: self._kubelet_ready(node), timeout,
+                  procs=[node.kubelet])
+        node.plugin.start()
+        self.wait(f"GPUs of {node.name}", lambda: self.node_ready(node.name), timeout,
+                  procs=[node.kubelet, node.plugin])
+
+    def _kubelet_ready(self, node: NodeProcs) -> bool:
+        from vgpu.standins import compat
+
+        return compat.kubelet_ready(node.kubelet_dir)
+
+    def node_ready(self, name: str) -> bool:
+        """The node publishes an inventory and kubelet advertises vgpu-number."""
+        from vgpu import keys
+
+        node = self.api_get(f"/api/v1/nodes/{name}")
+        if not node:
+            return False
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        try:
+            count = int(allocatable.get("volcano.sh/vgpu-number", "0"))
+        except ValueError:
+            count = 0
+        return bool(annotations.get(keys.NODE_REGISTER)) and count > 0
+
+    def start_extender(self, timeout: float = 30.0) -> None:
+        """Start (or restart) `vgpu scheduler` and wait for /readyz."""
+        self.extender.start()
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{self.extender_port}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        self.wait("the extender", ready, timeout, procs=[self.extender])
+
+    def start_driver(self, timeout: float = 30.0) -> None:
+        """Start (or restart) the kube-scheduler stand-in and wait for its `ready` line."""
+        size = self.driver.log_path.stat().st_size if self.driver.log_path.exists() else 0
+        self.driver.start()
+
+        def ready() -> bool:
+            try:
+                with open(self.driver.log_path, "rb") as handle:
+                    handle.seek(size)
+                    return b"\nready " in b"\n" + handle.read()
+            except OSError:
+                return False
+
+        self.wait("the scheduler driver", ready, timeout, procs=[self.driver])
+
+    def start(self) -> "Cluster":
+        """Start everything, in dependency order (independent pieces in parallel)."""
+        try:
+            self.start_apiserver()
+            self.extender.start()
+            for node in self.nodes:
+                self._prepare_node(node)
+                assert node.kubelet is not None
+                node.kubelet.start()
+            for node in self.nodes:
+                self.wait(f"kubelet stand-in of {node.name}", lambda n=node: self._kubelet_ready(n), 60,
+                          procs=[node.kubelet])
+            for node in self.nodes:
+                assert node.plugin is not None
+                node.plugin.start()
+            for node in self.nodes:
+                self.wait(f"GPUs of {node.name}", lambda n=node: self.node_ready(n.name), 60,
+                          procs=[node.kubelet, node.plugin])
+            self.start_extender()
+            self.start_driver()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def processes(self) -> list[Proc]:
+        """Every process of the cluster."""
+        procs = [self.apiserver, self.extender, self.driver]
+        for node in self.nodes:
+            procs += [p for p in (node.kubelet, node.plugin) if p is not None]
+        return procs
+
+    def stop(self) -> None:
+        """Stop every process (scheduler side first, the API server last); never raises."""
+        order = [self.driver, self.extender]
+        for node in self.nodes:
+            order += [p for p in (node.plugin, node.kubelet) if p is not None]
+        order.append(self.apiserver)
+        for proc in order:
+            try:
+                proc.stop(timeout=5)
+            except Exception:  # noqa: BLE001 - keep stopping the others
+                log.exception("stopping %s", proc.name)
+        for node in self.nodes:
+            self.kill_orphan_pods(node)
+        self._http.close()
+
+    def kill_orphan_pods(self, node: NodeProcs) -> None:
+        """Kill pod processes a killed kubelet stand-in left behind (from its state files)."""
+        for state in (node.dir / "pods").glob("*.json"):
+            try:
+                pids = orjson.loads(state.read_bytes()).get("pids") or {}
+            except (OSError, orjson.JSONDecodeError):
+                continue
+            for pid in pids.values():
+                try:
+                    os.killpg(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError, ValueError):
+                    pass
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- fault injection
+    def inject_gpu_fault(self, node: NodeProcs, gpu: int | str, command: str = "xid", code: int = 79) -> None:
+        """Append a command to the node's simulated-GPU control file (xid/lost/recover)."""
+        line = f"xid {gpu} {code}\n" if command == "xid" else f"{command} {gpu}\n"
+        with open(node.sim_control, "a") as handle:
+            handle.write(line)
+
+    def read_trace(self) -> list[dict]:
+        """The JSON lines the driver and the kubelets appended to the trace file."""
+        if not self.trace.exists():
+            return []
+        out = []
+        for line in self.trace.read_bytes().splitlines():
+            try:
+                out.append(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                continue
+        return out

@@ -1,0 +1,809 @@
+"""TEST INFRASTRUCTURE: runs an admitted pod's containers as local processes, as kubelet + a container runtime would.
+
+Called by the kubelet stand-in once a pod is admitted (GetPreferredAllocation + Allocate done for every container).
+Without a container runtime we cannot mount, so the runner turns what the device plugin answered into what the
+process sees through its environment instead, faithfully to what the container would see:
+
+  * env: the container's `env` (plain values and the downward-API fields kubelet resolves), then the envs of every
+    ContainerAllocateResponse, merged in order as kubelet does;
+  * a path in an env value that lies under a mount's container path is rewritten to the mount's host path, so
+    `CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/<uuid4>.cache` becomes
+    `$HOOK_PATH/vgpu/containers/<podUID>_<container>/<uuid4>.cache` (the file the node monitor reads);
+  * the `/etc/ld.so.preload` mount cannot be bind-mounted without privileges: its host file is read, each listed
+    library is mapped through the mounts (`/usr/local/vgpu/libvgpu.so` -> its host path) and put in `LD_PRELOAD`.
+    No such mount (the plugin omits it when the container sets CUDA_DISABLE_CONTROL) means no preload, as in a
+    real container;
+  * the GPU: `NVIDIA_VISIBLE_DEVICES` selects, from the node's published inventory, the simulated devices the
+    process's `libcuda.so.1` (isolation/build/simgpu, first in `LD_LIBRARY_PATH`) exposes, in that order.
+    Processes on one node that hold the same single GPU share one simulated device state file, so they contend
+    for its memory and its kernel timeline as processes on one real GPU do.
+
+Pod status is patched through the API server: Running when every container has started (init containers first,
+one at a time), then Succeeded or Failed with each container's exit code. Logs go to `<workdir>/logs/`.
+Deleting a pod (or `stop_pod`) kills its process groups.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import orjson
+
+__all__ = ["ContainerAllocation", "PodRunner", "translate_env", "isolation_paths", "sim_devices_env",
+           "map_to_host"]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+REPO = Path(__file__).resolve().parents[2]
+_WARNED_NO_HOOK_LIB = False
+
+# SM counts of the simulated models (what NVML would report); unknown cards get 80.
+_SM_COUNTS = {"A100": 108, "H100": 132, "H200": 132, "V100": 80, "T4": 40, "A10": 72, "A30": 56, "L4": 58,
+              "L40S": 142, "4090": 128}
+
+
+@dataclass(slots=True)
+class ContainerAllocation:
+    """What kubelet got from the device plugins for one container: envs and mounts (host/container paths)."""
+
+    envs: dict[str, str] = field(default_factory=dict)
+    mounts: list[tuple[str, str, bool]] = field(default_factory=list)  # (container_path, host_path, read_only)
+
+    def merge(self, response: Any) -> None:
+        """Add one ContainerAllocateResponse (protobuf message or dict with envs / mounts)."""
+        if isinstance(response, Mapping):
+            envs = response.get("envs") or {}
+            mounts = response.get("mounts") or []
+            self.envs.update({str(k): str(v) for k, v in envs.items()})
+            for m in mounts:
+                self.mounts.append((m.get("container_path") or m.get("containerPath"),
+                                    m.get("host_path") or m.get("hostPath"),
+                                    bool(m.get("read_only") or m.get("readOnly"))))
+            return
+        self.envs.update({str(k): str(v) for k, v in response.envs.items()})
+        for m in response.mounts:
+            self.mounts.append((m.container_path, m.host_path, bool(m.read_only)))
+
+
+def isolation_paths() -> tuple[Path | None, Path | None]:
+    """(libvgpu.so, directory of the simulated libcuda.so.1 / libnvidia-ml.so.1), building them if needed."""
+    try:
+        from isolation.build import BuildError, ensure_built
+    except ImportError:
+        return None, None
+    try:
+        built = ensure_built()
+    except BuildError as exc:
+        log.warning("isolation library unavailable: %s", str(exc).splitlines()[0])
+        return None, None
+    lib = built.libvgpu if built.libvgpu.exists() else None
+    sim = built.sim_dir if built.sim_libcuda.exists() else None
+    return lib, sim
+
+
+def map_to_host(path: str, mounts: Sequence[tuple[str, str, bool]]) -> str | None:
+    """The host path of a container path through the longest matching mount, or None."""
+    best: tuple[str, str] | None = None
+    for cpath, hpath, _ in mounts:
+        if not cpath or not hpath:
+            continue
+        cpath = cpath.rstrip("/") or "/"
+        if path == cpath or path.startswith(cpath + "/"):
+            if best is None or len(cpath) > len(best[0]):
+                best = (cpath, hpath)
+    if best is None:
+        return None
+    return best[1].rstrip("/") + path[len(best[0]):] if path != best[0] else best[1]
+
+
+def sim_devices_env(visible: Sequence[str], inventory: Mapping[str, tuple[str, int]], state_dir: Path,
+                    memory_factor: int = 1) -> dict[str, str]:
+    """SIMGPU_DEVICES / SIMGPU_STATE for a process that sees the GPUs `visible` (UUIDs, in order)."""
+    specs = []
+    for uuid in visible:
+        name, memory_units = inventory.get(uuid, (f"Sim-{uuid[-6:]}", 16384))
+        sms = next((n for key, n in _SM_COUNTS.items() if key in name), 80)
+        specs.append(f"{name.replace(',', ' ').replace(':', ' ')}:{memory_units * memory_factor}:{sms}")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    if len(visible) == 1:
+        state = state_dir / f"{visible[0]}.state"
+    else:
+        state = state_dir / ("multi-" + "+".join(u[-12:] for u in visible) + ".state")
+    env = {"SIMGPU_STATE": str(state)}
+    if specs:
+        env["SIMGPU_DEVICES"] = ",".join(specs)
+    return env
+
+
+def _downward(pod: Obj, path: str) -> str:
+    meta = pod.get("metadata") or {}
+    table = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"),
+             "metadata.uid": meta.get("uid"), "spec.nodeName": (pod.get("spec") or {}).get("nodeName"),
+             "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName"),
+             "status.hostIP": "127.0.0.1", "status.podIP": "127.0.0.1"}
+    if path.startswith("metadata.annotations['"):
+        return ((meta.get("annotations") or {}).get(path[len("metadata.annotations['"):-2])) or ""
+    if path.startswith("metadata.labels['"):
+        return ((meta.get("labels") or {}).get(path[len("metadata.labels['"):-2])) or ""
+    return str(table.get(path) or "")
+
+
+def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, lib: Path | None, sim_dir: Path | None,
+                  inventory: Mapping[str, tuple[str, int]], state_dir: Path, memory_factor: int = 1) -> dict[str, str]:
+    """The environment of the local process standing for `container` (see the module docstring)."""
+    env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TERM") if k in os.environ}
+    env["HOSTNAME"] = str((pod.get("metadata") or {}).get("name") or "")
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    for item in container.get("env") or ():
+        name = item.get("name")
+        if not name:
+            continue
+        if "value" in item:
+            env[name] = str(item.get("value") or "")
+        elif ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
+            env[name] = _downward(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
+    for key, value in alloc.envs.items():
+        if value.startswith("/"):
+            value = map_to_host(value, alloc.mounts) or value
+        env[key] = value
+    # /etc/ld.so.preload -> LD_PRELOAD
+    preload_host = map_to_host("/etc/ld.so.preload", alloc.mounts)
+    if preload_host is not None:
+        libs = []
+        try:
+            entries = Path(preload_host).read_text().split()
+        except OSError:
+            entries = ["/usr/local/vgpu/libvgpu.so"]
+        for entry in entries:
+            host = map_to_host(entry, alloc.mounts)
+            if host and Path(host).exists():
+                libs.append(host)
+            elif entry.endswith("libvgpu.so") and lib is not None:
+                # nothing installed libvgpu.so at the mount's host path (a real container would get an empty
+                # mount there): use the build, and say so once
+                global _WARNED_NO_HOOK_LIB
+                if not _WARNED_NO_HOOK_LIB:
+                    log.warning("event=libvgpu_not_installed host_path=%s fallback=%s", host, lib)
+                    _WARNED_NO_HOOK_LIB = True
+                libs.append(str(lib))
+        if libs:
+            env["LD_PRELOAD"] = ":".join(libs + ([env["LD_PRELOAD"]] if env.get("LD_PRELOAD") else []))
+    # the simulated GPU behind libcuda.so.1
+    if sim_dir is not None:
+        env["LD_LIBRARY_PATH"] = str(sim_dir) + (os.pathsep + env["LD_LIBRARY_PATH"]
+                                                 if env.get("LD_LIBRARY_PATH") else "")
+    visible = [u for u in (env.get("NVIDIA_VISIBLE_DEVICES") or "").split(",") if u and u not in ("all", "none")]
+    env.update(sim_devices_env(visible, inventory, state_dir, memory_factor))
+    return env
+
+
+def _argv(container: Obj) -> list[str]:
+    command = list(container.get("command") or [])
+    args = list(container.get("args") or [])
+    argv = [str(a) for a in command + args] if command or args else ["sleep", "infinity"]
+    if argv[0] in ("python", "python3"):
+        argv[0] = sys.executable
+    if argv[0] in ("sh", "/bin/sh", "bash", "/bin/bash") and len(argv) >= 3 and argv[1] == "-c":
+        argv[2] = argv[2].replace("python3 ", shlex.quote(sys.executable) + " ")
+    return argv
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(slots=True)
+class _Running:
+    pod: Obj
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    statuses: dict[str, Obj] = field(default_factory=dict)
+    init_statuses: dict[str, Obj] = field(default_factory=dict)
+    adopted_pids: dict[str, int] = field(default_factory=dict)
+    stopping: bool = False
+    thread: threading.Thread | None = None
+
+
+class PodRunner:
+    """Runs admitted pods of one node as local processes and reports their phase to the API server."""
+
+    def __init__(self, node_name: str, workdir: str | os.PathLike[str], kubeconfig: str | None = None,
+                 api: Any = None, memory_factor: int = 1, trace: str | None = None,
+                 on_exit: Callable[[Obj, str], None] | None = None) -> None:
+        self.node_name = node_name
+        self.workdir = Path(workdir)
+        self.logs = self.workdir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.state_dir = self.workdir / "simgpu"
+        self.pod_state_dir = self.workdir / "pods"
+        self.pod_state_dir.mkdir(parents=True, exist_ok=True)
+        self.memory_factor = memory_factor
+        self._kubeconfig = kubeconfig
+        self._api = api
+        self.lib, self.sim_dir = isolation_paths()
+        self.pods: dict[str, _Running] = {}
+        self.lock = threading.Lock()
+        self.on_exit = on_exit
+        self._trace = open(trace, "ab", buffering=0) if trace else None  # noqa: SIM115 - closed in close()
+        self._inventory: dict[str, tuple[str, int]] = {}
+        self._inventory_at = 0.0
+
+    # -- API access
+    def _core(self) -> Any:
+        if self._api is None:
+            from kubernetes import client as k8s
+
+            from vgpu.kube.client import make_api_client
+
+            self._api = k8s.CoreV1Api(make_api_client(self._kubeconfig, qps=200, burst=400))
+        return self._api
+
+    def _patch_status(self, pod: Obj, status: Obj) -> None:
+        meta = pod.get("metadata") or {}
+        for attempt in range(20):
+            try:
+                self._core().patch_namespaced_pod_status(meta["name"], meta.get("namespace") or "default",
+                                                          {"status": status}, _preload_content=False)
+                return
+            except Exception as exc:  # noqa: BLE001 - API server restarting: retry, then give up on this update
+                code = getattr(exc, "status", 0)
+                if code == 404:
+                    return
+                time.sleep(min(2.0, 0.1 * (attempt + 1)))
+        log.warning("pod status not written pod=%s/%s", meta.get("namespace"), meta.get("name"))
+
+    def inventory(self, refresh: bool = False) -> dict[str, tuple[str, int]]:
+        """UUID -> (NVML name, memory units) from this node's published inventory annotation."""
+        if refresh or not self._inventory or time.monotonic() - self._inventory_at > 10:
+            from vgpu import keys
+            from vgpu.inventory import decode_volcano
+            from vgpu.kube.client import read_json
+
+            try:
+                node = read_json(self._core().read_node(self.node_name, _preload_content=False))
+                value = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_REGISTER)
+                devices = decode_volcano(value)
+                self._inventory = {d.uuid: (d.type.removeprefix("NVIDIA-"), d.memory) for d in devices}
+                self._inventory_at = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - keep the last good inventory
+                log.info("node inventory unreadable node=%s error=%s", self.node_name, exc)
+        return self._inventory
+
+    def _record(self, **fields: Any) -> None:
+        if self._trace is not None:
+            fields.setdefault("t", time.time())
+            self._trace.write(orjson.dumps(fields) + b"\n")
+
+    # -- running pods
+    def run_pod(self, pod: Obj, allocations: Mapping[str, ContainerAllocation]) -> None:
+        """Start the pod's containers (init containers first) with the allocations made for them by name."""
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        with self.lock:
+            if uid in self.pods:
+                return
+            running = self.pods[uid] = _Running(pod=pod)
+        self._record(ev="admitted", uid=uid, pod=_key(pod), node=self.node_name)
+        running.thread = threading.Thread(target=self._lifecycle, args=(running, dict(allocations)),
+                                          name=f"pod-{_key(pod)}", daemon=True)
+        running.thread.start()
+
+    def _exit_file(self, uid: str, container: str) -> Path:
+        return self.pod_state_dir / f"{uid}_{container}.exit"
+
+    def _spawn(self, pod: Obj, container: Obj, alloc: ContainerAllocation) -> subprocess.Popen[bytes]:
+        env = translate_env(pod, container, alloc, self.lib, self.sim_dir, self.inventory(), self.state_dir,
+                            self.memory_factor)
+        meta = pod.get("metadata") or {}
+        log_path = self.logs / f"{meta.get('namespace') or 'default'}_{meta.get('name')}_{container.get('name')}.log"
+        for cpath, hpath, read_only in alloc.mounts:
+            if not read_only and hpath and not Path(hpath).suffix:
+                Path(hpath).mkdir(parents=True, exist_ok=True)  # hostPath DirectoryOrCreate
+        exit_file = self._exit_file(meta.get("uid") or "", container.get("name") or "")
+        exit_file.unlink(missing_ok=True)
+        # a shell keeps the exit status in a file, so that a restarted kubelet stand-in can adopt the "container"
+        argv = ["/bin/sh", "-c", 'f=$1; shift; "$@"; rc=$?; echo $rc > "$f"; exit $rc', "sh", str(exit_file),
+                *_argv(container)]
+        with open(log_path, "ab") as out:
+            out.write(orjson.dumps({"argv": _argv(container), "env": {k: v for k, v in env.items()
+                                                                       if k != "PATH"}}) + b"\n")
+            out.flush()
+            return subprocess.Popen(argv, env=env, cwd=str(self.workdir), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _save_state(self, running: _Running) -> None:
+        """Record the pod's processes so that a restarted kubelet stand-in can adopt them."""
+        meta = running.pod.get("metadata") or {}
+        state = {"uid": meta.get("uid"), "pod": _key(running.pod),
+                 "pids": {name: proc.pid for name, proc in running.procs.items()},
+                 "statuses": running.statuses, "init_statuses": running.init_statuses}
+        path = self.pod_state_dir / f"{meta.get('uid')}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(state))
+        os.replace(tmp, path)
+
+    def admitted_before(self, pod: Obj) -> bool:
+        """Whether a previous run of this kubelet stand-in already started this pod (its state file exists)."""
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        return (self.pod_state_dir / f"{uid}.json").exists()
+
+    def adopt(self, pod: Obj) -> bool:
+        """Take over the processes a previous kubelet stand-in started for `pod`; False if there is nothing."""
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        path = self.pod_state_dir / f"{uid}.json"
+        try:
+            state = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return False
+        with self.lock:
+            if uid in self.pods:
+                return True
+            running = self.pods[uid] = _Running(pod=pod)
+        running.statuses = dict(state.get("statuses") or {})
+        running.init_statuses = dict(state.get("init_statuses") or {})
+        pids = {name: int(pid) for name, pid in (state.get("pids") or {}).items()}
+        running.adopted_pids = pids
+        running.thread = threading.Thread(target=self._watch_adopted, args=(running, pids),
+                                          name=f"adopt-{_key(pod)}", daemon=True)
+        running.thread.start()
+        return True
+
+    def _watch_adopted(self, running: _Running, pids: dict[str, int]) -> None:
+        uid = (running.pod.get("metadata") or {}).get("uid") or ""
+        spec = running.pod.get("spec") or {}
+        names = [c.get("name") for c in spec.get("containers") or ()]
+        while not running.stopping and any(_pid_alive(pids[n]) for n in names if n in pids):
+            time.sleep(0.5)
+        if running.stopping:
+            return
+        for ctr in spec.get("containers") or ():
+            name = ctr.get("name")
+            try:
+                code = int(self._exit_file(uid, name).read_text().strip())
+            except (OSError, ValueError):
+                code = 137  # killed without a word: what a runtime reports for SIGKILL
+            started = ((running.statuses.get(name) or {}).get("state") or {}).get("running", {}).get("startedAt",
+                                                                                                      _now())
+            running.statuses[name] = _terminated(name, ctr, code, "Completed" if code == 0 else "Error", "", started)
+        self._finish(running, _now(), failed=any(s["state"]["terminated"]["exitCode"] != 0
+                                                  for s in running.statuses.values()))
+
+    def _lifecycle(self, running: _Running, allocations: dict[str, ContainerAllocation]) -> None:
+        pod = running.pod
+        spec = pod.get("spec") or {}
+        start_time = _now()
+        ok = True
+        for ctr in spec.get("initContainers") or ():
+            name = ctr.get("name")
+            if running.stopping:
+                return
+            try:
+                proc = self._spawn(pod, ctr, allocations.get(name) or ContainerAllocation())
+            except OSError as exc:
+                running.init_statuses[name] = _terminated(name, ctr, 128, "StartError", str(exc), start_time)
+                ok = False
+                break
+            running.procs[name] = proc
+            started = _now()
+            self._patch_status(pod, {"phase": "Pending", "startTime": start_time, "initContainerStatuses": [
+                _running_status(name, ctr, started, proc.pid)]})
+            code = proc.wait()
+            running.init_statuses[name] = _terminated(name, ctr, code, "Completed" if code == 0 else "Error", "",
+                                                      started)
+            if code != 0:
+                ok = False
+                break
+        if not ok:
+            self._finish(running, start_time, failed=True)
+            return
+        for ctr in spec.get("containers") or ():
+            name = ctr.get("name")
+            try:
+                proc = self._spawn(pod, ctr, allocations.get(name) or ContainerAllocation())
+            except OSError as exc:
+                running.statuses[name] = _terminated(name, ctr, 128, "StartError", str(exc), _now())
+                continue
+            running.procs[name] = proc
+            running.statuses[name] = _running_status(name, ctr, _now(), proc.pid)
+        if running.stopping:
+            self._kill(running)
+            return
+        self._save_state(running)
+        self._patch_status(pod, {
+            "phase": "Running", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": start_time,
+            "conditions": [{"type": t, "status": "True", "lastTransitionTime": _now()}
+                           for t in ("Initialized", "ContainersReady", "Ready")],
+            "initContainerStatuses": list(running.init_statuses.values()),
+            "containerStatuses": list(running.statuses.values()),
+        })
+        self._record(ev="running", uid=(pod.get("metadata") or {}).get("uid"), pod=_key(pod), node=self.node_name)
+        for ctr in spec.get("containers") or ():
+            name = ctr.get("name")
+            proc = running.procs.get(name)
+            if proc is None:
+                continue
+            code = proc.wait()
+            started = running.statuses[name]["state"].get("running", {}).get("startedAt", start_time)
+            reason = "Completed" if code == 0 else ("Error" if code > 0 else f"Signal {-code}")
+            running.statuses[name] = _terminated(name, ctr, code if code >= 0 else 128 - code, reason, "", started)
+        self._finish(running, start_time, failed=any(s["state"]["terminated"]["exitCode"] != 0
+                                                      for s in running.statuses.values()))
+
+    def _finish(self, running: _Running, start_time: str, failed: bool) -> None:
+        pod = running.pod
+        uid = (pod.get("metadata") or {}).get("uid")
+        for name in list(running.statuses) + list(running.init_statuses):
+            self._exit_file(uid or "", name).unlink(missing_ok=True)
+        if running.stopping:
+            with self.lock:
+                self.pods.pop(uid, None)
+            return
+        phase = "Failed" if failed else "Succeeded"
+        self._patch_status(pod, {
+            "phase": phase, "startTime": start_time,
+            "conditions": [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": _now()}
+                           for t in ("ContainersReady", "Ready")],
+            "initContainerStatuses": list(running.init_statuses.values()),
+            "containerStatuses": list(running.statuses.values()),
+        })
+        self._record(ev="finished", uid=uid, pod=_key(pod), node=self.node_name, phase=phase)
+        (self.pod_state_dir / f"{uid}.json").unlink(missing_ok=True)
+        if self.on_exit is not None:
+            self.on_exit(pod, phase)
+
+    def _kill(self, running: _Running) -> None:
+        groups = [proc.pid for proc in running.procs.values() if proc.poll() is None]
+        groups += [pid for pid in running.adopted_pids.values() if _pid_alive(pid)]
+        for pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        uid = (running.pod.get("metadata") or {}).get("uid") or ""
+        (self.pod_state_dir / f"{uid}.json").unlink(missing_ok=True)
+
+    def stop_pod(self, uid: str) -> None:
+        """The pod was deleted: kill its processes (no status is written for a deleted pod)."""
+        with self.lock:
+            running = self.pods.pop(uid, None)
+        if running is None:
+            return
+        running.stopping = True
+        self._kill(running)
+
+    def known(self, uid: str) -> bool:
+        """Whether the pod was handed to this runner (and not stopped)."""
+        with self.lock:
+            return uid in self.pods
+
+    def close(self) -> None:
+        """Kill every process this runner started."""
+        with self.lock:
+            pods = list(self.pods.values())
+            self.pods.clear()
+        for running in pods:
+            running.stopping = True
+            self._kill(running)
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rsplit(b")", 1)[1][1:2] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+def _key(pod: Obj) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def _running_status(name: str, ctr: Obj, started: str, pid: int) -> Obj:
+    return {"name": name, "image": ctr.get("image") or "", "imageID": "", "containerID": f"standin://{pid}",
+            "ready": True, "started": True, "restartCount": 0, "state": {"running": {"startedAt": started}}}
+
+
+def _terminated(name: str, ctr: Obj, code: int, reason: str, message: str, started: str) -> Obj:
+    term = {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": _now()}
+    if message:
+        term["message"] = message
+    return {"name": name, "image": ctr.get("image") or "", "imageID": "", "ready": False, "started": False,
+            "restartCount": 0, "state": {"terminated": term}}
+
+
+# ------------------------------------------------------------------------------------------------ node agent
+
+class NodeAgent:
+    """TEST INFRASTRUCTURE: the kubelet of one simulated node, as one process.
+
+    Wraps the device-manager stand-in (vgpu/standins/kubelet.py, `KubeletStandIn`) with what kubelet's sync loop
+    does around it: it watches the pods bound to this node, admits each new one (GetPreferredAllocation + Allocate
+    per container, through `KubeletStandIn.admit`), hands the answers to the `PodRunner`, fails a pod that cannot be
+    admitted with `UnexpectedAdmissionError` (as kubelet does), frees the devices of pods that ended or were deleted,
+    and keeps the node's capacity/allocatable of every registered resource (healthy device count) in node status.
+    A restarted agent adopts the processes its predecessor started (their state files under `<workdir>/pods`)
+    instead of admitting those pods again, as kubelet does from its checkpoint.
+    """
+
+    def __init__(self, node_name: str, kubelet_dir: str | os.PathLike[str], workdir: str | os.PathLike[str],
+                 kubeconfig: str | None, cpu: str = "64", memory: str = "256Gi", max_pods: str = "250",
+                 trace: str | None = None, admit_grace: float = 10.0, memory_factor: int = 1) -> None:
+        from kubernetes import client as k8s
+
+        from vgpu.kube.cache import WatchCache
+        from vgpu.kube.client import make_api_client
+        from vgpu.standins.kubelet import KubeletStandIn
+
+        self.node_name = node_name
+        self.base = {"cpu": cpu, "memory": memory, "pods": max_pods}
+        self.admit_grace = admit_grace
+        self.api_client = make_api_client(kubeconfig, qps=500, burst=1000)
+        self.core = k8s.CoreV1Api(self.api_client)
+        self.runner = PodRunner(node_name, workdir, api=self.core, trace=trace, on_exit=self._on_exit,
+                                memory_factor=memory_factor)
+        self.kubelet = KubeletStandIn(kubelet_dir, on_admitted=self._on_admitted)
+        self.cache = WatchCache(self.api_client, "pods", field_selector=f"spec.nodeName={node_name}",
+                                on_add=self._on_pod, on_update=lambda _old, new: self._on_pod(new),
+                                on_delete=self._on_delete, name=f"kubelet-pods[{node_name}]")
+        self.queue: "queue.Queue[str | None]" = queue.Queue()
+        self.handled: set[str] = set()
+        self.lock = threading.Lock()
+        self.stop_event = threading.Event()
+        self._published: Obj = {}
+        self._known_resources: set[str] = set()
+
+    def start(self) -> "NodeAgent":
+        """Serve kubelet.sock, sync the pod cache, start admitting and publishing node status."""
+        self._ensure_node()
+        # a starting kubelet deletes every socket in the device-plugin directory; plugins notice and re-register
+        plugin_dir = Path(self.kubelet.dir)
+        if plugin_dir.is_dir():
+            for entry in plugin_dir.iterdir():
+                if entry.is_socket():
+                    entry.unlink(missing_ok=True)
+        self.kubelet.start()
+        self.cache.start()
+        if not self.cache.wait_synced(30):
+            raise RuntimeError(f"kubelet stand-in {self.node_name}: pod cache did not sync")
+        for target, name in ((self._admit_loop, "admit"), (self._status_loop, "node-status")):
+            threading.Thread(target=target, name=name, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop everything and kill the pods' processes."""
+        self.stop_event.set()
+        self.queue.put(None)
+        self.cache.stop()
+        self.kubelet.stop()
+        self.runner.close()
+
+    # -- node object and status
+    def _ensure_node(self) -> None:
+        from vgpu.kube.client import read_json
+
+        try:
+            node = read_json(self.core.read_node(self.node_name, _preload_content=False))
+            capacity = (node.get("status") or {}).get("capacity") or {}
+            self._known_resources = {n for n in capacity if "/" in n}
+            return
+        except Exception:  # noqa: BLE001 - not there yet (or API server starting): create it below
+            pass
+        body = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": self.node_name, "labels": {"kubernetes.io/hostname": self.node_name}},
+                "status": {"capacity": dict(self.base), "allocatable": dict(self.base)}}
+        for attempt in range(100):
+            try:
+                self.core.create_node(body, _preload_content=False)
+                return
+            except Exception as exc:  # noqa: BLE001 - 409: it exists; else the API server is not up yet
+                if getattr(exc, "status", 0) == 409:
+                    return
+                time.sleep(0.2)
+
+    def _status_loop(self) -> None:
+        while not self.stop_event.wait(0.3):
+            with self.kubelet.cond:
+                capacity = {name: str(len(s.devices)) for name, s in self.kubelet.resources.items()}
+                allocatable = {name: str(len(s.healthy()) if s.connected else 0)
+                               for name, s in self.kubelet.resources.items()}
+            for name in self._published.get("capacity", {}):
+                if name in self.base:
+                    continue
+                capacity.setdefault(name, "0")
+                allocatable.setdefault(name, "0")
+            status = {"capacity": {**self.base, **capacity}, "allocatable": {**self.base, **allocatable}}
+            if status == self._published:
+                continue
+            now = _now()
+            patch = {"status": {**status, "conditions": [{
+                "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet stand-in is ready",
+                "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
+            try:
+                self.core.patch_node_status(self.node_name, patch, _preload_content=False)
+                self._published = status
+            except Exception as exc:  # noqa: BLE001 - API server restarting: try again next round
+                log.info("node status patch failed node=%s error=%s", self.node_name, str(exc)[:200])
+
+    # -- pods
+    def _on_pod(self, pod: Obj) -> None:
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            if not self.runner.known(uid):
+                self.kubelet.release(uid)
+            return
+        with self.lock:
+            if uid in self.handled:
+                return
+        self.queue.put(_key(pod))
+
+    def _on_delete(self, pod: Obj) -> None:
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        self.runner.stop_pod(uid)
+        self.kubelet.release(uid)
+        (self.runner.pod_state_dir / f"{uid}.devices.json").unlink(missing_ok=True)
+        with self.lock:
+            self.handled.discard(uid)
+
+    def _on_exit(self, pod: Obj, phase: str) -> None:
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        self.kubelet.release(uid)
+        (self.runner.pod_state_dir / f"{uid}.devices.json").unlink(missing_ok=True)
+
+    def _on_admitted(self, pod: Obj, allocations: dict[str, list[Any]]) -> None:
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        admitted = self.kubelet.admitted.get(uid) or []
+        checkpoint = {c.name: c.devices for c in admitted}
+        (self.runner.pod_state_dir / f"{uid}.devices.json").write_bytes(orjson.dumps(checkpoint))
+        merged: dict[str, ContainerAllocation] = {}
+        for name, responses in allocations.items():
+            alloc = merged[name] = ContainerAllocation()
+            for response in responses:
+                alloc.merge(response)
+        self.runner.run_pod(pod, merged)
+
+    def _restore_devices(self, uid: str) -> None:
+        try:
+            checkpoint = orjson.loads((self.runner.pod_state_dir / f"{uid}.devices.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return
+        with self.kubelet.cond:
+            for devices in checkpoint.values():
+                for resource, ids in devices.items():
+                    for device in ids:
+                        self.kubelet.in_use.setdefault(resource, {})[device] = uid
+
+    def _needed_resources(self, pod: Obj) -> set[str]:
+        names = set()
+        spec = pod.get("spec") or {}
+        for ctr in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+            res = ctr.get("resources") or {}
+            for table in (res.get("limits") or {}, res.get("requests") or {}):
+                names.update(n for n in table if "/" in n and not n.startswith(("kubernetes.io/", "hugepages")))
+        return names
+
+    def _fail(self, pod: Obj, reason: str, message: str) -> None:
+        self.runner._patch_status(pod, {"phase": "Failed", "reason": reason, "message": message})
+        self.runner._record(ev="admit-failed", uid=(pod.get("metadata") or {}).get("uid"), pod=_key(pod),
+                            node=self.node_name, reason=reason, message=message)
+
+    def _admit_loop(self) -> None:
+        from vgpu.standins.kubelet import AdmissionError
+
+        backlog: list[tuple[str, str]] = []
+        while not self.stop_event.is_set():
+            # kubelet's HandlePodAdditions admits one pod at a time, oldest (creationTimestamp) first
+            items: list[str | None] = []
+            try:
+                if not backlog:
+                    items.append(self.queue.get())
+                while True:
+                    items.append(self.queue.get_nowait())
+            except queue.Empty:
+                pass
+            if None in items:
+                return
+            for item in items:
+                found = self.cache.get(item) if item else None
+                if found is not None:
+                    backlog.append((str((found.get("metadata") or {}).get("creationTimestamp") or ""), item))
+            if not backlog:
+                continue
+            backlog = sorted(set(backlog))
+            _, key = backlog.pop(0)
+            pod = self.cache.get(key)
+            if pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            uid = (pod.get("metadata") or {}).get("uid") or ""
+            with self.lock:
+                if uid in self.handled:
+                    continue
+                self.handled.add(uid)
+            if self.runner.admitted_before(pod):
+                if self.runner.adopt(pod):
+                    self._restore_devices(uid)
+                    continue
+            if (pod.get("status") or {}).get("phase") == "Running":
+                self._fail(pod, "ContainerLost", "the kubelet stand-in restarted and lost this pod's processes")
+                continue
+            # like kubelet after a restart, give device plugins a moment to (re-)register before admitting
+            wanted = self._needed_resources(pod)
+
+            def registered() -> bool:  # evaluated under kubelet.cond
+                known = self._known_resources | set(self.kubelet.resources)
+                return all(self.kubelet.resources.get(n) is not None and self.kubelet.resources[n].connected
+                           for n in wanted & known)
+
+            self.kubelet.wait_for(registered, timeout=self.admit_grace)
+            try:
+                self.kubelet.admit(pod)
+            except AdmissionError as exc:
+                message = str(exc)
+                reason = "UnexpectedAdmissionError" if "UnexpectedAdmissionError" in message else "OutOfDevices"
+                log.info("admission failed pod=%s reason=%s message=%s", key, reason, message)
+                self._fail(pod, reason, message)
+            except Exception as exc:  # noqa: BLE001 - a stand-in bug must not stop admissions
+                log.exception("admission crashed pod=%s", key)
+                self._fail(pod, "UnexpectedAdmissionError", f"{type(exc).__name__}: {exc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one node's kubelet stand-in with the pod runner until SIGTERM / SIGINT."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m vgpu.standins.podrunner",
+                                 description="TEST INFRASTRUCTURE: kubelet stand-in that runs pods as processes")
+    ap.add_argument("--node-name", required=True)
+    ap.add_argument("--kubelet-dir", required=True, help="device-plugin directory (kubelet.sock is served here)")
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--workdir", required=True, help="pod logs, simulated GPU state and pod state files")
+    ap.add_argument("--trace", default=None, help="append admission / running / finished events (JSON lines)")
+    ap.add_argument("--memory-factor", type=int, default=1, help="MiB per memory unit of the node inventory")
+    ap.add_argument("--cpu", default="64")
+    ap.add_argument("--memory", default="256Gi")
+    ap.add_argument("--max-pods", default="250")
+    ap.add_argument("--admit-grace", type=float, default=10.0,
+                    help="seconds to wait for a device plugin to (re-)register before failing an admission")
+    ap.add_argument("--log-level", default="WARNING")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    agent = NodeAgent(args.node_name, args.kubelet_dir, args.workdir, args.kubeconfig, cpu=args.cpu,
+                      memory=args.memory, max_pods=args.max_pods, trace=args.trace, admit_grace=args.admit_grace,
+                      memory_factor=args.memory_factor)
+    try:
+        agent.start()
+    except RuntimeError as exc:
+        print(f"kubelet stand-in: {exc}", file=sys.stderr)
+        return 1
+    print(f"ready node={args.node_name} socket={agent.kubelet.socket}", flush=True)
+    stop.wait()
+    agent.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1066 @@
+"""TEST INFRASTRUCTURE: a kube-scheduler stand-in that drives our extender the way kube-scheduler does.
+
+Used by `vgpu demo` and tests/e2e; never shipped. It reads a KubeSchedulerConfiguration (the one in deploy/, either
+the bare document or the ConfigMap that carries it), watches pods whose `spec.schedulerName` is a profile's
+`schedulerName` and that have no `spec.nodeName`, and runs for each one the steps of kube-scheduler's
+`schedule_one.go`:
+
+  1. in-tree filters: node unschedulable, untolerated NoSchedule/NoExecute taints, nodeSelector, and resource fit
+     (requests of cpu, memory, pods, ephemeral-storage and extended resources against node allocatable minus the
+     pods already there and the pods assumed on it), skipping resources an extender lists in `managedResources`
+     with `ignoredByScheduler: true`;
+  2. extenders, sequentially, only if interested in the pod (it asks for one of their `managedResources`, in
+     requests or limits of containers or init containers; all pods if the list is empty):
+     `POST {urlPrefix}/{filterVerb}` with ExtenderArgs `{"Pod", "Nodes", "NodeNames"}` (NodeNames when
+     `nodeCacheCapable`, else a NodeList), keeping the `NodeNames` (or `Nodes`) answered; `FailedNodes` and
+     `FailedAndUnresolvableNodes` become the reasons;
+  3. if more than one node is feasible: the in-tree score (NodeResourcesFit LeastAllocated on cpu and memory,
+     0..100) plus, per extender with a `prioritizeVerb`, `Score x weight x 10` (MaxNodeScore / MaxExtenderPriority);
+     a prioritize error only drops that extender's scores; the best node wins, ties broken at random;
+  4. assume the pod on the node, then in a binding goroutine (a thread here) `POST {urlPrefix}/{bindVerb}` with
+     ExtenderBindingArgs `{"PodName", "PodNamespace", "PodUID", "Node"}` when an interested extender binds, else
+     the default binder (`pods/binding`).
+A failed cycle records a `FailedScheduling` event and the `PodScheduled=False` condition with the reasons
+("0/3 nodes are available: 3 insufficient memory.") and puts the pod back with backoff (1 s doubling to 10 s, as
+kube-scheduler's podInitialBackoffSeconds / podMaxBackoffSeconds); unschedulable pods are retried when a node or
+a pod changes in a way that may free room, and at the latest after `unschedulable_flush` seconds. Every call to an
+extender is bounded by its `httpTimeout` (default 5 s). Scheduling cycles are serial, bindings run concurrently.
+
+Run: `python -m vgpu.standins.scheduler_driver --config deploy/scheduler/configmap.yaml --kubeconfig K
+[--extender-url http://127.0.0.1:PORT] [--trace FILE]`; it prints `ready` on stdout once its caches are synced.
+With `--trace`, one JSON line per bound pod records the timing (used by bench/bench_e2e.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import heapq
+import logging
+import random
+import re
+import signal
+import ssl
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import orjson
+import yaml
+
+from vgpu.errors import ConfigError
+from vgpu.quantity import parse_quantity
+
+__all__ = [
+    "ExtenderConfig",
+    "Profile",
+    "SchedulerConfig",
+    "load_scheduler_config",
+    "parse_scheduler_config",
+    "find_deploy_config",
+    "parse_duration",
+    "pod_resource_requests",
+    "SchedulerDriver",
+    "BUILTIN_CONFIG",
+    "main",
+]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+MAX_NODE_SCORE = 100
+MAX_EXTENDER_PRIORITY = 10
+DEFAULT_EXTENDER_TIMEOUT = 5.0
+INITIAL_BACKOFF = 1.0
+MAX_BACKOFF = 10.0
+DEFAULT_MAX_PODS = 110
+ASSUMED_POD_TTL = 30.0  # seconds an answered bind may wait for the informer to show spec.nodeName
+
+# Only for unit tests of this driver: what deploy/ is expected to hold. Everything else reads deploy/'s file.
+BUILTIN_CONFIG = """
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection: {leaderElect: false}
+profiles:
+- schedulerName: vgpu-scheduler
+  percentageOfNodesToScore: 100
+extenders:
+- urlPrefix: http://127.0.0.1:8888
+  filterVerb: filter
+  prioritizeVerb: prioritize
+  bindVerb: bind
+  weight: 1
+  nodeCacheCapable: true
+  httpTimeout: 30s
+  ignorable: false
+  managedResources:
+  - {name: volcano.sh/vgpu-number, ignoredByScheduler: true}
+  - {name: volcano.sh/vgpu-memory, ignoredByScheduler: true}
+  - {name: volcano.sh/vgpu-memory-percentage, ignoredByScheduler: true}
+  - {name: volcano.sh/vgpu-cores, ignoredByScheduler: true}
+"""
+
+
+# ------------------------------------------------------------------------------------------------ configuration
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> float:
+    """A metav1.Duration ("30s", "1m30s", "500ms") or a number of seconds, as seconds."""
+    if value is None or value == "":
+        return 0.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    if text in ("0", "+0", "-0"):
+        return 0.0
+    pos, total = 0, 0.0
+    while pos < len(text):
+        match = _DURATION_PART.match(text, pos)
+        if match is None:
+            raise ConfigError(f"duration {value!r}: not a Go duration such as 30s or 1m30s")
+        total += float(match[1]) * _DURATION_UNIT[match[2]]
+        pos = match.end()
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderConfig:
+    """One `extenders[]` entry of a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1 field names)."""
+
+    url_prefix: str
+    filter_verb: str = ""
+    prioritize_verb: str = ""
+    bind_verb: str = ""
+    preempt_verb: str = ""
+    weight: int = 1
+    node_cache_capable: bool = False
+    http_timeout: float = DEFAULT_EXTENDER_TIMEOUT
+    ignorable: bool = False
+    enable_https: bool = False
+    tls: Obj = field(default_factory=dict)
+    managed_resources: tuple[tuple[str, bool], ...] = ()
+
+    def url(self, verb: str) -> str:
+        """`strings.TrimRight(urlPrefix, "/") + "/" + verb`, as kube-scheduler builds it."""
+        return self.url_prefix.rstrip("/") + "/" + verb
+
+    @property
+    def ignored_resources(self) -> frozenset[str]:
+        """Resources kube-scheduler's in-tree fit skips because this extender accounts them."""
+        return frozenset(name for name, ignored in self.managed_resources if ignored)
+
+    def is_interested(self, pod: Obj) -> bool:
+        """kube-scheduler's IsInterested: all pods when managedResources is empty, else pods asking for one."""
+        if not self.managed_resources:
+            return True
+        names = {name for name, _ in self.managed_resources}
+        spec = pod.get("spec") or {}
+        for ctr in list(spec.get("containers") or []) + list(spec.get("initContainers") or []):
+            res = (ctr or {}).get("resources") or {}
+            for table in (res.get("requests") or {}, res.get("limits") or {}):
+                if names & set(table):
+                    return True
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One `profiles[]` entry."""
+
+    scheduler_name: str = "default-scheduler"
+    percentage_of_nodes_to_score: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The parts of a KubeSchedulerConfiguration this driver obeys."""
+
+    profiles: tuple[Profile, ...]
+    extenders: tuple[ExtenderConfig, ...]
+    percentage_of_nodes_to_score: int = 0
+    source: str = ""
+
+    def with_extender_url(self, url: str) -> "SchedulerConfig":
+        """The same configuration with every extender's scheme://host:port replaced by `url` (path kept)."""
+        new = []
+        base = httpx.URL(url)
+        for ext in self.extenders:
+            old = httpx.URL(ext.url_prefix)
+            prefix = str(old.copy_with(scheme=base.scheme, host=base.host, port=base.port)).rstrip("/")
+            new.append(dataclasses.replace(ext, url_prefix=prefix, enable_https=base.scheme == "https"))
+        return SchedulerConfig(self.profiles, tuple(new), self.percentage_of_nodes_to_score, self.source)
+
+    @property
+    def scheduler_names(self) -> frozenset[str]:
+        """Names of the profiles; pods with another schedulerName are left alone."""
+        return frozenset(p.scheduler_name for p in self.profiles)
+
+
+def _documents(text: str, where: str) -> Iterator[Obj]:
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not YAML: {exc}") from None
+    for doc in docs:
+        if not isinstance(doc, dict):
+            continue
+        if doc.get("kind") == "ConfigMap":
+            for key, value in (doc.get("data") or {}).items():
+                if isinstance(value, str) and "KubeSchedulerConfiguration" in value:
+                    yield from _documents(value, f"{where} ConfigMap data {key}")
+        elif doc.get("kind") == "List":
+            for item in doc.get("items") or ():
+                yield from _documents(yaml.safe_dump(item), where)
+        else:
+            yield doc
+
+
+def parse_scheduler_config(text: str, where: str = "<config>") -> SchedulerConfig:
+    """Parse a KubeSchedulerConfiguration found in `text` (bare, in a ConfigMap, or in a multi-document file)."""
+    doc = next((d for d in _documents(text, where) if d.get("kind") == "KubeSchedulerConfiguration"), None)
+    if doc is None:
+        raise ConfigError(f"{where}: no KubeSchedulerConfiguration document found")
+    api_version = str(doc.get("apiVersion") or "")
+    if not api_version.startswith("kubescheduler.config.k8s.io/"):
+        raise ConfigError(f"{where}: apiVersion {api_version!r} is not kubescheduler.config.k8s.io/*")
+    top_pct = int(doc.get("percentageOfNodesToScore") or 0)
+    profiles = tuple(
+        Profile(str(p.get("schedulerName") or "default-scheduler"),
+                int(p.get("percentageOfNodesToScore") or top_pct))
+        for p in doc.get("profiles") or [{}]
+        if isinstance(p, dict)
+    ) or (Profile(),)
+    extenders = []
+    binders = 0
+    for index, raw in enumerate(doc.get("extenders") or ()):
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: extenders[{index}] is not a mapping")
+        prefix = str(raw.get("urlPrefix") or "")
+        if not prefix:
+            raise ConfigError(f"{where}: extenders[{index}].urlPrefix: required")
+        weight = int(raw.get("weight") or 0)
+        if raw.get("prioritizeVerb") and weight <= 0:
+            raise ConfigError(f"{where}: extenders[{index}].weight: must be positive with a prioritizeVerb")
+        managed = []
+        for res in raw.get("managedResources") or ():
+            if not isinstance(res, dict) or not res.get("name"):
+                raise ConfigError(f"{where}: extenders[{index}].managedResources: entries need a name")
+            managed.append((str(res["name"]), bool(res.get("ignoredByScheduler", False))))
+        if raw.get("bindVerb"):
+            binders += 1
+        timeout = parse_duration(raw.get("httpTimeout")) or DEFAULT_EXTENDER_TIMEOUT
+        extenders.append(ExtenderConfig(
+            url_prefix=prefix,
+            filter_verb=str(raw.get("filterVerb") or ""),
+            prioritize_verb=str(raw.get("prioritizeVerb") or ""),
+            bind_verb=str(raw.get("bindVerb") or ""),
+            preempt_verb=str(raw.get("preemptVerb") or ""),
+            weight=weight or 1,
+            node_cache_capable=bool(raw.get("nodeCacheCapable", False)),
+            http_timeout=timeout,
+            ignorable=bool(raw.get("ignorable", False)),
+            enable_https=bool(raw.get("enableHTTPS", raw.get("enableHttps", False))),
+            tls=dict(raw.get("tlsConfig") or {}),
+            managed_resources=tuple(managed),
+        ))
+    if binders > 1:
+        raise ConfigError(f"{where}: only one extender can implement bind, found {binders}")
+    return SchedulerConfig(profiles, tuple(extenders), top_pct, where)
+
+
+def load_scheduler_config(path: str | Path) -> SchedulerConfig:
+    """Read and parse a KubeSchedulerConfiguration file (or a ConfigMap manifest holding one)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"scheduler config {path}: {exc.strerror or exc}") from None
+    return parse_scheduler_config(text, str(path))
+
+
+def find_deploy_config(root: str | Path | None = None) -> Path | None:
+    """The file under deploy/ that holds the KubeSchedulerConfiguration, or None if deploy/ has none yet."""
+    base = Path(root) if root else Path(__file__).resolve().parents[2]
+    deploy = base / "deploy"
+    if not deploy.is_dir():
+        return None
+    candidates = sorted(deploy.rglob("*.yaml")) + sorted(deploy.rglob("*.yml"))
+    candidates.sort(key=lambda p: (0 if "scheduler" in str(p.relative_to(deploy)) else 1, str(p)))
+    for path in candidates:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        if "KubeSchedulerConfiguration" not in text:
+            continue
+        try:
+            parse_scheduler_config(text, str(path))
+        except ConfigError:
+            continue
+        return path
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- resource fit
+
+_BASE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def _amount(name: str, raw: Any) -> Fraction:
+    try:
+        value = parse_quantity(raw)
+    except ValueError:
+        return Fraction(0)
+    return value * 1000 if name == "cpu" else value
+
+
+def _container_requests(ctr: Obj) -> dict[str, Fraction]:
+    res = (ctr or {}).get("resources") or {}
+    requests = dict(res.get("limits") or {})  # the API server defaults requests to limits
+    requests.update(res.get("requests") or {})
+    return {name: _amount(name, raw) for name, raw in requests.items()}
+
+
+def pod_resource_requests(pod: Obj) -> dict[str, Fraction]:
+    """The effective requests of a pod (cpu in millicores): max(sum(containers), each init container) + overhead."""
+    spec = pod.get("spec") or {}
+    total: dict[str, Fraction] = {}
+    for ctr in spec.get("containers") or ():
+        for name, value in _container_requests(ctr).items():
+            total[name] = total.get(name, Fraction(0)) + value
+    for ctr in spec.get("initContainers") or ():
+        for name, value in _container_requests(ctr).items():
+            if value > total.get(name, Fraction(0)):
+                total[name] = value
+    for name, raw in (spec.get("overhead") or {}).items():
+        total[name] = total.get(name, Fraction(0)) + _amount(name, raw)
+    return total
+
+
+def _tolerates(tolerations: list[Obj], taint: Obj) -> bool:
+    for tol in tolerations:
+        if tol.get("effect") and tol.get("effect") != taint.get("effect"):
+            continue
+        if tol.get("operator") == "Exists":
+            if not tol.get("key") or tol.get("key") == taint.get("key"):
+                return True
+        elif tol.get("key") == taint.get("key") and (tol.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def _pod_key(pod: Obj) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def _terminal(pod: Obj) -> bool:
+    return ((pod.get("status") or {}).get("phase")) in ("Succeeded", "Failed")
+
+
+# ------------------------------------------------------------------------------------------------- API access
+
+class _Api:
+    """The few API-server calls the driver makes, with plain-dict objects (official client, raw JSON)."""
+
+    def __init__(self, kubeconfig: str | None) -> None:
+        from kubernetes import client as k8s
+
+        from vgpu.kube.client import make_api_client
+
+        self.client = make_api_client(kubeconfig, qps=500, burst=1000)
+        self.core = k8s.CoreV1Api(self.client)
+
+    @staticmethod
+    def _json(resp: Any) -> Any:
+        from vgpu.kube.client import read_json
+
+        return read_json(resp)
+
+    def list(self, kind: str) -> Obj:
+        """List all pods or nodes."""
+        if kind == "pods":
+            return self._json(self.core.list_pod_for_all_namespaces(_preload_content=False))
+        return self._json(self.core.list_node(_preload_content=False))
+
+    def watch(self, kind: str, rv: str, timeout: int = 240) -> Iterator[Obj]:
+        """Watch events from resourceVersion `rv`; ends when the server closes the stream."""
+        from kubernetes.watch.watch import iter_resp_lines
+
+        kwargs = dict(watch=True, resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=timeout,
+                      _preload_content=False, _request_timeout=(5, timeout + 30))
+        if kind == "pods":
+            resp = self.core.list_pod_for_all_namespaces(**kwargs)
+        else:
+            resp = self.core.list_node(**kwargs)
+        try:
+            for line in iter_resp_lines(resp):
+                if line:
+                    yield orjson.loads(line)
+        finally:
+            resp.release_conn()
+
+    def bind(self, pod: Obj, node: str) -> None:
+        """The default binder: POST pods/{name}/binding."""
+        meta = pod["metadata"]
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": meta["name"], "namespace": meta.get("namespace") or "default",
+                             "uid": meta.get("uid")},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+        self.core.create_namespaced_pod_binding(meta["name"], meta.get("namespace") or "default", body,
+                                              _preload_content=False)
+
+    def patch_status(self, pod: Obj, patch: Obj) -> None:
+        """Strategic-merge patch of pods/{name}/status."""
+        meta = pod["metadata"]
+        self.core.patch_namespaced_pod_status(meta["name"], meta.get("namespace") or "default", patch,
+                                              _preload_content=False)
+
+    def create_event(self, namespace: str, body: Obj) -> None:
+        """Create a core/v1 Event."""
+        self.core.create_namespaced_event(namespace, body, _preload_content=False)
+
+    def patch_event(self, namespace: str, name: str, patch: Obj) -> None:
+        """Merge-patch a core/v1 Event (count, lastTimestamp)."""
+        self.core.patch_namespaced_event(name, namespace, patch, _preload_content=False)
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self.client.close()
+
+
+# ------------------------------------------------------------------------------------------------ the driver
+
+class _ExtenderError(Exception):
+    """An extender call failed (transport, non-200, undecodable body or a non-empty Error)."""
+
+
+def _field(doc: Any, name: str) -> Any:
+    """A Go-style case-insensitive field lookup in a decoded JSON object."""
+    if not isinstance(doc, dict):
+        return None
+    if name in doc:
+        return doc[name]
+    lowered = name.lower()
+    for key, value in doc.items():
+        if isinstance(key, str) and key.lower() == lowered:
+            return value
+    return None
+
+
+@dataclass(slots=True)
+class _QueuedPod:
+    attempts: int = 0
+    backoff_until: float = 0.0
+    unschedulable_since: float = 0.0
+    last_message: str = ""
+    event_name: str = ""
+    event_count: int = 0
+    first_seen: float = 0.0
+
+
+class SchedulerDriver:
+    """The kube-scheduler stand-in: caches, a serial scheduling loop, concurrent bindings."""
+
+    def __init__(self, config: SchedulerConfig, kubeconfig: str | None, trace: str | None = None,
+                 unschedulable_flush: float = 30.0, bind_workers: int = 16, seed: int | None = None,
+                 api: Any = None) -> None:
+        self.config = config
+        self.api = api if api is not None else _Api(kubeconfig)
+        self.names = config.scheduler_names
+        self.unschedulable_flush = unschedulable_flush
+        self.random = random.Random(seed)
+        self.lock = threading.Condition()
+        self.pods: dict[str, Obj] = {}
+        self.nodes: dict[str, Obj] = {}
+        self.assumed: dict[str, tuple[str, Obj]] = {}  # pod key -> (node, pod)
+        self.bound_at: dict[str, float] = {}  # pod key -> when its bind was answered (assumed until seen bound)
+        self.queue_state: dict[str, _QueuedPod] = {}
+        self.active: list[tuple[float, str]] = []  # heap of (enqueue time, key)
+        self.in_active: set[str] = set()
+        self.in_flight: set[str] = set()
+        self.stop_event = threading.Event()
+        self.synced = {"pods": threading.Event(), "nodes": threading.Event()}
+        self.binder = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind")
+        self.http: dict[int, httpx.Client] = {}
+        self.stats = Counter()
+        self._trace_lock = threading.Lock()
+        self._trace = open(trace, "ab", buffering=0) if trace else None  # noqa: SIM115 - closed in stop()
+        self.threads: list[threading.Thread] = []
+        self._request_cache: dict[Any, dict[str, Fraction]] = {}
+        self.ignored = frozenset().union(*(e.ignored_resources for e in config.extenders)) if config.extenders \
+            else frozenset()
+        pct = [p.percentage_of_nodes_to_score for p in config.profiles if p.percentage_of_nodes_to_score]
+        self.percentage = pct[0] if pct else config.percentage_of_nodes_to_score
+
+    # -- lifecycle
+    def start(self, sync_timeout: float = 30.0) -> "SchedulerDriver":
+        """Start the reflectors and the scheduling loop; wait until both caches are synced."""
+        for kind in ("nodes", "pods"):
+            thread = threading.Thread(target=self._reflect, args=(kind,), name=f"reflect-{kind}", daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        for event in self.synced.values():
+            if not event.wait(sync_timeout):
+                raise RuntimeError("scheduler driver: caches did not sync (is the API server up?)")
+        loop = threading.Thread(target=self._loop, name="schedule", daemon=True)
+        loop.start()
+        self.threads.append(loop)
+        return self
+
+    def stop(self) -> None:
+        """Stop scheduling; in-flight bindings finish."""
+        self.stop_event.set()
+        with self.lock:
+            self.lock.notify_all()
+        self.binder.shutdown(wait=True, cancel_futures=True)
+        for client in self.http.values():
+            client.close()
+        if self._trace is not None:
+            self._trace.close()
+
+    def _client(self, ext: ExtenderConfig) -> httpx.Client:
+        key = id(ext)
+        client = self.http.get(key)
+        if client is None:
+            verify: Any = True
+            cert: Any = None
+            if ext.enable_https or ext.url_prefix.startswith("https"):
+                tls = ext.tls
+                if tls.get("insecure") or not (tls.get("caFile") or tls.get("caData")):
+                    verify = False
+                elif tls.get("caFile"):
+                    verify = ssl.create_default_context(cafile=tls["caFile"])
+                if tls.get("certFile") and tls.get("keyFile"):
+                    cert = (tls["certFile"], tls["keyFile"])
+            client = httpx.Client(timeout=ext.http_timeout, verify=verify, cert=cert,
+                                  limits=httpx.Limits(max_connections=32, max_keepalive_connections=32))
+            self.http[key] = client
+        return client
+
+    def _record(self, **fields: Any) -> None:
+        if self._trace is None:
+            return
+        fields.setdefault("t", time.time())
+        with self._trace_lock:
+            self._trace.write(orjson.dumps(fields) + b"\n")
+
+    # -- reflectors
+    def _reflect(self, kind: str) -> None:
+        rv = ""
+        while not self.stop_event.is_set():
+            try:
+                if not rv:
+                    listing = self.api.list(kind)
+                    rv = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+                    self._replace(kind, listing.get("items") or [])
+                    self.synced[kind].set()
+                for event in self.api.watch(kind, rv):
+                    if self.stop_event.is_set():
+                        return
+                    typ, obj = event.get("type"), event.get("object") or {}
+                    if typ == "ERROR":
+                        rv = ""  # 410 Gone or another failure: relist
+                        break
+                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if new_rv:
+                        rv = str(new_rv)
+                    if typ == "BOOKMARK":
+                        continue
+                    self._apply(kind, typ, obj)
+            except Exception as exc:  # noqa: BLE001 - any failure of the stream: back off and relist
+                if self.stop_event.is_set():
+                    return
+                log.info("reflector kind=%s error=%s", kind, str(exc).splitlines()[0][:200] if str(exc) else exc)
+                rv = ""
+                self.stop_event.wait(0.5)
+
+    def _replace(self, kind: str, items: list[Obj]) -> None:
+        with self.lock:
+            if kind == "nodes":
+                self.nodes = {(o.get("metadata") or {}).get("name"): o for o in items}
+                self._flush_unschedulable("node list")
+                return
+            fresh = {_pod_key(o): o for o in items}
+            for key in list(self.pods):
+                if key not in fresh:
+                    self._forget_pod(key)
+            self.pods = fresh
+            for key, pod in fresh.items():
+                self._consider(key, pod)
+
+    def _apply(self, kind: str, typ: str | None, obj: Obj) -> None:
+        with self.lock:
+            if kind == "nodes":
+                name = (obj.get("metadata") or {}).get("name")
+                if typ == "DELETED":
+                    self.nodes.pop(name, None)
+                else:
+                    self.nodes[name] = obj
+                    self._flush_unschedulable("node event")
+                return
+            key = _pod_key(obj)
+            if typ == "DELETED":
+                self.pods.pop(key, None)
+                self._forget_pod(key)
+                self._flush_unschedulable("pod deleted")
+                return
+            old = self.pods.get(key)
+            self.pods[key] = obj
+            if old is not None and _terminal(obj) and not _terminal(old):
+                self._flush_unschedulable("pod finished")
+            self._consider(key, obj)
+
+    def _forget_pod(self, key: str) -> None:
+        self.assumed.pop(key, None)
+        self.bound_at.pop(key, None)
+        self.queue_state.pop(key, None)
+        self.in_active.discard(key)
+
+    def _wants(self, pod: Obj) -> bool:
+        spec = pod.get("spec") or {}
+        meta = pod.get("metadata") or {}
+        return (spec.get("schedulerName") or "default-scheduler") in self.names and not spec.get("nodeName") \
+            and not meta.get("deletionTimestamp") and not _terminal(pod)
+
+    def _consider(self, key: str, pod: Obj) -> None:
+        """Caller holds the lock. Queue a pod that needs scheduling; drop state of pods that got a node."""
+        if (pod.get("spec") or {}).get("nodeName"):
+            self.assumed.pop(key, None)  # the binding landed; the informer copy now counts on its node
+            self.bound_at.pop(key, None)
+            self.queue_state.pop(key, None)
+            self.in_active.discard(key)
+            return
+        if not self._wants(pod):
+            return
+        if key in self.in_flight or key in self.in_active or key in self.assumed:
+            return
+        state = self.queue_state.get(key)
+        if state is None:
+            state = self.queue_state[key] = _QueuedPod(first_seen=time.time())
+            self._push(key, time.monotonic())
+        # a known pod waiting in backoff or unschedulable stays there until its time comes
+
+    def _push(self, key: str, when: float) -> None:
+        heapq.heappush(self.active, (when, key))
+        self.in_active.add(key)
+        self.lock.notify_all()
+
+    def _flush_unschedulable(self, why: str) -> None:
+        """Caller holds the lock. Move unschedulable pods back to the queue (they keep their backoff)."""
+        moved = 0
+        for key, state in self.queue_state.items():
+            if state.unschedulable_since and key not in self.in_active and key not in self.in_flight:
+                state.unschedulable_since = 0.0
+                self._push(key, max(state.backoff_until, time.monotonic()))
+                moved += 1
+        if moved:
+            log.debug("requeue unschedulable pods=%d why=%s", moved, why)
+
+    # -- the scheduling loop
+    def _next(self) -> str | None:
+        with self.lock:
+            while not self.stop_event.is_set():
+                now = time.monotonic()
+                # an answered bind the informer never confirms expires, as kube-scheduler's assumed pods do
+                for key, when in list(self.bound_at.items()):
+                    if now - when > ASSUMED_POD_TTL:
+                        del self.bound_at[key]
+                        if self.assumed.pop(key, None) is not None:
+                            log.info("assumed pod expired without a binding pod=%s", key)
+                            self._push(key, now)
+                # periodic flush of pods that have been unschedulable for too long
+                for key, state in self.queue_state.items():
+                    if state.unschedulable_since and now - state.unschedulable_since > self.unschedulable_flush \
+                            and key not in self.in_active and key not in self.in_flight:
+                        state.unschedulable_since = 0.0
+                        self._push(key, max(state.backoff_until, now))
+                if self.active and self.active[0][0] <= now:
+                    _, key = heapq.heappop(self.active)
+                    if key not in self.in_active:
+                        continue
+                    self.in_active.discard(key)
+                    pod = self.pods.get(key)
+                    if pod is None or not self._wants(pod) or key in self.assumed:
+                        continue
+                    self.in_flight.add(key)
+                    return key
+                wait = 1.0 if not self.active else min(1.0, max(0.0, self.active[0][0] - now))
+                self.lock.wait(wait)
+        return None
+
+    def _loop(self) -> None:
+        while not self.stop_event.is_set():
+            key = self._next()
+            if key is None:
+                return
+            try:
+                self.schedule_one(key)
+            except Exception:  # noqa: BLE001 - a bug in one cycle must not stop the scheduler
+                log.exception("scheduling cycle failed pod=%s", key)
+                with self.lock:
+                    self.in_flight.discard(key)
+                    self._requeue_with_backoff(key, "internal error")
+
+    def _node_usage(self) -> dict[str, dict[str, Fraction]]:
+        """Caller holds the lock. Requests of running/pending pods per node, assumed pods included."""
+        usage: dict[str, dict[str, Fraction]] = {}
+        counted: set[str] = set()
+
+        def add(node: str, pod: Obj) -> None:
+            table = usage.setdefault(node, {"pods": Fraction(0)})
+            table["pods"] += 1
+            for name, value in self._requests(pod).items():
+                table[name] = table.get(name, Fraction(0)) + value
+
+        for key, pod in self.pods.items():
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node and not _terminal(pod):
+                add(node, pod)
+                counted.add(key)
+        for key, (node, pod) in self.assumed.items():
+            if key not in counted:
+                add(node, pod)
+        return usage
+
+    def _requests(self, pod: Obj) -> dict[str, Fraction]:
+        """pod_resource_requests, cached per pod uid (a pod's requests never change)."""
+        uid = (pod.get("metadata") or {}).get("uid") or id(pod)
+        found = self._request_cache.get(uid)
+        if found is None:
+            if len(self._request_cache) > 100000:
+                self._request_cache.clear()
+            found = self._request_cache[uid] = pod_resource_requests(pod)
+        return found
+
+    def _in_tree_filter(self, pod: Obj, node: Obj, used: dict[str, Fraction]) -> list[str]:
+        """Reasons the node fails kube-scheduler's default filter plugins (empty: it passes)."""
+        spec = pod.get("spec") or {}
+        nspec = node.get("spec") or {}
+        reasons = []
+        if nspec.get("unschedulable"):
+            tolerated = any(t.get("key") == "node.kubernetes.io/unschedulable" for t in spec.get("tolerations") or ())
+            if not tolerated:
+                reasons.append("node(s) were unschedulable")
+        for taint in nspec.get("taints") or ():
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerates(spec.get("tolerations") or [],
+                                                                                      taint):
+                reasons.append(f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value') or ''}}}")
+                break
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        selector = spec.get("nodeSelector") or {}
+        if any(labels.get(k) != v for k, v in selector.items()):
+            reasons.append("node(s) didn't match Pod's node affinity/selector")
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        max_pods = _amount("pods", allocatable.get("pods", DEFAULT_MAX_PODS))
+        if used.get("pods", Fraction(0)) + 1 > max_pods:
+            reasons.append("Too many pods")
+        for name, value in self._requests(pod).items():
+            if value <= 0 or name in self.ignored:
+                continue
+            if name not in _BASE_RESOURCES and "/" not in name:
+                continue
+            have = _amount(name, allocatable[name]) if name in allocatable else Fraction(0)
+            if value > have - used.get(name, Fraction(0)):
+                reasons.append(f"Insufficient {name}")
+        return reasons
+
+    def _in_tree_score(self, pod: Obj, node: Obj, used: dict[str, Fraction]) -> int:
+        """NodeResourcesFit LeastAllocated on cpu and memory, 0..100."""
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        requests = pod_resource_requests(pod)
+        scores = []
+        for name in ("cpu", "memory"):
+            have = _amount(name, allocatable.get(name, 0))
+            if have <= 0:
+                continue
+            left = have - used.get(name, Fraction(0)) - requests.get(name, Fraction(0))
+            scores.append(max(Fraction(0), left) * MAX_NODE_SCORE / have)
+        return int(sum(scores) / len(scores)) if scores else 0
+
+    def _num_feasible_to_find(self, total: int) -> int:
+        """kube-scheduler's numFeasibleNodesToFind."""
+        if total < 100 or self.percentage >= 100:
+            return total
+        pct = self.percentage or max(5, 50 - total // 125)
+        return max(100, total * pct // 100)
+
+    def _post(self, ext: ExtenderConfig, verb: str, body: Any) -> Any:
+        try:
+            resp = self._client(ext).post(ext.url(verb), content=orjson.dumps(body),
+                                          headers={"Content-Type": "application/json"})
+        except httpx.HTTPError as exc:
+            raise _ExtenderError(f"failed {verb} with extender at URL {ext.url(verb)}: {exc!s}"[:300]) from None
+        if resp.status_code != 200:
+            raise _ExtenderError(f"failed {verb} with extender at URL {ext.url(verb)}, code {resp.status_code}")
+        try:
+            return orjson.loads(resp.content)
+        except orjson.JSONDecodeError:
+            raise _ExtenderError(f"extender {ext.url(verb)}: answer is not JSON") from None
+
+    def _extender_filter(self, ext: ExtenderConfig, pod: Obj, names: list[str],
+                         nodes: dict[str, Obj]) -> tuple[list[str], dict[str, str], dict[str, str]]:
+        if ext.node_cache_capable:
+            args = {"Pod": pod, "Nodes": None, "NodeNames": names}
+        else:
+            args = {"Pod": pod, "Nodes": {"metadata": {}, "items": [nodes[n] for n in names]}, "NodeNames": None}
+        result = self._post(ext, ext.filter_verb, args)
+        error = _field(result, "Error")
+        if error:
+            raise _ExtenderError(str(error))
+        failed = dict(_field(result, "FailedNodes") or {})
+        unresolvable = dict(_field(result, "FailedAndUnresolvableNodes") or {})
+        if ext.node_cache_capable:
+            kept = list(_field(result, "NodeNames") or [])
+        else:
+            kept = [((n or {}).get("metadata") or {}).get("name") for n in
+                    ((_field(result, "Nodes") or {}).get("items") or [])]
+        for name in kept:
+            if name not in nodes or name not in names:
+                raise _ExtenderError(f"extender {ext.url_prefix!r} claims a filtered node {name!r} which is not "
+                                     f"found in the input node list")
+        for name in unresolvable:
+            failed.pop(name, None)
+        return kept, failed, unresolvable
+
+    def _extender_scores(self, ext: ExtenderConfig, pod: Obj, names: list[str],
+                         nodes: dict[str, Obj]) -> dict[str, int]:
+        if ext.node_cache_capable:
+            args = {"Pod": pod, "Nodes": None, "NodeNames": names}
+        else:
+            args = {"Pod": pod, "Nodes": {"metadata": {}, "items": [nodes[n] for n in names]}, "NodeNames": None}
+        result = self._post(ext, ext.prioritize_verb, args)
+        scores = {}
+        for entry in result if isinstance(result, list) else ():
+            host, score = _field(entry, "Host"), _field(entry, "Score")
+            if isinstance(host, str) and isinstance(score, int):
+                scores[host] = score * ext.weight * (MAX_NODE_SCORE // MAX_EXTENDER_PRIORITY)
+        return scores
+
+    def schedule_one(self, key: str) -> None:
+        """One scheduling cycle for the pod `key`; on success the binding cycle is started."""
+        started = time.monotonic()
+        with self.lock:
+            pod = self.pods.get(key)
+            if pod is None or not self._wants(pod):
+                self.in_flight.discard(key)
+                return
+            nodes = dict(self.nodes)
+            usage = self._node_usage()
+        total = len(nodes)
+        reasons: Counter[str] = Counter()
+        feasible: list[str] = []
+        for name in sorted(nodes):
+            why = self._in_tree_filter(pod, nodes[name], usage.get(name, {}))
+            if why:
+                reasons.update(set(why))
+            else:
+                feasible.append(name)
+        feasible = feasible[:self._num_feasible_to_find(total)]
+        for ext in self.config.extenders:
+            if not feasible:
+                break
+            if not ext.filter_verb or not ext.is_interested(pod):
+                continue
+            try:
+                feasible, failed, unresolvable = self._extender_filter(ext, pod, feasible, nodes)
+            except _ExtenderError as exc:
+                if ext.ignorable:
+                    log.info("ignorable extender failed filter pod=%s error=%s", key, exc)
+                    continue
+                self._fail(key, pod, "SchedulerError", f"running \"{ext.url_prefix}\" filter extender: {exc}",
+                           started)
+                return
+            reasons.update(failed.values())
+            reasons.update(unresolvable.values())
+        if not feasible:
+            parts = sorted(f"{count} {reason}" for reason, count in reasons.items())
+            message = f"0/{total} nodes are available" + (": " + ", ".join(parts) if parts else "") + "."
+            self._fail(key, pod, "Unschedulable", message, started)
+            return
+        if len(feasible) == 1:
+            chosen = feasible[0]
+        else:
+            scores = {name: self._in_tree_score(pod, nodes[name], usage.get(name, {})) for name in feasible}
+            for ext in self.config.extenders:
+                if not ext.prioritize_verb or not ext.is_interested(pod):
+                    continue
+                try:
+                    for name, score in self._extender_scores(ext, pod, feasible, nodes).items():
+                        if name in scores:
+                            scores[name] += score
+                except _ExtenderError as exc:
+                    log.info("prioritize failed, no score from extender pod=%s error=%s", key, exc)
+            best = max(scores.values())
+            chosen = self.random.choice([name for name in feasible if scores[name] == best])
+        with self.lock:
+            self.assumed[key] = (chosen, pod)
+        self.stats["scheduled"] += 1
+        self.binder.submit(self._bind, key, pod, chosen, started, time.time())
+
+    def _bind(self, key: str, pod: Obj, node: str, started: float, bind_sent: float) -> None:
+        meta = pod.get("metadata") or {}
+        binder = next((e for e in self.config.extenders if e.bind_verb and e.is_interested(pod)), None)
+        error = ""
+        try:
+            if binder is not None:
+                args = {"PodName": meta.get("name"), "PodNamespace": meta.get("namespace") or "default",
+                        "PodUID": meta.get("uid"), "Node": node}
+                result = self._post(binder, binder.bind_verb, args)
+                error = str(_field(result, "Error") or "")
+            else:
+                self.api.bind(pod, node)
+        except _ExtenderError as exc:
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - API failure of the default binder
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        done = time.time()
+        if error:
+            self.stats["bind_failed"] += 1
+            with self.lock:
+                self.assumed.pop(key, None)
+                self.in_flight.discard(key)
+            self._fail(key, pod, "SchedulerError", f"Binding rejected: {error}", started, requeue_only=False)
+            return
+        self.stats["bound"] += 1
+        with self.lock:
+            state = self.queue_state.get(key)
+            attempts = (state.attempts + 1) if state else 1
+            self.in_flight.discard(key)
+            # keep `assumed` until the informer shows spec.nodeName (as kube-scheduler's cache does)
+            current = self.pods.get(key)
+            if current is not None and (current.get("spec") or {}).get("nodeName"):
+                self.assumed.pop(key, None)
+            elif key in self.assumed:
+                self.bound_at[key] = time.monotonic()
+        self._record(ev="bound", pod=key, uid=meta.get("uid"), node=node, bind_sent=bind_sent, bind_done=done,
+                     created=meta.get("creationTimestamp"), attempts=attempts,
+                     cycle_ms=round((time.monotonic() - started) * 1000, 3))
+        self._event(pod, "Normal", "Scheduled", f"Successfully assigned {key} to {node}")
+
+    # -- failures
+    def _requeue_with_backoff(self, key: str, message: str) -> _QueuedPod:
+        """Caller holds the lock."""
+        state = self.queue_state.setdefault(key, _QueuedPod(first_seen=time.time()))
+        state.attempts += 1
+        delay = min(MAX_BACKOFF, INITIAL_BACKOFF * 2 ** (state.attempts - 1))
+        state.backoff_until = time.monotonic() + delay
+        state.unschedulable_since = time.monotonic()
+        return state
+
+    def _fail(self, key: str, pod: Obj, reason: str, message: str, started: float,
+              requeue_only: bool = False) -> None:
+        self.stats["failed_cycles"] += 1
+        with self.lock:
+            self.in_flight.discard(key)
+            state = self._requeue_with_backoff(key, message)
+            if reason == "SchedulerError":
+                # errors (extender down, bind refused) are retried on backoff alone, not on cluster events
+                state.unschedulable_since = 0.0
+                self._push(key, state.backoff_until)
+            changed = state.last_message != message
+            state.last_message = message
+        self._record(ev="failed", pod=key, uid=(pod.get("metadata") or {}).get("uid"), reason=reason,
+                     message=message, attempts=state.attempts)
+        log.info("FailedScheduling pod=%s reason=%s message=%s", key, reason, message)
+        self._event(pod, "Warning", "FailedScheduling", message, state=state, repeat=not changed)
+        if changed and not requeue_only:
+            patch = {"status": {"conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": reason, "message": message,
+                "lastProbeTime": None, "lastTransitionTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            }]}}
+            try:
+                self.api.patch_status(pod, patch)
+            except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next cycle retries
+                log.info("condition patch failed pod=%s error=%s", key, str(exc).splitlines()[0] if str(exc) else exc)
+
+    def _event(self, pod: Obj, typ: str, reason: str, message: str, state: _QueuedPod | None = None,
+               repeat: bool = False) -> None:
+        meta = pod.get("metadata") or {}
+        ns = meta.get("namespace") or "default"
+        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        try:
+            if repeat and state is not None and state.event_name and state.event_count:
+                state.event_count += 1
+                self.api.patch_event(ns, state.event_name, {"count": state.event_count, "lastTimestamp": now})
+                return
+            name = f"{meta.get('name')}.{time.time_ns():x}"
+            self.api.create_event(ns, {
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": name, "namespace": ns},
+                "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta.get("name"), "namespace": ns,
+                                   "uid": meta.get("uid")},
+                "reason": reason, "message": message, "type": typ, "count": 1,
+                "firstTimestamp": now, "lastTimestamp": now,
+                "source": {"component": next(iter(sorted(self.names)), "default-scheduler")},
+                "reportingComponent": "vgpu-scheduler-driver", "action": "Scheduling",
+            })
+            if state is not None:
+                state.event_name, state.event_count = name, 1
+        except Exception as exc:  # noqa: BLE001 - events are best effort, as in kube-scheduler
+            log.debug("event not recorded pod=%s error=%s", meta.get("name"), exc)
+
+    # -- introspection for tests and the demo
+    def pending_reasons(self) -> dict[str, str]:
+        """Pod key -> last failure message, for pods still waiting."""
+        with self.lock:
+            return {key: state.last_message for key, state in self.queue_state.items() if state.last_message}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line entry: schedule until SIGTERM / SIGINT."""
+    ap = argparse.ArgumentParser(prog="python -m vgpu.standins.scheduler_driver",
+                                 description="TEST INFRASTRUCTURE: kube-scheduler stand-in driving an extender")
+    ap.add_argument("--config", default=None,
+                    help="KubeSchedulerConfiguration file or ConfigMap manifest (default: found under deploy/)")
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--extender-url", default=None, help="override every extender's scheme://host:port")
+    ap.add_argument("--trace", default=None, help="append one JSON line per bind / failure here")
+    ap.add_argument("--unschedulable-flush", type=float, default=30.0,
+                    help="seconds after which unschedulable pods are retried without a cluster event")
+    ap.add_argument("--builtin-config", action="store_true", help="use the built-in copy (driver tests only)")
+    ap.add_argument("--log-level", default="WARNING")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        if args.builtin_config:
+            config = parse_scheduler_config(BUILTIN_CONFIG, "<builtin>")
+        else:
+            path = args.config or find_deploy_config()
+            if path is None:
+                print("scheduler driver: no KubeSchedulerConfiguration under deploy/; pass --config", file=sys.stderr)
+                return 2
+            config = load_scheduler_config(path)
+        if args.extender_url:
+            config = config.with_extender_url(args.extender_url)
+    except ConfigError as exc:
+        print(f"scheduler driver: {exc}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    driver = SchedulerDriver(config, args.kubeconfig, trace=args.trace, unschedulable_flush=args.unschedulable_flush)
+    try:
+        driver.start()
+    except RuntimeError as exc:
+        print(f"scheduler driver: {exc}", file=sys.stderr)
+        return 1
+    print(f"ready config={config.source} extenders={','.join(e.url_prefix for e in config.extenders)}", flush=True)
+    stop.wait()
+    driver.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
