@@ -9,7 +9,7 @@ Cluster: 1000 nodes x 8 GPUs (40960 MiB, split 10) with N running vGPU pods char
    and feeds the bound pod back as the pod watch would);
 3. resident memory of the serving process.
 
-Run: .venv/bin/python bench/bench_extender.py [--pods 20000 2000] [--requests 2000]
+Run: .venv/bin/python bench/bench_extender.py [--pods 20000 2000] [--requests 2000] [--node-policy NAME]
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def running_pods(count: int, rng: random.Random) -> list[dict]:
     return pods
 
 
-def build(pods: int, mode: str):
+def build(pods: int, mode: str, policy: str):
     from scheduler.extender import Extender
     from scheduler.ledger import Ledger
     from scheduler.policies import make_policy
@@ -100,7 +100,7 @@ def build(pods: int, mode: str):
         ledger.on_pod({"metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
                        "spec": {"nodeName": node}, "status": {"phase": "Pending"}})
 
-    ext = Extender(ledger, make_policy("binpack"), "binpack", mode, binder=binder)
+    ext = Extender(ledger, make_policy(policy), "binpack", mode, binder=binder)
     gc.collect()
     gc.freeze()
     return ledger, ext
@@ -114,10 +114,10 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
-def serve(pods: int, mode: str, port: int) -> None:
+def serve(pods: int, mode: str, port: int, policy: str) -> None:
     from scheduler.server import create_app, make_uvicorn_server
 
-    _, ext = build(pods, mode)
+    _, ext = build(pods, mode, policy)
     server = make_uvicorn_server(create_app(ext), "127.0.0.1", port)
     print("ready", flush=True)
     server.run()
@@ -129,13 +129,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def http_latency(pods: int, mode: str, requests: int) -> dict:
+def http_latency(pods: int, mode: str, requests: int, policy: str) -> dict:
     import http.client
 
     import orjson
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(pods), "--mode", mode, "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(pods), "--mode", mode, "--port", str(port),
+                             "--node-policy", policy],
                             stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))
     try:
         assert proc.stdout is not None
@@ -174,8 +175,8 @@ def http_latency(pods: int, mode: str, requests: int) -> dict:
         proc.wait(10)
 
 
-def throughput(pods: int, count: int) -> dict:
-    _, ext = build(pods, "score")
+def throughput(pods: int, count: int, policy: str) -> dict:
+    _, ext = build(pods, "score", policy)
     names = [f"node-{n:04d}" for n in range(N_NODES)]
     for i, shape in enumerate(SHAPES):  # warm the per-node fit caches once per request shape
         ext.filter({"Pod": pod_dict(f"warm-{i}", shape), "NodeNames": names})
@@ -201,23 +202,27 @@ def main() -> int:
     ap.add_argument("--pods", type=int, nargs="+", default=[20000, 2000])
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--throughput-pods", type=int, default=2000)
+    ap.add_argument("--node-policy", default=None, help="node policy (default: the scheduler's default)")
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="score", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from scheduler.policies import DEFAULT_NODE_POLICY
+
+    policy = args.node_policy or DEFAULT_NODE_POLICY
     if args.serve is not None:
-        serve(args.serve, args.mode, args.port)
+        serve(args.serve, args.mode, args.port, policy)
         return 0
     print(f"cluster: {N_NODES} nodes x {GPUS} GPUs, /filter with {N_NODES} candidate names, "
-          f"{args.requests} measured requests, {len(SHAPES)} request shapes")
+          f"{args.requests} measured requests, {len(SHAPES)} request shapes, node policy {policy}")
     for pods in args.pods:
         for mode in ("score", "decide"):
-            r = http_latency(pods, mode, args.requests)
+            r = http_latency(pods, mode, args.requests, policy)
             print(f"running pods {pods:>6}  mode {mode:<6}  /filter over HTTP  p50 {r['p50_ms']:.2f} ms  "
                   f"p99 {r['p99_ms']:.2f} ms  mean {r['mean_ms']:.2f} ms  server RSS {r['rss_mib']:.0f} MiB  "
                   f"(startup {r['startup_s']:.1f} s)")
     for pods in args.pods[:1]:
-        r = throughput(pods, args.throughput_pods)
+        r = throughput(pods, args.throughput_pods, policy)
         print(f"running pods {pods:>6}  filter+prioritize+bind in one process: {r['pods_per_s']:.0f} pods/s "
               f"({r['bound']} bound)  RSS {r['rss_mib']:.0f} MiB")
     return 0

@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/replay_table.py default.json gpushare20.json ...   (trace name = file stem)
 """
-import json, glob, os
+import json, os
 import numpy as np
 import sys
 rows=[]

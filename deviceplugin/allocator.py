@@ -29,8 +29,15 @@ if one of them is a pod already half-way through its admission, only such pods a
    `<podUID>_<container>` carries the chosen twin's UID, and it stays distinct per container;
 4. candidates whose limits differ and that all still expect another call: answer empty and wait for it (a
    memory or cores count separates them);
-5. otherwise (the limits differ and nothing left can separate them) the call is refused with a message naming
-   the pods; kubelet fails that pod.
+5. otherwise (the limits differ and no call left can separate them, e.g. a container without `vgpu-cores` whose
+   calls are over and a twin with cores whose cores call is still to come) kubelet itself is asked: its
+   pod-resources API (deviceplugin/podresources.py) lists the pod it is admitting, whose container holds no
+   device of this resource yet. If that names one candidate (or interchangeable ones), it is chosen;
+6. otherwise the call is refused with a message naming the pods; kubelet fails that pod.
+
+GetPreferredAllocation steers kubelet to the GPUs of the fitting candidate kubelet's pod-resources API names (the
+oldest fitting candidate when it cannot be asked), reading the pods from the API server once more when the cache
+holds none (the cache may lag the bind).
 
 The container's env, mounts and device specs are returned exactly once, on the call that fixes the match;
 kubelet merges the responses of all resources of a container, so it does not matter which resource carries
@@ -94,6 +101,14 @@ SEQUENCE_TIMEOUT = 30.0
 
 class AllocationError(VGPUError):
     """Kubelet's request cannot be matched to exactly one waiting container."""
+
+
+class KubeletView(Protocol):
+    """What kubelet itself says about its pods (deviceplugin.podresources.KubeletPods)."""
+
+    def assigned(self) -> Mapping[tuple[str, str], Mapping[str, Mapping[str, frozenset[str]]]] | None:
+        """(namespace, name) -> container -> resource -> device IDs; None when kubelet cannot be asked."""
+        ...
 
 
 class PodSource(Protocol):
@@ -218,6 +233,7 @@ class Allocator:
         options: ResponseOptions | None = None,
         recorder: Any = None,
         clock: Callable[[], float] = time.monotonic,
+        kubelet: KubeletView | None = None,
     ) -> None:
         self.node_name = node_name
         self.sharing = sharing
@@ -232,6 +248,7 @@ class Allocator:
         self.options = options or ResponseOptions()
         self.recorder = recorder
         self.clock = clock
+        self.kubelet = kubelet
         self._lock = threading.Lock()
         # pod uid -> segment indexes answered by this process (covers a cache that has not seen our patch yet)
         self._consumed: dict[str, set[int]] = {}
@@ -341,20 +358,46 @@ class Allocator:
         busy = [c for c in matching if c.in_progress]
         return busy or matching
 
+    def _admitting(self, candidates: list[_Candidate], resource: str) -> list[_Candidate] | None:
+        """The candidates kubelet is admitting now (pod listed by its pod-resources API, next container holding no
+        `resource` devices yet); None when kubelet cannot be asked."""
+        listed = self.kubelet.assigned() if self.kubelet is not None else None
+        if listed is None:
+            return None
+        found = []
+        for c in candidates:
+            containers = listed.get((str(_meta(c.pod).get("namespace") or ""), str(_meta(c.pod).get("name") or "")))
+            if containers is None:
+                continue
+            name = c.requests[c.next_index].container if c.next_index < len(c.requests) else ""
+            if not (containers.get(name) or {}).get(resource):
+                found.append(c)
+        return found
+
     # GetPreferredAllocation -----------------------------------------------------------------------------------
-    def preferred_gpus(self, size: int, available_uuids: set[str]) -> list[str] | None:
-        """GPU UUIDs of the container kubelet most likely admits next (a hint only), or None."""
+    def preferred_gpus(self, resource: str, size: int, available_uuids: set[str]) -> list[str] | None:
+        """GPU UUIDs of the container kubelet most likely admits next (a hint only), or None.
+
+        Among the fitting pods, the one kubelet says it is admitting wins. When the pod cache holds none (it may lag
+        the bind), the pods are read from the API server once more."""
         with self._lock:
-            candidates = self._candidates(self.source.pods())
-            sequence = self._open_sequence()
-            if sequence is not None and sequence.decided is None:
-                narrowed = self._consistent(candidates, sequence.calls)
-                candidates = narrowed or candidates
-        fitting = [
-            c for c in candidates
-            if len(c.segments[c.next_index]) == size
-            and all(g.uuid in available_uuids for g in c.segments[c.next_index])
-        ]
+            fitting: list[_Candidate] = []
+            for attempt in range(2):
+                candidates = self._candidates(self.source.pods() if attempt == 0 else self.source.refresh())
+                sequence = self._open_sequence()
+                if sequence is not None and sequence.decided is None:
+                    candidates = self._consistent(candidates, sequence.calls) or candidates
+                fitting = [
+                    c for c in candidates
+                    if len(c.segments[c.next_index]) == size
+                    and all(g.uuid in available_uuids for g in c.segments[c.next_index])
+                ]
+                admitting = self._admitting(fitting, resource) if fitting else []
+                if admitting:
+                    fitting = admitting
+                    break
+                if fitting and admitting is None:
+                    break  # kubelet cannot be asked: the cache's oldest fitting pod
         fitting.sort(key=lambda c: not c.in_progress)  # a pod in the middle of admission comes first
         if not fitting:
             return None
@@ -423,6 +466,11 @@ class Allocator:
                 return matches[0]  # the oldest: kubelet admits pods in creation order
             if all(pending(c) for c in matches):
                 return None  # a later memory / cores count will separate them
+            admitting = self._admitting(matches, calls[-1].resource)
+            if admitting and len({c.same_as for c in admitting}) == 1:
+                log.info("event=matched_by_kubelet chosen=%s others=%s", admitting[0].key,
+                         ",".join(c.key for c in matches if c is not admitting[0]))
+                return admitting[0]
             names = "; ".join(
                 f"{c.key} (segment {c.next_index}: "
                 f"{','.join(f'{g.uuid}/{g.memory}/{g.cores}' for g in c.segments[c.next_index])}, "
@@ -432,7 +480,9 @@ class Allocator:
             raise AllocationError(
                 f"node {self.node_name}: the Allocate calls of this container ("
                 f"{', '.join(c.resource for c in calls)}) match the next container of several pods whose limits "
-                f"differ, and no call is left to tell them apart: {names}"
+                f"differ, and no call is left to tell them apart: {names}; "
+                + ("kubelet's pod-resources API could not be read" if admitting is None else
+                   f"kubelet's pod-resources API lists {len(admitting)} of them as being admitted")
             )
         raise AllocationError(last_error)
 
@@ -514,6 +564,28 @@ class Allocator:
                 minor = self.options.gpu_numbers.get(u, (0, 0))[1]
                 devices.append((f"/dev/nvidia{minor}", host(f"/dev/nvidia{minor}"), "rw"))
         return Allocation(grant, envs, mounts, devices, annotations)
+
+    def install_library(self, source: Path) -> bool:
+        """Copy libvgpu.so to $HOOK_PATH/vgpu/libvgpu.so when the content differs; True if it was written.
+
+        Written to a temporary file and renamed over the old one: containers that bind-mounted the old file keep
+        its inode, so a library in use is never changed under a running process."""
+        data = source.read_bytes()
+        target = self.vgpu_root / "libvgpu.so"
+        try:
+            if target.read_bytes() == data:
+                return False
+        except FileNotFoundError:
+            pass
+        self.vgpu_root.mkdir(parents=True, exist_ok=True)
+        tmp = self.vgpu_root / f".libvgpu.so.{os.getpid()}.tmp"
+        try:
+            tmp.write_bytes(data)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return True
 
     def prepare_host(self, grant: ContainerGrant) -> None:
         """Create the container's cache directory, the lock directory and ld.so.preload (never deletes)."""

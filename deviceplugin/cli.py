@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         resolve_memory_factor,
     )
     from deviceplugin.monitor import NodeCollector, serve_metrics
+    from deviceplugin.podresources import KubeletPods, default_socket
     from deviceplugin.pods import NodePods
     from deviceplugin.registrar import Registrar
     from deviceplugin.server import (
@@ -98,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
         DevicePluginManager,
         DeviceState,
     )
+    from isolation import build as isolation_build
     from vgpu.errors import ConfigError
     from vgpu.kube.client import make_api_client
     from vgpu.kube.events import EventRecorder
@@ -157,10 +159,18 @@ def run(args: argparse.Namespace) -> int:
         driver_root=config.nvidia_driver_root,
         gpu_numbers={g.uuid: (g.nvml_index, g.minor) for g in gpus},
     )
+    kubelet_pods = KubeletPods(config.pod_resources_socket or default_socket(config.kubelet_dir))
     allocator = Allocator(
         config.node_name, sharing, pods, config.hook_path, config.lock_dir, config.core_policy,
-        resource_kinds=kinds, options=options, recorder=recorder,
+        resource_kinds=kinds, options=options, recorder=recorder, kubelet=kubelet_pods,
     )
+    library = isolation_build.paths().libvgpu
+    try:
+        if allocator.install_library(library):
+            log.info("event=libvgpu_installed source=%s target=%s", library, allocator.vgpu_root / "libvgpu.so")
+    except OSError as exc:
+        log.error("event=libvgpu_not_installed source=%s target=%s error=%s: containers will not find the isolation "
+                  "library", library, allocator.vgpu_root / "libvgpu.so", exc)
     registrar = Registrar(
         api, config.node_name, state, sharing.split_count, factor, config.mode, config.register_interval,
         config.handshake, housekeeping=allocator.collect_garbage, labels=config.node_labels,
@@ -183,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         manager.stop()
         registrar.stop()
         pods.stop()
+        kubelet_pods.close()
         recorder.close(1.0)
         if metrics_server is not None:
             metrics_server.shutdown()

@@ -75,6 +75,9 @@ class PluginConfig(BaseModel):
     sim_gpus: str = Field("", description="simulated GPUs, e.g. 4xA100-40GB,2xT4")
     sim_control: str | None = Field(None, description="control file for simulated faults (sim backend)")
     kubelet_dir: str = Field("/var/lib/kubelet/device-plugins", description="kubelet device-plugin directory")
+    pod_resources_socket: str | None = Field(
+        None, description="kubelet's pod-resources socket; unset = pod-resources/kubelet.sock beside kubelet_dir"
+    )
     hook_path: str = Field("/usr/local", description="host root of vgpu/ (libvgpu.so, ld.so.preload, containers/)")
     lock_dir: str = Field("/tmp/vgpulock", description="host directory mounted at /tmp/vgpulock")
     metrics_listen: str = Field(":9394", description="HOST:PORT of /metrics; empty disables the monitor")
@@ -200,6 +203,9 @@ OPTIONS: tuple[Option, ...] = (
            default="none"),
     Option("kubelet_dir", "--kubelet-dir", None, "flags.vgpu.kubeletDir", "path", "kubelet device-plugin directory",
            default="/var/lib/kubelet/device-plugins"),
+    Option("pod_resources_socket", "--pod-resources-socket", None, "flags.vgpu.podResourcesSocket", "path",
+           "kubelet's pod-resources socket, asked which pod kubelet admits when Allocate calls cannot tell",
+           default="/var/lib/kubelet/pod-resources/kubelet.sock (beside --kubelet-dir)"),
     Option("hook_path", "--hook-path", "HOOK_PATH", "flags.vgpu.hookPath", "path",
            "host directory holding vgpu/ (libvgpu.so, ld.so.preload, containers/)", default="/usr/local"),
     Option("lock_dir", "--lock-dir", None, None, "path", "host directory mounted at /tmp/vgpulock",

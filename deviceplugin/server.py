@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +152,7 @@ class ResourceService(pb_grpc.DevicePluginServicer):
             yield self.device_list()
 
     def GetPreferredAllocation(self, request, context):
-        """Steer kubelet to IDs on the GPUs the scheduler chose (vgpu-number); a stable order otherwise."""
+        """Steer kubelet to IDs on the GPUs the scheduler chose (GPU resources); kubelet's first IDs otherwise."""
         responses = []
         for creq in request.container_requests:
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=self._prefer(creq)))
@@ -160,39 +160,41 @@ class ResourceService(pb_grpc.DevicePluginServicer):
 
     def _prefer(self, creq: pb.ContainerPreferredAllocationRequest) -> list[str]:
         size = creq.allocation_size
-        must = list(creq.must_include_deviceIDs)
-        available = [d for d in creq.available_deviceIDs if self._lookup(d) is not None and d not in must]
-        available.sort(key=lambda d: (self._lookup(d).minor, self._lookup(d).index))  # type: ignore[union-attr]
-        chosen = list(must)
+        chosen = list(dict.fromkeys(creq.must_include_deviceIDs))
         if self.kind in GPU_KINDS and self.allocator is not None and len(chosen) < size:
-            by_gpu: dict[str, list[str]] = {}
-            for d in available:
-                by_gpu.setdefault(self._lookup(d).uuid, []).append(d)  # type: ignore[union-attr]
-            used_gpus = {self._lookup(d).uuid for d in must if self._lookup(d)}  # type: ignore[union-attr]
-            try:
-                gpus = self.allocator.preferred_gpus(size, set(by_gpu) | used_gpus)
-            except VGPUError as exc:
-                log.info("event=preferred_lookup_failed error=%s", exc)
-                gpus = None
-            for uuid in gpus or ():
-                if len(chosen) >= size:
-                    break
-                if uuid not in used_gpus and by_gpu.get(uuid):
-                    chosen.append(by_gpu[uuid][0])
-                    used_gpus.add(uuid)
-            if len(chosen) < size:  # no plan known: spread over distinct GPUs in minor order
-                for uuid, ids in by_gpu.items():
-                    if len(chosen) >= size:
-                        break
-                    if uuid not in used_gpus:
-                        chosen.append(ids[0])
-                        used_gpus.add(uuid)
-        for d in available:
+            self._steer(chosen, size, creq.available_deviceIDs)
+        # counting resources (memory, cores): any IDs do, so take kubelet's first ones and stop at the size
+        taken = set(chosen)
+        for d in creq.available_deviceIDs:
             if len(chosen) >= size:
                 break
-            if d not in chosen:
+            if d not in taken and self._lookup(d) is not None:
                 chosen.append(d)
+                taken.add(d)
         return chosen[:size] if size > 0 else chosen
+
+    def _steer(self, chosen: list[str], size: int, available_ids: Iterable[str]) -> None:
+        """Add one ID on each GPU the scheduler chose for the container being admitted (distinct GPUs in minor
+        order when no plan is known) to `chosen`."""
+        assert self.allocator is not None
+        taken = set(chosen)
+        fakes = [(f, d) for d in available_ids if d not in taken and (f := self._lookup(d)) is not None]
+        fakes.sort(key=lambda fd: (fd[0].minor, fd[0].index))
+        by_gpu: dict[str, list[str]] = {}
+        for fake, d in fakes:
+            by_gpu.setdefault(fake.uuid, []).append(d)
+        used_gpus = {f.uuid for d in chosen if (f := self._lookup(d)) is not None}
+        try:
+            gpus = self.allocator.preferred_gpus(self.resource_name, size, set(by_gpu) | used_gpus)
+        except VGPUError as exc:
+            log.info("event=preferred_lookup_failed error=%s", exc)
+            gpus = None
+        for uuid in [*(gpus or ()), *by_gpu]:
+            if len(chosen) >= size:
+                break
+            if uuid not in used_gpus and by_gpu.get(uuid):
+                chosen.append(by_gpu[uuid][0])
+                used_gpus.add(uuid)
 
     def Allocate(self, request, context):
         """The matched container's env, mounts and device specs on the call that fixes the match; else empty."""

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from scheduler.policies import DEFAULT_NODE_POLICY
 from vgpu.errors import ConfigError
 from vgpu.resources import SCHEDULER_NAME, SharingConfig
 
@@ -26,7 +27,7 @@ class SchedulerConfig(BaseModel):
     listen: str = Field(":8888", description="extender HTTP address HOST:PORT")
     metrics_listen: str = Field(":9395", description="Prometheus metrics address HOST:PORT ('' = off)")
     scheduler_name: str = Field(SCHEDULER_NAME, description="component name on events and the lease name")
-    node_policy: str = Field("binpack", description="node policy registered in scheduler.policies")
+    node_policy: str = Field(DEFAULT_NODE_POLICY, description="node policy registered in scheduler.policies")
     gpu_policy: Literal["binpack", "spread"] = Field("binpack", description="GPU order inside a node")
     mode: Literal["decide", "score"] = Field(
         "decide", description="decide: /filter returns the best node; score: all feasible + /prioritize"

@@ -10,7 +10,7 @@ node whose usage changed since the last pod of that shape. Nothing here walks th
 
 Node-policy scores are cached with the fit result. A policy whose scores change without any node changing (one
 that learns the workload through `observe`) exposes an integer attribute `epoch` and increments it when its
-scores change; cached scores from an older epoch are recomputed. Without `epoch` scores are treated as a pure
+scores change; cached fits and scores from an older epoch are recomputed. Without `epoch` scores are treated as a pure
 function of the node's devices, usage and the request. `observe` is called once per pod, at its first /filter.
 
 Bind sends one `pods/binding` carrying the contract's annotations (through the injected `binder`); there is no
@@ -96,6 +96,7 @@ class _Entry:
     """What a node's cache keeps per request shape for one generation."""
 
     result: FitResult
+    fit_epoch: int
     score: float = 0.0
     epoch: int = -1
 
@@ -185,8 +186,8 @@ class Extender:
 
     def _entry(self, state: NodeState, sig: int, info: _PodInfo, epoch: int, want_score: bool) -> _Entry:
         entry = state.cache.get(sig)
-        if entry is None:
-            entry = _Entry(fit(state.devices, state.usage, info.requests, info.selectors, self.order))
+        if entry is None or entry.fit_epoch != epoch:  # a learning policy's GPU order may have changed too
+            entry = _Entry(fit(state.devices, state.usage, info.requests, info.selectors, self.order), epoch)
             state.cache[sig] = entry
         if want_score and entry.result.ok and entry.epoch != epoch:
             entry.score = float(self.policy.score(state.devices, state.usage, info.requests, entry.result))
@@ -412,7 +413,7 @@ class Extender:
                 if state.error:
                     return self._bind_failed(ref, node, state.error)
                 sig = self._signature(info.requests, info.selectors)
-                result = self._entry(state, sig, info, 0, False).result
+                result = self._entry(state, sig, info, int(getattr(self.policy, "epoch", 0)), False).result
                 if not result.ok:
                     return self._bind_failed(ref, node, f"pod no longer fits on {node}: {result.reason}")
                 assignment = result.assignment

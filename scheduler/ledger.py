@@ -15,6 +15,8 @@ A charge comes from one of two places:
 - the extender's own reservation, made at /filter (decide mode) or /bind (ASSUMED, short TTL) and kept after a
   successful bind until the watch shows the pod with its annotation (BOUND, long TTL).
 A watch event without an assignment never removes one of our reservations: it may predate our own binding.
+Reservations past their TTL are dropped by `expire`, which the extender calls on every request and the server's
+housekeeping every second (scheduler.server.create_app), so an idle extender's usage and metrics stay current.
 All public methods are thread-safe (the watch caches call from their own threads).
 """
 

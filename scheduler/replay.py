@@ -359,7 +359,7 @@ def replay(
         pod_spec[i] = sid
     fit_memo: dict[tuple[int, int, int], FitResult] = {}
     score_memo: dict[tuple[int, int], float | None] = {}
-    version = getattr(policy, "memo_version", 0)
+    version = getattr(policy, "epoch", 0)
     n_events = len(sequence)
     arrived_hist = np.zeros(n_events, dtype=np.int64)
     alloc_hist = np.zeros(n_events, dtype=np.int64)
@@ -372,7 +372,7 @@ def replay(
         requests, selectors, podctx = specs[spec]
         arrived += pod.gpu_total
         policy.observe(requests, podctx)
-        v = getattr(policy, "memo_version", 0)
+        v = getattr(policy, "epoch", 0)
         if v != version:
             version = v
             fit_memo.clear()

@@ -25,6 +25,9 @@ __all__ = ["SchedulerRuntime"]
 
 log = logging.getLogger(__name__)
 
+# seconds between two sweeps of expired reservations (requests sweep too; this covers an idle extender)
+EXPIRY_INTERVAL = 1.0
+
 
 class SchedulerRuntime:
     """Everything `vgpu scheduler` runs, built from a SchedulerConfig; `start()` then serve `app`."""
@@ -63,7 +66,8 @@ class SchedulerRuntime:
             events=self._event,
             ready=self.not_ready,
         )
-        self.app = create_app(self.extender, self.not_ready, self.metrics, config.max_body_bytes)
+        self.app = create_app(self.extender, self.not_ready, self.metrics, config.max_body_bytes,
+                              housekeeping=self.ledger.expire, housekeeping_interval=EXPIRY_INTERVAL)
         self._metrics_server: Any = None
 
     def not_ready(self) -> str:

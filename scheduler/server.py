@@ -5,7 +5,8 @@ capitalisation) and answer with orjson; GET /healthz is liveness, GET /readyz is
 synced and this replica leads. Unparseable JSON answers 400, a body over the cap 413, a well-formed but invalid
 request 200 with `Error`; an unexpected exception is logged and also answered 200 with `Error`, never 500.
 The four POST verbs are answered by the `ExtenderVerbs` ASGI middleware in front of FastAPI (see its docstring).
-Built by `create_app`, served by `serve` (uvicorn); started by `vgpu scheduler` (scheduler.cli) and by tests.
+Built by `create_app`, whose lifespan also runs periodic housekeeping (the ledger's reservation expiry), served
+by `serve` (uvicorn); started by `vgpu scheduler` (scheduler.cli) and by tests.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import orjson
@@ -117,14 +119,42 @@ class ExtenderVerbs:
         return b"".join(chunks)
 
 
+async def _every(interval: float, job: Callable[[], Any]) -> None:
+    """Run `job` every `interval` seconds until cancelled; a failing run is logged and the next one still comes."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            job()
+        except Exception:  # housekeeping must outlive a bad run
+            log.exception("housekeeping failed")
+
+
 def create_app(
     extender: Extender,
     ready: Callable[[], str] | None = None,
     metrics: SchedulerMetrics | None = None,
     max_body: int = DEFAULT_MAX_BODY,
+    housekeeping: Callable[[], Any] | None = None,
+    housekeeping_interval: float = 1.0,
 ) -> FastAPI:
-    """The FastAPI application serving `extender`; `ready()` returns "" when ready, else why not."""
-    app = FastAPI(title="vgpu-scheduler extender", docs_url=None, redoc_url=None, openapi_url=None)
+    """The FastAPI application serving `extender`; `ready()` returns "" when ready, else why not.
+
+    `housekeeping` (the ledger's reservation expiry) runs every `housekeeping_interval` seconds while the server
+    runs, so that reservations expire and metrics follow even when no request comes."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(_every(housekeeping_interval, housekeeping)) if housekeeping else None
+        try:
+            yield
+        finally:
+            if task is not None:
+                task.cancel()
+                with suppress(asyncio.CancelledError):
+                    await task
+
+    app = FastAPI(title="vgpu-scheduler extender", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
     not_ready = ready or extender.ready
     app.add_middleware(ExtenderVerbs, extender=extender, metrics=metrics, max_body=max_body)
 

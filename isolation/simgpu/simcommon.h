@@ -2,7 +2,9 @@
  * simcommon.h - state shared by the simulated libcuda.so.1 and libnvidia-ml.so.1 (TEST INFRASTRUCTURE ONLY).
  *
  * Configuration (environment):
- *   SIMGPU_DEVICES      comma list of NAME:MEMORY_MIB[:SM_COUNT], default "Sim-A100-40GB:40960:108"
+ *   SIMGPU_DEVICES      comma list of NAME:MEMORY_MIB[:SM_COUNT[:UUID]], default "Sim-A100-40GB:40960:108";
+ *                       UUID (GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx) is what NVML and cuDeviceGetUuid report,
+ *                       derived from the name and the position when absent or malformed
  *   SIMGPU_STATE        path of the shared state file (default /dev/shm/simgpu-<uid>.state); every process that
  *                       uses the same path shares device memory and the per-device kernel timeline
  *   SIMGPU_NS_PER_BLOCK default kernel cost in ns per thread block (default 1000)
@@ -97,6 +99,20 @@ static uint64_t sim_env_u64(const char *name, uint64_t dflt) {
     return *end ? dflt : (uint64_t)v;
 }
 
+/* GPU- followed by 32 hex digits in groups of 8-4-4-4-12 */
+static int sim_valid_uuid(const char *u) {
+    static const int groups[] = {8, 4, 4, 4, 12};
+    if (strncmp(u, "GPU-", 4)) return 0;
+    u += 4;
+    for (int g = 0; g < 5; g++) {
+        for (int i = 0; i < groups[g]; i++, u++)
+            if (!((*u >= '0' && *u <= '9') || (*u >= 'a' && *u <= 'f') || (*u >= 'A' && *u <= 'F'))) return 0;
+        if (*u != (g < 4 ? '-' : '\0')) return 0;
+        u++;
+    }
+    return 1;
+}
+
 static void sim_parse_devices(void) {
     const char *spec = getenv("SIMGPU_DEVICES");
     if (!spec || !*spec) spec = "Sim-A100-40GB:40960:108";
@@ -109,19 +125,29 @@ static void sim_parse_devices(void) {
         char *c1 = strchr(tok, ':');
         unsigned long long mib = 16384;
         int sms = 80;
+        const char *uuid = NULL;
         if (c1) {
             *c1 = 0;
             char *c2 = strchr(c1 + 1, ':');
-            if (c2) { *c2 = 0; sms = atoi(c2 + 1); }
+            if (c2) {
+                *c2 = 0;
+                char *c3 = strchr(c2 + 1, ':');
+                if (c3) { *c3 = 0; uuid = c3 + 1; }
+                sms = atoi(c2 + 1);
+            }
             mib = strtoull(c1 + 1, NULL, 10);
         }
         snprintf(d->name, sizeof d->name, "%s", tok);
         d->total = (uint64_t)mib << 20;
         d->sms = sms > 0 ? sms : 80;
-        /* deterministic UUID per index and name */
-        uint32_t h = 2166136261u;
-        for (const char *p = d->name; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
-        snprintf(d->uuid, sizeof d->uuid, "GPU-%08x-5349-4d47-8000-%012x", h, 0x51a000 + g_ndev);
+        if (uuid && sim_valid_uuid(uuid)) {
+            snprintf(d->uuid, sizeof d->uuid, "%s", uuid);
+        } else {
+            /* deterministic UUID per index and name */
+            uint32_t h = 2166136261u;
+            for (const char *p = d->name; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+            snprintf(d->uuid, sizeof d->uuid, "GPU-%08x-5349-4d47-8000-%012x", h, 0x51a000 + g_ndev);
+        }
         g_ndev++;
     }
 }

@@ -1,4 +1,4 @@
-"""Fragmentation-aware node policies: `fgd` (the ATC'23 baseline) and `fragaware` (ours, the default).
+"""Fragmentation-aware node policies: `fgd` (the ATC'23 baseline) and `fragaware` (ours).
 
 Both rank a placement by how much it changes the node's *fragmentation* for a target workload M (a distribution
 of pod types): for each type m, the free GPU share the node cannot give to m — all of it when the node cannot host
@@ -9,8 +9,9 @@ slots all cover the type's request, so memory and cores count as well as the GPU
 `fgd` is the paper's policy as its simulator implements it: an oracle target workload (the replay hands it the
 trace through `set_workload`; without one it learns from observed pods), the integer score
 int(100 * sigmoid(-dF / 1000)), and the first GPU with the best such score. `fragaware` learns the workload online
-from the pods it is asked to place and ranks by the exact dF with packing tie-breaks (see `FragAware`).
-F values are memoised per node state (sorted per-GPU free resources and a CPU class), since many nodes share one.
+from the pods it is asked to place, scores the same way, and counts free CPU as capacity: a node hosts only as
+much of a type as its CPU can feed (see `FragAware`). F values are memoised per node state (sorted per-GPU free
+resources and a CPU class), since many nodes share one.
 """
 
 import math
@@ -22,7 +23,7 @@ import numpy as np
 
 from scheduler.fit import FitResult, GPUOrder, GPUUsage
 from scheduler.policies.base import NodeContext, PodContext, register
-from scheduler.policies.shares import MILLI, idle_milli, lowest_index_order, request_milli, usage_after
+from scheduler.policies.shares import idle_milli, lowest_index_order, request_milli, usage_after
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
 
@@ -68,16 +69,29 @@ def typical_types(counts: Counter, coverage: float) -> list[tuple[PodType, float
 
 
 class TypeTable:
-    """A target workload as arrays, with per-card request columns and a memo of F per node state."""
+    """A target workload as arrays, with per-card request columns and a memo of F per node state.
 
-    def __init__(self, types: Sequence[tuple[PodType, float]]) -> None:
+    With `cpu_capacity` the node's free CPU limits how much of its idle GPU share a type can use (as many pods
+    of the type as the CPU can feed, each taking its GPU demand), instead of only whether one pod fits; free CPU
+    is then counted in steps of `cpu_quantum` milli (rounded down).
+    """
+
+    def __init__(
+        self, types: Sequence[tuple[PodType, float]], cpu_capacity: bool = False, cpu_quantum: int = 1000
+    ) -> None:
         self.types = list(types)
+        self.cpu_capacity = cpu_capacity
+        self.cpu_quantum = cpu_quantum
         self.p = np.array([w for _, w in types], dtype=np.float64)
         self.cpu = np.array([t[0] for t, _ in types], dtype=np.int64)
         self.count = np.array([sum(r.count for r in t[1]) for t, _ in types], dtype=np.int64)
         self.gpu = self.count > 0
         # A type with several GPU containers is approximated by its largest request on `count` GPUs.
         self._reqs = [max(t[1], key=lambda r: request_milli(r, _REF_CARD)) if t[1] else None for t, _ in types]
+        self.demand = np.array(
+            [c * request_milli(r, _REF_CARD) if r else 0 for c, r in zip(self.count.tolist(), self._reqs)],
+            dtype=np.float64,
+        )
         self._sels = [t[2] for t, _ in types]
         self.cpu_levels = np.unique(self.cpu)
         self._columns: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -87,7 +101,10 @@ class TypeTable:
         return len(self.types)
 
     def cpu_class(self, cpu_free: int | None) -> int:
-        """How many distinct type CPU requests fit in `cpu_free` (None: unlimited)."""
+        """The CPU part of the memo key: free CPU in quanta with `cpu_capacity` (-1: unlimited), else how many
+        distinct type CPU requests fit in `cpu_free` (None: unlimited)."""
+        if self.cpu_capacity:
+            return -1 if cpu_free is None else int(cpu_free) // self.cpu_quantum
         if cpu_free is None:
             return len(self.cpu_levels)
         return int(np.searchsorted(self.cpu_levels, cpu_free, side="right"))
@@ -145,13 +162,25 @@ class TypeTable:
         empty = np.array([s[6] for s in state], dtype=bool)
         fits = (free_mem >= need_mem) & (free_cores >= need_cores) & open_ & allowed
         fits &= (need_cores < 100) | empty
-        cpu_ok = self.cpu <= (self.cpu_levels[cls - 1] if cls > 0 else -1)
+        usable = fits.astype(np.float64) @ idle
+        if not self.cpu_capacity:
+            cpu_ok = self.cpu <= (self.cpu_levels[cls - 1] if cls > 0 else -1)
+        elif cls < 0:
+            cpu_ok = np.ones(len(self.cpu), dtype=bool)
+        else:
+            cpu_free = cls * self.cpu_quantum
+            cpu_ok = self.cpu <= cpu_free
+            feedable = np.where(self.cpu > 0, cpu_free // np.maximum(self.cpu, 1), np.iinfo(np.int64).max)
+            usable = np.minimum(usable, feedable * self.demand)
         can = self.gpu & (fits.sum(axis=1) >= self.count) & cpu_ok
-        per_type = np.where(can, total - fits.astype(np.float64) @ idle, total)
+        per_type = np.where(can, total - usable, total)
         return float(self.p @ per_type)
 
     def bins(self, cpu_free: np.ndarray, cpu_request: int) -> np.ndarray:
         """Vectorised CPU classes before and after taking `cpu_request`, as one integer per node."""
+        if self.cpu_capacity:
+            q = self.cpu_quantum
+            return (cpu_free // q).astype(np.int64) * (1 << 24) + (cpu_free - cpu_request) // q
         n = len(self.cpu_levels) + 1
         before = np.searchsorted(self.cpu_levels, cpu_free, side="right")
         after = np.searchsorted(self.cpu_levels, cpu_free - cpu_request, side="right")
@@ -178,11 +207,14 @@ def _sigmoid_score(delta: float) -> int:
 
 
 class _Learner:
-    """Counts observed pod types and rebuilds the table at 1, 2, 4, ... pods, then every `period` pods."""
+    """Counts observed pod types and offers a new table at 1, 2, 4, ... pods, then every `period` pods, when the
+    target has drifted: other types, or a total variation distance above `drift` from the current one."""
 
-    def __init__(self, coverage: float, period: int) -> None:
+    def __init__(self, coverage: float, period: int, cpu_capacity: bool = False, drift: float = 0.0) -> None:
         self.coverage = coverage
         self.period = period
+        self.cpu_capacity = cpu_capacity
+        self.drift = drift
         self.counts: Counter = Counter()
         self.seen = 0
 
@@ -193,8 +225,15 @@ class _Learner:
         n = self.seen
         return (n & (n - 1)) == 0 if n < self.period else n % self.period == 0
 
-    def table(self) -> TypeTable:
-        return TypeTable(typical_types(self.counts, self.coverage))
+    def table(self, current: TypeTable) -> TypeTable | None:
+        """The table of the pods seen so far, or None when it is within `drift` of `current`."""
+        types = typical_types(self.counts, self.coverage)
+        old = dict(current.types)
+        if old and len(old) == len(types) and all(t in old for t, _ in types):
+            distance = sum(abs(w - old[t]) for t, w in types) / 2
+            if distance <= self.drift:
+                return None
+        return TypeTable(types, cpu_capacity=self.cpu_capacity)
 
 
 class _FragDescent:
@@ -203,19 +242,23 @@ class _FragDescent:
     name = ""
     coverage = 0.95
     period = 256
+    cpu_capacity = False
+    drift = 0.0
 
     def __init__(self) -> None:
-        self._learner = _Learner(self.coverage, self.period)
+        self._learner = _Learner(self.coverage, self.period, self.cpu_capacity, self.drift)
         self._oracle = False
-        self.table = TypeTable([])
-        self.memo_version = 0
+        self.table = TypeTable([], cpu_capacity=self.cpu_capacity)
+        self.epoch = 0
 
     def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
         if self._oracle:
             return
         if self._learner.add(pod_type(requests, pod)):
-            self.table = self._learner.table()
-            self.memo_version += 1
+            table = self._learner.table(self.table)
+            if table is not None:
+                self.table = table
+                self.epoch += 1
 
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
         return self.table.bins(cpu_free, pod.cpu)
@@ -274,21 +317,26 @@ class FGD(_FragDescent):
         counts: Counter = Counter(pod_type(reqs, pod) for reqs, pod in pods)
         self.table = TypeTable(typical_types(counts, self.coverage))
         self._oracle = True
-        self.memo_version += 1
+        self.epoch += 1
 
 
 @register("fragaware")
 class FragAware(_FragDescent):
-    """Ours (the extender's default): fragmentation descent with the target workload learned online.
+    """Ours (`vgpu replay`'s "ours"): fragmentation descent with the target learned online and CPU as capacity.
 
     No oracle: the target is the distribution of the pods it has been asked to place so far (`observe`), the
-    types covering 99 % of them, rebuilt after 1, 2, 4, ... 2048 pods and then every 4096. A type is the pod's CPU
-    request plus its per-GPU memory share, cores and GPU count (and type selectors), and a GPU fits a type only
-    when its free memory, free cores and free slots all cover it. Node score and GPU choice follow FGD's
-    integer sigmoid (coarse scores, so equal-score nodes go to the fixed node priority: measured better than
-    exact dF and than packing tie-breaks, see docs/placement.md).
+    types covering 99 % of them, rebuilt after 1, 2, 4, ... 128 pods and then every 256 when it has drifted
+    (other types, or a total variation distance above 2 %), so a steady workload stops invalidating caches. A type is the pod's CPU
+    request plus its per-GPU memory share, cores and GPU count (and type selectors); a GPU fits a type only when
+    its free memory, free cores and free slots all cover it. Unlike FGD, a node's free CPU bounds how much of its
+    idle GPU share each type can use (`TypeTable(cpu_capacity=True)`), so CPU-heavy pods stop stranding GPUs on
+    CPU-poor nodes. Node score and GPU choice follow FGD's integer sigmoid: equal scores go to the fixed node
+    priority, measured better than exact dF and than packing tie-breaks (docs/placement.md). Without node context
+    (the extender) CPU is unlimited and only the GPU part applies.
     """
 
     name = "fragaware"
     coverage = 0.99
-    period = 4096
+    period = 256
+    cpu_capacity = True
+    drift = 0.02

@@ -1,4 +1,4 @@
-"""The device-plugin DaemonSets against the contract: kubelet's socket directory, the $HOOK_PATH/vgpu layout
+"""The device-plugin DaemonSets against the contract: kubelet's socket directories, the $HOOK_PATH/vgpu layout
 (host path = container path = --hook-path + /vgpu), node name from the downward API, opt-in node label,
 GPU taint toleration, no privilege, metrics on :9394."""
 
@@ -8,6 +8,7 @@ from deploy_helpers import find, flag
 DAEMONSETS = {"vgpu-device-plugin": ("true", "nvml"), "vgpu-device-plugin-sim": ("sim", "sim")}
 NODE_LABEL = "vgpu-sharing/device-plugin"
 KUBELET_DIR = "/var/lib/kubelet/device-plugins"
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 HOOK_PATH = "/usr/local"  # CONTRACT.md default
 
 
@@ -40,11 +41,13 @@ def test_host_paths_are_the_contracts(name):
     assert hook == HOOK_PATH
     assert mounts == {
         KUBELET_DIR: (KUBELET_DIR, "Directory"),
+        POD_RESOURCES_DIR: (POD_RESOURCES_DIR, "DirectoryOrCreate"),
         f"{hook}/vgpu": (f"{hook}/vgpu", "DirectoryOrCreate"),
     }
+    assert not flag(plugin(name)["command"], "pod-resources-socket")  # the default: beside the kubelet dir
     for mount in plugin(name)["volumeMounts"]:
         if mount["mountPath"] in mounts:
-            assert not mount.get("readOnly", False)
+            assert mount.get("readOnly", False) == (mount["mountPath"] == POD_RESOURCES_DIR)
 
 
 @pytest.mark.parametrize("name", sorted(DAEMONSETS))

@@ -132,25 +132,70 @@ def test_two_container_twins_keep_each_pod_consistent(cluster):
         assert cluster.pod(pod["metadata"]["name"])["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"
 
 
-def test_differing_limits_with_nothing_to_tell_them_apart_is_refused(cluster):
-    """Memory given as a percentage makes no Allocate call: two pods asking 25% and 50% cannot be told apart."""
+def percent_container(percent: int) -> dict:
+    """Memory as a percentage of the card: no Allocate call carries it."""
+    return {"name": "c", "image": "busybox", "resources": {"limits": {
+        NUMBER: "1", "volcano.sh/vgpu-memory-percentage": str(percent)}}}
+
+
+def test_pods_the_calls_cannot_tell_apart_are_told_by_kubelet(cluster):
+    """Two pods asking 25% and 50% of one GPU: kubelet's pod-resources API names the pod it admits."""
     cluster.start_plugin("1xT4")
     (a,) = cluster.wait_inventory()
+    pods = [cluster.create_pod("quarter", [percent_container(25)], f"{a},NVIDIA,3840,0:"),
+            cluster.create_pod("half", [percent_container(50)], f"{a},NVIDIA,7680,0:")]
+    got = admit_all(cluster, pods, [1, 0])  # the younger first
+    assert got["quarter"][1].envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3840m"
+    assert got["half"][1].envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "7680m"
+    check_distinct_cache_dirs(cluster, got, {p["metadata"]["uid"] for p in pods})
+    for name in ("quarter", "half"):
+        assert cluster.pod(name)["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"
 
-    def container(percent: int) -> dict:
-        return {"name": "c", "image": "busybox", "resources": {"limits": {
-            NUMBER: "1", "volcano.sh/vgpu-memory-percentage": str(percent)}}}
 
-    quarter = cluster.create_pod("quarter", [container(25)], f"{a},NVIDIA,3840,0:")
-    cluster.create_pod("half", [container(50)], f"{a},NVIDIA,7680,0:")
+@pytest.mark.parametrize("order", [[0, 1], [1, 0]], ids=["without-cores-first", "with-cores-first"])
+def test_container_without_cores_and_its_twin_with_cores(cluster, order):
+    """Same GPU and memory, one without vgpu-cores: after the GPU and memory calls the first container's calls are
+    over while the twin's cores call is still to come; kubelet's view tells which one is being admitted."""
+    cluster.start_plugin("1xT4")
+    (a,) = cluster.wait_inventory()
+    pods = [cluster.create_pod("plain", [gpu_container("c", 1, 2000)], f"{a},NVIDIA,2000,0:"),
+            cluster.create_pod("cored", [gpu_container("c", 1, 2000, 5)], f"{a},NVIDIA,2000,5:")]
+    got = admit_all(cluster, pods, order)
+    assert got["plain"][1].envs["CUDA_DEVICE_SM_LIMIT"] == "0"
+    assert got["cored"][1].envs["CUDA_DEVICE_SM_LIMIT"] == "5"
+    check_distinct_cache_dirs(cluster, got, {p["metadata"]["uid"] for p in pods})
+
+
+def test_steering_follows_the_pod_kubelet_admits(cluster):
+    """An older pod waits on GPU a while kubelet admits a younger one assigned GPU b: GetPreferredAllocation steers
+    kubelet to b, so neither pod gets the other's grant."""
+    cluster.start_plugin("2xT4")
+    a, b = cluster.wait_inventory()
+    pods = [cluster.create_pod("older", [gpu_container("c", 1, 1000, 10)], f"{a},NVIDIA,1000,10:"),
+            cluster.create_pod("younger", [gpu_container("c", 1, 3000, 30)], f"{b},NVIDIA,3000,30:")]
+    got = admit_all(cluster, pods, [1, 0])
+    assert [got["younger"][1].envs[k] for k in ("NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT_0")] == [
+        b, "3000m"]
+    assert [got["older"][1].envs[k] for k in ("NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT_0")] == [
+        a, "1000m"]
+    check_distinct_cache_dirs(cluster, got, {p["metadata"]["uid"] for p in pods})
+
+
+def test_differing_limits_with_nothing_to_tell_them_apart_is_refused(cluster):
+    """Without kubelet's pod-resources API, pods asking 25% and 50% of one GPU cannot be told apart: refused."""
+    cluster.start_plugin("1xT4", "--pod-resources-socket", str(cluster.tmp / "absent" / "kubelet.sock"))
+    (a,) = cluster.wait_inventory()
+    quarter = cluster.create_pod("quarter", [percent_container(25)], f"{a},NVIDIA,3840,0:")
+    cluster.create_pod("half", [percent_container(50)], f"{a},NVIDIA,7680,0:")
     with pytest.raises(AdmissionError, match=r"match the next container of several pods whose limits differ, "
                                              r"and no call is left to tell them apart") as refused:
         cluster.kubelet.admit(quarter)
     assert "default/quarter" in str(refused.value) and "default/half" in str(refused.value)
+    assert "pod-resources API could not be read" in str(refused.value)
     for name in ("quarter", "half"):  # neither is marked failed: the plugin cannot tell which one kubelet admitted
         assert cluster.pod(name)["metadata"]["annotations"]["volcano.sh/bind-phase"] == "allocating"
     # both pods carry a Warning event saying why
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while True:
         events = read_json(cluster.core.list_namespaced_event("default", _preload_content=False))["items"]
         warned = {e["involvedObject"]["name"] for e in events if e.get("reason") == "VGPUAllocationAmbiguous"}

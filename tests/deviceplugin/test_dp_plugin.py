@@ -307,3 +307,28 @@ def test_garbage_collection_keeps_live_pods_dirs(cluster):
         assert keep.is_dir() and young.is_dir() and not gone.exists()
     finally:
         pods.stop()
+
+
+def test_plugin_installs_the_isolation_library(cluster):
+    """At start the plugin puts the built libvgpu.so where its Allocate mounts point, replacing an old copy by
+    rename (a container holding the old file keeps it) and leaving an identical one alone."""
+    from isolation.build import BuildError, ensure_built
+
+    try:
+        library = ensure_built().libvgpu.read_bytes()
+    except BuildError as exc:
+        pytest.skip(f"isolation library not buildable here: {exc}")
+    target = cluster.hook / "vgpu" / "libvgpu.so"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"an older library")
+    with target.open("rb") as held:  # what a running container has mapped
+        cluster.start_plugin("1xT4")
+        assert target.read_bytes() == library
+        assert held.read() == b"an older library"
+    inode = target.stat().st_ino
+    cluster.restart_plugin()
+    assert target.stat().st_ino == inode
+    (a,) = cluster.wait_inventory()
+    (container,) = cluster.kubelet.admit(cluster.create_pod("p", [gpu_container("c", 1, 1000)], f"{a},NVIDIA,1000,0:"))
+    mounts = {m.container_path: m.host_path for r in container.responses.values() for m in r.mounts}
+    assert mounts["/usr/local/vgpu/libvgpu.so"] == str(target)

@@ -14,14 +14,16 @@ import pytest
 
 from vgpu.standins.podrunner import ContainerAllocation, isolation_paths, map_to_host, translate_env
 
-UUID_A, UUID_B = "GPU-aaaa", "GPU-bbbb"
+UUID_A, UUID_B = "GPU-aaaaaaaa-0000-5000-8000-00000000000a", "GPU-bbbbbbbb-0000-5000-8000-00000000000b"
 INVENTORY = {UUID_A: ("NVIDIA A100-PCIE-40GB", 10240), UUID_B: ("Tesla T4", 3840)}
 
 
-def _allocation(tmp_path, preload: bool = True) -> ContainerAllocation:
+def _allocation(tmp_path, preload: bool = True, lib: bytes = b"") -> ContainerAllocation:
+    """The plugin's answer for one container, with its hook directory as the plugin leaves it (library installed)."""
     hook = tmp_path / "hook" / "vgpu"
     (hook / "containers" / "uid_main").mkdir(parents=True)
     (hook / "ld.so.preload").write_text("/usr/local/vgpu/libvgpu.so\n")
+    (hook / "libvgpu.so").write_bytes(lib)
     mounts = [
         {"container_path": "/usr/local/vgpu/libvgpu.so", "host_path": str(hook / "libvgpu.so"), "read_only": True},
         {"container_path": "/tmp/vgpu", "host_path": str(hook / "containers" / "uid_main"), "read_only": False},
@@ -51,28 +53,33 @@ def test_mount_lookup_takes_the_longest_prefix():
 
 
 def test_translation_maps_paths_preload_and_devices(tmp_path):
-    lib = tmp_path / "build" / "libvgpu.so"
-    env = translate_env(POD, CONTAINER, _allocation(tmp_path), lib, tmp_path / "sim", INVENTORY,
+    env = translate_env(POD, CONTAINER, _allocation(tmp_path), tmp_path / "sim", INVENTORY,
                         tmp_path / "state", memory_factor=4)
     assert env["A"] == "1" and env["ME"] == "p"
     assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == str(tmp_path / "hook/vgpu/containers/uid_main/abc.cache")
-    assert env["LD_PRELOAD"] == str(lib)  # the plugin did not copy the library to its hook path: the build's
+    assert env["LD_PRELOAD"] == str(tmp_path / "hook/vgpu/libvgpu.so")  # the library the plugin installed
     assert env["LD_LIBRARY_PATH"].split(":")[0] == str(tmp_path / "sim")
     # devices in NVIDIA_VISIBLE_DEVICES order, memory units x factor = MiB
-    assert env["SIMGPU_DEVICES"] == "Tesla T4:15360:40,NVIDIA A100-PCIE-40GB:40960:108"
+    assert env["SIMGPU_DEVICES"] == f"Tesla T4:15360:40:{UUID_B},NVIDIA A100-PCIE-40GB:40960:108:{UUID_A}"
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
 
 
 def test_no_preload_mount_means_no_preload(tmp_path):
-    env = translate_env(POD, CONTAINER, _allocation(tmp_path, preload=False), tmp_path / "libvgpu.so", None,
-                        INVENTORY, tmp_path / "state")
+    env = translate_env(POD, CONTAINER, _allocation(tmp_path, preload=False), None, INVENTORY, tmp_path / "state")
     assert "LD_PRELOAD" not in env
+
+
+def test_a_library_nobody_installed_fails_the_start(tmp_path):
+    alloc = _allocation(tmp_path)
+    (tmp_path / "hook" / "vgpu" / "libvgpu.so").unlink()
+    with pytest.raises(FileNotFoundError, match=r"mount /usr/local/vgpu/libvgpu.so: host path .*/hook/vgpu/libvgpu.so"):
+        translate_env(POD, CONTAINER, alloc, None, INVENTORY, tmp_path / "state")
 
 
 def test_single_gpu_processes_share_the_simulated_device_state(tmp_path):
     alloc = ContainerAllocation(envs={"NVIDIA_VISIBLE_DEVICES": UUID_A})
-    one = translate_env(POD, CONTAINER, alloc, None, None, INVENTORY, tmp_path)
-    two = translate_env(POD, {"name": "other"}, alloc, None, None, INVENTORY, tmp_path)
+    one = translate_env(POD, CONTAINER, alloc, None, INVENTORY, tmp_path)
+    two = translate_env(POD, {"name": "other"}, alloc, None, INVENTORY, tmp_path)
     assert one["SIMGPU_STATE"] == two["SIMGPU_STATE"] == str(tmp_path / f"{UUID_A}.state")
 
 
@@ -80,11 +87,13 @@ def test_a_process_with_the_translated_env_is_limited(tmp_path):
     lib, sim = isolation_paths()
     if lib is None or sim is None:
         pytest.skip("isolation library not buildable here")
-    env = translate_env(POD, CONTAINER, _allocation(tmp_path), lib, sim, INVENTORY, tmp_path / "state")
+    env = translate_env(POD, CONTAINER, _allocation(tmp_path, lib=lib.read_bytes()), sim, INVENTORY,
+                        tmp_path / "state")
     out = subprocess.run([sys.executable, "-m", "vgpu.standins.workload", "--mib", "1500", "--chunk", "250",
                           "--expect-oom", "--kernels", "2"], env=env, capture_output=True, text=True, timeout=60)
     report = orjson.loads(out.stdout.split("VGPU-WORKLOAD ", 1)[1])
     assert out.returncode == 0, out.stdout + out.stderr
+    assert report["nvml_uuids"] == [UUID_B, UUID_A]  # NVML names the GPUs as the plugin advertised them
     first, second = report["devices"]
     assert first["total_mib"] == 1000 and first["allocated_mib"] == 1000 and first["oom_at_mib"] == 1250
     assert second["total_mib"] == 2000 and second["allocated_mib"] == 1500 and second["oom_at_mib"] is None

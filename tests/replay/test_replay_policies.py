@@ -28,10 +28,10 @@ def used(*milli):
     return [GPUUsage(1 if m else 0, CARD * m // 1000, m // 10) for m in milli]
 
 
-def test_all_policies_registered_and_default_is_ours():
+def test_all_policies_registered_and_the_default_is_binpack():
     for name in ("random", "bestfit", "dotprod", "packing", "fgd", "fragaware", "binpack", "spread"):
         assert name in NODE_POLICIES
-    assert DEFAULT_NODE_POLICY == "fragaware"
+    assert DEFAULT_NODE_POLICY == "binpack"  # until fragaware beats fgd everywhere (docs/placement.md)
 
 
 @pytest.mark.parametrize("name", sorted(NODE_POLICIES))
@@ -94,11 +94,36 @@ def test_fragaware_learns_the_workload_from_observed_pods():
     assert len(ours.table) == 0
     for _ in range(4):
         ours.observe((share(250),), PodContext(cpu=2000))
-    assert len(ours.table) == 1 and ours.memo_version > 0
-    version = ours.memo_version
+    assert len(ours.table) == 1 and ours.epoch > 0
+    version = ours.epoch
     ours.observe((share(250),), PodContext(cpu=2000))  # 5 pods: no rebuild until 8
-    assert ours.memo_version == version
+    assert ours.epoch == version
     assert not hasattr(ours, "set_workload")  # no oracle
+
+
+def test_fragaware_keeps_its_table_while_the_workload_does_not_drift():
+    ours = make_policy("fragaware")
+    ours.observe((share(250),), PodContext(cpu=2000))
+    first = ours.epoch
+    for _ in range(600):  # the same single type: every rebuild point finds no drift
+        ours.observe((share(250),), PodContext(cpu=2000))
+    assert ours.epoch == first
+    for _ in range(300):  # a second type appears: the next rebuild point (1024 pods) takes it
+        ours.observe((share(500),), PodContext(cpu=2000))
+    assert ours.epoch == first + 1 and len(ours.table) == 2
+
+
+def test_cpu_capacity_limits_the_usable_share_hand_checked():
+    whole = ShareRequest(container="c", init=False, count=1, memory=0, memory_percent=0, cores=100, permille=1000)
+    t = pod_type((whole,), PodContext(cpu=8000))
+    plain, capacity = TypeTable([(t, 1.0)]), TypeTable([(t, 1.0)], cpu_capacity=True)
+    devices, idle = gpus(2), used(0, 0)
+    # 10 CPU feed one 8-CPU pod: one of the two idle GPUs is usable, the other is fragment
+    assert plain.fragment(devices, idle, 10_000) == 0.0
+    assert capacity.fragment(devices, idle, 10_000) == 1000.0
+    assert capacity.fragment(devices, idle, 16_000) == 0.0  # two pods: both GPUs usable
+    assert capacity.fragment(devices, idle, 7_999) == 2000.0  # not even one pod
+    assert capacity.fragment(devices, idle, None) == 0.0  # no node context: CPU unlimited
 
 
 def test_bestfit_dotprod_packing_scores_hand_checked():

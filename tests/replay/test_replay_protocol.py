@@ -22,7 +22,6 @@ from scheduler.replay import (
     load_pods,
     prepare_policy,
     replay,
-    run_one,
 )
 
 REPO = Path(__file__).resolve().parents[2]

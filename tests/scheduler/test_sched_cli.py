@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from sched_helpers import REPO
 from sched_builders import container, gpu, node, pod
 
 from scheduler.config import load_config

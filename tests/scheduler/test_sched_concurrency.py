@@ -9,7 +9,7 @@ import time
 
 import httpx
 import orjson
-from conftest import ExtenderProcess
+from sched_helpers import ExtenderProcess
 from sched_builders import container, gpu, node, pod
 
 from vgpu import keys

@@ -6,7 +6,7 @@ import time
 
 import orjson
 import pytest
-from conftest import wait_until
+from sched_helpers import wait_until
 from prometheus_client import generate_latest
 from sched_builders import container, gpu, node, pod
 
@@ -202,3 +202,22 @@ def test_pod_deleted_after_bind_releases(kube, served, mode):
     assert ext.post("/bind", go_bind_args(p, "n1")).json() == {"Error": ""}
     kube.core.delete_namespaced_pod("p", "default", _preload_content=False).release_conn()
     wait_until(lambda: ext.ledger.nodes["n1"].usage[0].memory == 0, what="release on delete")
+
+
+def test_whole_gpu_mode_gives_number_only_pods_exclusive_cards(kube, served):
+    """With exclusive_whole_gpu, `vgpu-number: 1` alone means one whole card, as `nvidia.com/gpu: 1` users expect."""
+    kube.create_node(node("node-a", [gpu("GPU-aaaa", 40960, type_=A100), gpu("GPU-bbbb", 40960, type_=A100)]))
+    ext = served(mode="decide", sharing={"exclusive_whole_gpu": True})
+    first = kube.create_pod(pod("whole-1", container(number=1)))
+    assert ext.post("/filter", go_filter_args(first, names=["node-a"])).json()["NodeNames"] == ["node-a"]
+    assert ext.post("/bind", go_bind_args(first, "node-a")).json() == {"Error": ""}
+    ids = kube.pod("whole-1")["metadata"]["annotations"][keys.VGPU_IDS]
+    assert ids == "GPU-aaaa,NVIDIA,40960,100:"
+    # a shared pod no longer fits on the exclusive card; it gets the other one, and a third pod gets nothing
+    shared = kube.create_pod(pod("shared", container(number=1, memory=1000, cores=10)))
+    assert ext.post("/filter", go_filter_args(shared, names=["node-a"])).json()["NodeNames"] == ["node-a"]
+    assert ext.post("/bind", go_bind_args(shared, "node-a")).json() == {"Error": ""}
+    assert kube.pod("shared")["metadata"]["annotations"][keys.VGPU_IDS] == "GPU-bbbb,NVIDIA,1000,10:"
+    second = kube.create_pod(pod("whole-2", container(number=1)))
+    out = ext.post("/filter", go_filter_args(second, names=["node-a"])).json()
+    assert out["NodeNames"] == [] and "node-a" in {**out["FailedNodes"], **out["FailedAndUnresolvableNodes"]}

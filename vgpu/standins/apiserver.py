@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import copy
 import logging
 import os
 import re

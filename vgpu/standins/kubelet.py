@@ -11,6 +11,10 @@ Not used by any shipped component. Tests, the e2e harness and the demo start it 
   GetPreferredAllocation if the plugin advertised it, else the first free healthy IDs) and calls Allocate with one
   container request, collecting the ContainerAllocateResponse per container and per resource; the fake device IDs
   in use are tracked until `release(pod_uid)`;
+* serves the pod-resources API (`v1.PodResourcesLister.List`) on `<dir>/../pod-resources/kubelet.sock`, as
+  kubelet does: a pod is listed from the moment its admission starts until `release(pod_uid)` (a failed
+  admission releases it at once), and a container's devices of a resource appear once that resource's Allocate
+  has returned; init containers are not listed;
 * `restart()` simulates a kubelet restart: stops serving, deletes every socket in the directory (kubelet does
   this at start), forgets the registrations and serves a fresh `kubelet.sock`.
 
@@ -39,6 +43,8 @@ import grpc
 
 from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from proto.podresources.v1 import api_pb2 as pr
+from proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from vgpu.quantity import parse_integer_quantity
 
 __all__ = ["VERSION", "AdmissionError", "AdmittedContainer", "KubeletStandIn", "ResourceState"]
@@ -108,6 +114,14 @@ class _Registration(pb_grpc.RegistrationServicer):
         return pb.Empty()
 
 
+class _PodResources(pr_grpc.PodResourcesListerServicer):
+    def __init__(self, kubelet: KubeletStandIn) -> None:
+        self.kubelet = kubelet
+
+    def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
+        return pr.ListPodResourcesResponse(pod_resources=self.kubelet.pod_resources())
+
+
 class KubeletStandIn:
     """kubelet's device manager, reduced to what a device plugin can observe."""
 
@@ -124,7 +138,8 @@ class KubeletStandIn:
         self.before_container = before_container
         self.resources: dict[str, ResourceState] = {}
         self.in_use: dict[str, dict[str, str]] = {}  # resource -> fake ID -> pod uid
-        self.admitted: dict[str, list[AdmittedContainer]] = {}
+        self.admitted: dict[str, list[AdmittedContainer]] = {}  # pods being admitted or admitted, by uid
+        self.pod_names: dict[str, tuple[str, str]] = {}  # uid -> (namespace, name) of those pods
         self.cond = threading.Condition()
         self._server: grpc.Server | None = None
         self._generation = 0
@@ -136,14 +151,22 @@ class KubeletStandIn:
         """Path of the Registration socket."""
         return self.dir / "kubelet.sock"
 
+    @property
+    def pod_resources_socket(self) -> Path:
+        """Path of the pod-resources socket (kubelet's layout: a sibling of the device-plugin directory)."""
+        return self.dir.parent / "pod-resources" / "kubelet.sock"
+
     def start(self) -> KubeletStandIn:
-        """Serve `kubelet.sock` (the directory is created if needed)."""
+        """Serve `kubelet.sock` and the pod-resources socket (directories are created if needed)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        if self.socket.exists():
-            self.socket.unlink()
+        self.pod_resources_socket.parent.mkdir(parents=True, exist_ok=True)
+        for path in (self.socket, self.pod_resources_socket):
+            path.unlink(missing_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         pb_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        pr_grpc.add_PodResourcesListerServicer_to_server(_PodResources(self), server)
         server.add_insecure_port(f"unix://{self.socket}")
+        server.add_insecure_port(f"unix://{self.pod_resources_socket}")
         server.start()
         self._server = server
         return self
@@ -296,11 +319,16 @@ class KubeletStandIn:
         ]
         with self._admit_lock:
             result: list[AdmittedContainer] = []
+            with self.cond:
+                self.admitted[uid] = result
+                self.pod_names[uid] = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
             reusable: dict[str, list[str]] = {}  # devices of init containers, reused by later containers
             taken: dict[str, list[str]] = {}
             try:
                 for container, is_init in ordered:
                     admitted = AdmittedContainer(name=str(container.get("name") or ""), init=is_init)
+                    with self.cond:
+                        result.append(admitted)
                     needs = self._needs(container)
                     if needs and self.before_container is not None:
                         self.before_container(pod, admitted.name)
@@ -330,18 +358,16 @@ class KubeletStandIn:
                         with self.cond:
                             for device in ids:
                                 self.in_use.setdefault(resource, {})[device] = uid
+                            admitted.devices[resource] = ids
                         taken.setdefault(resource, []).extend(ids)
                         if is_init:
                             reusable[resource] = sorted(set(reusable.get(resource, [])) | set(ids))
                         else:
                             reusable[resource] = [d for d in reusable.get(resource, []) if d not in ids]
-                        admitted.devices[resource] = ids
                         admitted.responses[resource] = answer.container_responses[0]
-                    result.append(admitted)
             except Exception:
                 self.release(uid)
                 raise
-            self.admitted[uid] = result
         if self.on_admitted is not None:
             self.on_admitted(dict(pod), {c.name: list(c.responses.values()) for c in result})
         return result
@@ -353,6 +379,18 @@ class KubeletStandIn:
                 for device in [d for d, owner in used.items() if owner == pod_uid]:
                     del used[device]
             self.admitted.pop(pod_uid, None)
+            self.pod_names.pop(pod_uid, None)
+
+    def pod_resources(self) -> list[pr.PodResources]:
+        """What the pod-resources API's List answers: pods being admitted or admitted, devices per container."""
+        with self.cond:
+            return [
+                pr.PodResources(namespace=namespace, name=name, containers=[
+                    pr.ContainerResources(name=c.name, devices=[
+                        pr.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in c.devices.items()
+                    ]) for c in self.admitted.get(uid, ()) if not c.init
+                ]) for uid, (namespace, name) in self.pod_names.items()
+            ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,11 +10,13 @@ process sees through its environment instead, faithfully to what the container w
     `CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/<uuid4>.cache` becomes
     `$HOOK_PATH/vgpu/containers/<podUID>_<container>/<uuid4>.cache` (the file the node monitor reads);
   * the `/etc/ld.so.preload` mount cannot be bind-mounted without privileges: its host file is read, each listed
-    library is mapped through the mounts (`/usr/local/vgpu/libvgpu.so` -> its host path) and put in `LD_PRELOAD`.
-    No such mount (the plugin omits it when the container sets CUDA_DISABLE_CONTROL) means no preload, as in a
-    real container;
+    library is mapped through the mounts (`/usr/local/vgpu/libvgpu.so` -> its host path, where the device plugin
+    installs it) and put in `LD_PRELOAD`. No such mount (the plugin omits it when the container sets
+    CUDA_DISABLE_CONTROL) means no preload, as in a real container. A read-only mount whose host file is missing
+    fails the container's start (StartError), as a container runtime refuses to bind-mount it;
   * the GPU: `NVIDIA_VISIBLE_DEVICES` selects, from the node's published inventory, the simulated devices the
-    process's `libcuda.so.1` (isolation/build/simgpu, first in `LD_LIBRARY_PATH`) exposes, in that order.
+    process's `libcuda.so.1` (isolation/build/simgpu, first in `LD_LIBRARY_PATH`) exposes, in that order and
+    under the UUIDs the device plugin advertised (NVML and cuDeviceGetUuid report them).
     Processes on one node that hold the same single GPU share one simulated device state file, so they contend
     for its memory and its kernel timeline as processes on one real GPU do.
 
@@ -48,7 +50,6 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
-_WARNED_NO_HOOK_LIB = False
 
 # SM counts of the simulated models (what NVML would report); unknown cards get 80.
 _SM_COUNTS = {"A100": 108, "H100": 132, "H200": 132, "V100": 80, "T4": 40, "A10": 72, "A30": 56, "L4": 58,
@@ -111,12 +112,13 @@ def map_to_host(path: str, mounts: Sequence[tuple[str, str, bool]]) -> str | Non
 
 def sim_devices_env(visible: Sequence[str], inventory: Mapping[str, tuple[str, int]], state_dir: Path,
                     memory_factor: int = 1) -> dict[str, str]:
-    """SIMGPU_DEVICES / SIMGPU_STATE for a process that sees the GPUs `visible` (UUIDs, in order)."""
+    """SIMGPU_DEVICES / SIMGPU_STATE for a process that sees the GPUs `visible` (UUIDs, in order); the simulated
+    driver reports each device under its UUID, as NVML does for the GPU the plugin advertised."""
     specs = []
     for uuid in visible:
         name, memory_units = inventory.get(uuid, (f"Sim-{uuid[-6:]}", 16384))
         sms = next((n for key, n in _SM_COUNTS.items() if key in name), 80)
-        specs.append(f"{name.replace(',', ' ').replace(':', ' ')}:{memory_units * memory_factor}:{sms}")
+        specs.append(f"{name.replace(',', ' ').replace(':', ' ')}:{memory_units * memory_factor}:{sms}:{uuid}")
     state_dir.mkdir(parents=True, exist_ok=True)
     if len(visible) == 1:
         state = state_dir / f"{visible[0]}.state"
@@ -141,9 +143,13 @@ def _downward(pod: Obj, path: str) -> str:
     return str(table.get(path) or "")
 
 
-def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, lib: Path | None, sim_dir: Path | None,
+def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, sim_dir: Path | None,
                   inventory: Mapping[str, tuple[str, int]], state_dir: Path, memory_factor: int = 1) -> dict[str, str]:
-    """The environment of the local process standing for `container` (see the module docstring)."""
+    """The environment of the local process standing for `container` (see the module docstring); raises
+    FileNotFoundError for a read-only mount whose host file is missing, as a container runtime refuses it."""
+    for cpath, hpath, read_only in alloc.mounts:
+        if read_only and hpath and not Path(hpath).exists():
+            raise FileNotFoundError(f"mount {cpath}: host path {hpath} does not exist")
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TERM") if k in os.environ}
     env["HOSTNAME"] = str((pod.get("metadata") or {}).get("name") or "")
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
@@ -164,22 +170,10 @@ def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, lib: Pat
     preload_host = map_to_host("/etc/ld.so.preload", alloc.mounts)
     if preload_host is not None:
         libs = []
-        try:
-            entries = Path(preload_host).read_text().split()
-        except OSError:
-            entries = ["/usr/local/vgpu/libvgpu.so"]
-        for entry in entries:
+        for entry in Path(preload_host).read_text().split():
             host = map_to_host(entry, alloc.mounts)
             if host and Path(host).exists():
                 libs.append(host)
-            elif entry.endswith("libvgpu.so") and lib is not None:
-                # nothing installed libvgpu.so at the mount's host path (a real container would get an empty
-                # mount there): use the build, and say so once
-                global _WARNED_NO_HOOK_LIB
-                if not _WARNED_NO_HOOK_LIB:
-                    log.warning("event=libvgpu_not_installed host_path=%s fallback=%s", host, lib)
-                    _WARNED_NO_HOOK_LIB = True
-                libs.append(str(lib))
         if libs:
             env["LD_PRELOAD"] = ":".join(libs + ([env["LD_PRELOAD"]] if env.get("LD_PRELOAD") else []))
     # the simulated GPU behind libcuda.so.1
@@ -233,7 +227,7 @@ class PodRunner:
         self.memory_factor = memory_factor
         self._kubeconfig = kubeconfig
         self._api = api
-        self.lib, self.sim_dir = isolation_paths()
+        _, self.sim_dir = isolation_paths()
         self.pods: dict[str, _Running] = {}
         self.lock = threading.Lock()
         self.on_exit = on_exit
@@ -304,7 +298,7 @@ class PodRunner:
         return self.pod_state_dir / f"{uid}_{container}.exit"
 
     def _spawn(self, pod: Obj, container: Obj, alloc: ContainerAllocation) -> subprocess.Popen[bytes]:
-        env = translate_env(pod, container, alloc, self.lib, self.sim_dir, self.inventory(), self.state_dir,
+        env = translate_env(pod, container, alloc, self.sim_dir, self.inventory(), self.state_dir,
                             self.memory_factor)
         meta = pod.get("metadata") or {}
         log_path = self.logs / f"{meta.get('namespace') or 'default'}_{meta.get('name')}_{container.get('name')}.log"
@@ -451,6 +445,8 @@ class PodRunner:
                 self.pods.pop(uid, None)
             return
         phase = "Failed" if failed else "Succeeded"
+        if self.on_exit is not None:
+            self.on_exit(pod, phase)  # kubelet frees the devices before anyone can see the pod finished
         self._patch_status(pod, {
             "phase": phase, "startTime": start_time,
             "conditions": [{"type": t, "status": "False", "reason": "PodCompleted", "lastTransitionTime": _now()}
@@ -460,8 +456,6 @@ class PodRunner:
         })
         self._record(ev="finished", uid=uid, pod=_key(pod), node=self.node_name, phase=phase)
         (self.pod_state_dir / f"{uid}.json").unlink(missing_ok=True)
-        if self.on_exit is not None:
-            self.on_exit(pod, phase)
 
     def _kill(self, running: _Running) -> None:
         groups = [proc.pid for proc in running.procs.values() if proc.poll() is None]

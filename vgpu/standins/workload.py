@@ -3,9 +3,9 @@
 A small CUDA driver-API program written with ctypes against `libcuda.so.1` (the simulated driver under
 isolation/build/simgpu when run by the pod runner, with libvgpu.so preloaded). On every visible device it creates a
 context, reads `cuMemGetInfo`, allocates `--mib` MiB in `--chunk` MiB steps, launches `--kernels` kernels, holds
-the memory for `--hold` seconds and frees it. It prints one JSON line (prefix `VGPU-WORKLOAD `) with what it saw:
+the memory for `--hold` seconds (or until `--release-file` exists) and frees it. It prints one JSON line (prefix `VGPU-WORKLOAD `) with what it saw:
 the GPU env it was given, per device the total memory the driver reported, how much it allocated and where
-CUDA_ERROR_OUT_OF_MEMORY stopped it.
+CUDA_ERROR_OUT_OF_MEMORY stopped it, and the GPU UUIDs NVML reports.
 
 Exit status: 0 when the behaviour matches the expectation (`--expect-oom`: an allocation past the limit must be
 refused with CUDA_ERROR_OUT_OF_MEMORY and nothing past the limit allocated; otherwise every allocation must succeed),
@@ -57,6 +57,24 @@ def _load() -> ctypes.CDLL:
     return cuda
 
 
+def _nvml_uuids() -> list[str] | None:
+    """GPU UUIDs as NVML reports them, in NVML index order (None when NVML cannot be loaded or fails)."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    count, handle, text = ctypes.c_uint(0), ctypes.c_void_p(), ctypes.create_string_buffer(96)
+    if nvml.nvmlInit_v2() or nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)):
+        return None
+    uuids = []
+    for i in range(count.value):
+        if nvml.nvmlDeviceGetHandleByIndex_v2(i, ctypes.byref(handle)) or \
+                nvml.nvmlDeviceGetUUID(handle, text, ctypes.c_uint(len(text))):
+            return None
+        uuids.append(text.value.decode())
+    return uuids
+
+
 def _check(call: str, code: int) -> None:
     if code != CUDA_SUCCESS:
         raise CudaError(call, code)
@@ -83,6 +101,7 @@ def run(args: argparse.Namespace) -> dict:
             report["limits"][key] = value
     cuda = _load()
     _check("cuInit", cuda.cuInit(0))
+    report["nvml_uuids"] = _nvml_uuids()
     count = ctypes.c_int(0)
     _check("cuDeviceGetCount", cuda.cuDeviceGetCount(ctypes.byref(count)))
     held: list[tuple[ctypes.c_void_p, int]] = []
@@ -127,8 +146,8 @@ def run(args: argparse.Namespace) -> dict:
             report["result"] = "unexpected-oom"
     if args.hold:
         deadline = time.monotonic() + args.hold
-        while time.monotonic() < deadline:
-            time.sleep(min(0.5, deadline - time.monotonic()))
+        while time.monotonic() < deadline and not (args.release_file and os.path.exists(args.release_file)):
+            time.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
     for ctx, ptr in held:
         cuda.cuCtxSetCurrent(ctx)
         cuda.cuMemFree_v2(ptr)
@@ -144,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernel-ns", type=int, default=2000, help="simulated ns per block of each kernel")
     ap.add_argument("--grid", type=int, default=500, help="blocks per launch")
     ap.add_argument("--hold", type=float, default=0.0, help="seconds to keep the memory before freeing it")
+    ap.add_argument("--release-file", default=None, help="stop holding early once this file exists")
     ap.add_argument("--expect-oom", action="store_true", help="the allocation must be refused past the limit")
     args = ap.parse_args(argv)
     try:
