@@ -451,8 +451,9 @@ def run_demo(args: argparse.Namespace) -> int:
         print("\nsummary:", file=out)
         for line in lines:
             print(line, file=out)
-        print(f"vgpu demo: {'PASS' if ok else 'FAIL'}: {len(pods)} pod(s); logs in {workdir}/logs and "
-              f"{workdir}/node-*/logs", file=out, flush=True)
+        kept = args.workdir or args.keep_workdir or not ok
+        where = f"logs in {workdir}/logs and {workdir}/node-*/logs" if kept else "--keep-workdir keeps the logs"
+        print(f"vgpu demo: {'PASS' if ok else 'FAIL'}: {len(pods)} pod(s); {where}", file=out, flush=True)
         status = 0 if ok else 1
     except KeyboardInterrupt:
         print("\nvgpu demo: interrupted, stopping", file=out, flush=True)
