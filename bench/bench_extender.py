@@ -129,6 +129,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _wait_listening(port: int, timeout: float = 60.0) -> None:
+    """Block until uvicorn accepts connections on `port` ("ready" is printed before it binds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def http_latency(pods: int, mode: str, requests: int, policy: str) -> dict:
     import http.client
 
@@ -144,6 +157,7 @@ def http_latency(pods: int, mode: str, requests: int, policy: str) -> dict:
         line = proc.stdout.readline().decode().strip()
         if line != "ready":
             raise RuntimeError(f"server did not start: {line!r}")
+        _wait_listening(port)
         build_s = time.perf_counter() - t0
         names = [f"node-{n:04d}" for n in range(N_NODES)]
         # A lean keep-alive client (stdlib http.client), closer to kube-scheduler's Go client than httpx.
