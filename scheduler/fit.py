@@ -99,13 +99,20 @@ GPU_ORDERS: dict[str, GPUOrder] = {"binpack": binpack_order, "spread": spread_or
 _STATIC = (Reason.MODE, Reason.TYPE, Reason.UUID, Reason.TOO_SMALL)
 
 
+def _type_ok(device_type: str, selectors: Selectors) -> bool:
+    return _DEVICE_TYPE in device_type.lower() and selectors.type_allowed(device_type)
+
+
+_DEVICE_TYPE = keys.DEVICE_TYPE.lower()
+
+
 def _reject(
-    device: GPUDevice, used: GPUUsage, request: ContainerRequest, memory: int, selectors: Selectors
+    device: GPUDevice, used: GPUUsage, request: ContainerRequest, memory: int, selectors: Selectors, type_ok: bool
 ) -> str | None:
     """The first reason this GPU cannot take the container now, or None if it can."""
     if selectors.mode and selectors.mode != device.mode:
         return Reason.MODE
-    if keys.DEVICE_TYPE.lower() not in device.type.lower() or not selectors.type_allowed(device.type):
+    if not type_ok:
         return Reason.TYPE
     if not selectors.uuid_allowed(device.uuid):
         return Reason.UUID
@@ -148,6 +155,10 @@ def fit(
     if not devices:
         return FitResult(ok=False, reason="node has no vGPU devices", unresolvable=True)
     tentative = [GPUUsage(u.shares, u.memory, u.cores) for u in usage]
+    type_ok: dict[str, bool] = {}  # per card type: nodes usually have one
+    for device in devices:
+        if device.type not in type_ok:
+            type_ok[device.type] = _type_ok(device.type, selectors)
     placement: list[tuple[int, ...]] = []
     grants: list[tuple[DeviceGrant, ...]] = []
     for request in requests:
@@ -161,7 +172,9 @@ def fit(
         rejected: dict[str, int] = {}
         static_ok = 0
         for i, device in enumerate(devices):
-            why = _reject(device, tentative[i], request, request.memory_on(device.memory), selectors)
+            why = _reject(
+                device, tentative[i], request, request.memory_on(device.memory), selectors, type_ok[device.type]
+            )
             if why is None:
                 candidates.append(i)
                 static_ok += 1

@@ -10,7 +10,8 @@ arrivals reach 100 % and 130 % of capacity. Called by `vgpu replay` (scheduler/r
 Trace rows map to our resources as `vgpu-number = num_gpu`, `vgpu-cores = gpu_milli / 10` (rounded down; the
 exact share is carried by memory) and `vgpu-memory = card MiB * gpu_milli / 1000`. Memory is counted in units of
 1/1000 MiB (`MEMORY_UNITS_PER_MIB`) so that this product is exact and fit enforces exactly the trace's milli-GPU.
-Fit and score results are memoised per (GPU state, policy context class, pod spec), since many nodes share a state.
+Fit results are memoised per (GPU state, policy context class, GPU request) and scores per (GPU state, policy
+context class, pod spec), since many nodes share a state and many pods a request.
 """
 
 from __future__ import annotations
@@ -348,14 +349,16 @@ def replay(
     tie_rng = np.random.default_rng([seed, 7])
     # Per distinct trace pod: requests, selectors, context and an id for the memo keys.
     spec_ids: dict[tuple, int] = {}
-    specs: list[tuple[tuple[ContainerRequest, ...], Selectors, PodContext]] = []
+    specs: list[tuple[tuple[ContainerRequest, ...], Selectors, PodContext, int]] = []
+    gpu_spec_ids: dict[tuple, int] = {}  # the GPU part alone: what fit depends on besides the node
     pod_spec = np.empty(len(pods), dtype=np.int64)
     for i, p in enumerate(pods):
         key = (p.cpu, p.memory, p.num_gpu, p.gpu_milli, p.gpu_spec)
         sid = spec_ids.get(key)
         if sid is None:
             sid = spec_ids[key] = len(specs)
-            specs.append((p.requests(), p.selectors(), p.context()))
+            gpu_sid = gpu_spec_ids.setdefault(key[2:], len(gpu_spec_ids))
+            specs.append((p.requests(), p.selectors(), p.context(), gpu_sid))
         pod_spec[i] = sid
     fit_memo: dict[tuple[int, int, int], FitResult] = {}
     score_memo: dict[tuple[int, int], float | None] = {}
@@ -369,7 +372,7 @@ def replay(
     for e, j in enumerate(sequence):
         pod = pods[j]
         spec = int(pod_spec[j])
-        requests, selectors, podctx = specs[spec]
+        requests, selectors, podctx, gpu_spec = specs[spec]
         arrived += pod.gpu_total
         policy.observe(requests, podctx)
         v = getattr(policy, "epoch", 0)
@@ -390,7 +393,7 @@ def replay(
                 value = score_memo.get((c, spec), 0)
                 if value == 0:
                     n = int(idx[first[k]])
-                    fkey = (c >> 32, (c & 0xFFFFFFFF) if order_by_bin else 0, spec)
+                    fkey = (c >> 32, (c & 0xFFFFFFFF) if order_by_bin else 0, gpu_spec)
                     result = fit_memo.get(fkey)
                     ctx = cluster.context(n)
                     if result is None:

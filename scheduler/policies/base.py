@@ -45,8 +45,9 @@ class NodePolicy(Protocol):
     - `gpu_order_for(node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None`: a GPU order that
       depends on the node context (`gpu_order` is then the order used without context);
     - `context_bins(cpu_free, memory_free, pod) -> numpy int array`: for arrays of node free CPU / memory, a
-      class per node such that two nodes with the same GPU state and class get the same score and GPU order
-      (the replay memoises on it). Without it the score must not depend on the node context at all.
+      class per node such that two nodes with the same GPU state and class get the same score for this pod, and
+      the same GPU order for every pod with the same GPU requests and class (the replay memoises on it). Without
+      it the score must not depend on the node context at all.
     """
 
     name: str

@@ -29,6 +29,7 @@ from vgpu.requests import ContainerRequest, Selectors
 
 __all__ = ["PodType", "TypeTable", "FGD", "FragAware", "pod_type", "typical_types"]
 
+MEMO_LIMIT = 500_000  # entries kept per memo before it starts over (bounds a long-running extender's memory)
 _REF_CARD = GPUDevice(uuid="reference", split=1, memory=1_000_000, type="reference")
 _EMPTY_PODCTX = PodContext()
 
@@ -95,6 +96,8 @@ class TypeTable:
         self._sels = [t[2] for t, _ in types]
         self.cpu_levels = np.unique(self.cpu)
         self._columns: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._stacked: dict[tuple, tuple[np.ndarray, ...]] = {}
+        self._items: dict[tuple, tuple] = {}  # one GPU's device and usage -> its part of a memo key
         self.memo: dict[Hashable, float] = {}
 
     def __len__(self) -> int:
@@ -121,12 +124,27 @@ class TypeTable:
             self._columns[card] = cols
         return cols
 
+    def _node_columns(self, cards: tuple[tuple[int, str], ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per (type, GPU) matrices of memory and cores needed and type allowed, for a node's cards in order."""
+        cols = self._stacked.get(cards)
+        if cols is None:
+            per_card = [self._card_columns(c) for c in cards]
+            cols = tuple(np.stack([c[k] for c in per_card], axis=1) for k in range(3))
+            self._stacked[cards] = cols
+        return cols
+
     def fragment(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], cpu_free: int | None) -> float:
         """F_n(M) in milli-GPU for a node with these GPUs, usage and free CPU (None: unlimited)."""
         cls = self.cpu_class(cpu_free)
-        state = tuple(
-            sorted(
-                (
+        items = self._items
+        state = []
+        for d, u in zip(devices, usage):
+            raw = (d.memory, d.type, d.healthy, d.split, u.shares, u.memory, u.cores)
+            item = items.get(raw)
+            if item is None:
+                if len(items) >= MEMO_LIMIT:
+                    items.clear()
+                item = items[raw] = (
                     d.memory,
                     d.type,
                     d.memory - u.memory,
@@ -135,33 +153,29 @@ class TypeTable:
                     u.shares < d.split and d.healthy,
                     u.shares == 0,
                 )
-                for d, u in zip(devices, usage)
-            )
-        )
-        key = (state, cls)
+            state.append(item)
+        state.sort()
+        key = (tuple(state), cls)
         value = self.memo.get(key)
         if value is None:
-            value = self._compute(state, cls)
+            if len(self.memo) >= MEMO_LIMIT:
+                self.memo.clear()
+            value = self._compute(key[0], cls)
             self.memo[key] = value
         return value
 
     def _compute(self, state: tuple, cls: int) -> float:
-        if not len(self.types):
+        if not len(self.types) or not state:
             return 0.0
-        idle = np.array([s[4] for s in state], dtype=np.float64)
+        gpus = np.array([s[2:] for s in state], dtype=np.int64)
+        free_mem, free_cores, idle_int, open_, empty = gpus.T
+        idle = idle_int.astype(np.float64)
         total = idle.sum()
         if total == 0:
             return 0.0
-        cols = [self._card_columns((s[0], s[1])) for s in state]
-        need_mem = np.stack([c[0] for c in cols], axis=1)
-        need_cores = np.stack([c[1] for c in cols], axis=1)
-        allowed = np.stack([c[2] for c in cols], axis=1)
-        free_mem = np.array([s[2] for s in state], dtype=np.int64)
-        free_cores = np.array([s[3] for s in state], dtype=np.int64)
-        open_ = np.array([s[5] for s in state], dtype=bool)
-        empty = np.array([s[6] for s in state], dtype=bool)
-        fits = (free_mem >= need_mem) & (free_cores >= need_cores) & open_ & allowed
-        fits &= (need_cores < 100) | empty
+        need_mem, need_cores, allowed = self._node_columns(tuple((s[0], s[1]) for s in state))
+        fits = (free_mem >= need_mem) & (free_cores >= need_cores) & (open_ > 0) & allowed
+        fits &= (need_cores < 100) | (empty > 0)
         usable = fits.astype(np.float64) @ idle
         if not self.cpu_capacity:
             cpu_ok = self.cpu <= (self.cpu_levels[cls - 1] if cls > 0 else -1)
@@ -263,18 +277,26 @@ class _FragDescent:
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
         return self.table.bins(cpu_free, pod.cpu)
 
-    def _gpu_score(self, devices, usage, request, i, before, cpu_after) -> int:
-        after = [GPUUsage(u.shares, u.memory, u.cores) for u in usage]
-        after[i].add(request.memory_on(devices[i].memory), request.cores)
-        return _sigmoid_score(before - self.table.fragment(devices, after, cpu_after))
-
     def gpu_order_for(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder:
         def order(devices, usage, request, candidates):
             if request.count != 1:
                 return lowest_index_order(devices, usage, request, candidates)
             before = self.table.fragment(devices, usage, _cpu(node))
             cpu_after = _cpu_after(node, pod)
-            scores = {i: self._gpu_score(devices, usage, request, i, before, cpu_after) for i in candidates}
+            # GPUs in the same state score the same (F does not depend on GPU order): score each state once.
+            by_state: dict[tuple, int] = {}
+            scores = {}
+            for i in candidates:
+                d, u = devices[i], usage[i]
+                state = (d.memory, d.type, d.healthy, d.split, u.shares, u.memory, u.cores)
+                score = by_state.get(state)
+                if score is None:
+                    taken = GPUUsage(u.shares, u.memory, u.cores)
+                    taken.add(request.memory_on(d.memory), request.cores)
+                    after = list(usage)
+                    after[i] = taken
+                    score = by_state[state] = _sigmoid_score(before - self.table.fragment(devices, after, cpu_after))
+                scores[i] = score
             return sorted(candidates, key=lambda i: (-scores[i], i))
 
         return order
@@ -296,7 +318,6 @@ class _FragDescent:
         before = self.table.fragment(devices, usage, _cpu(node))
         after = self.table.fragment(devices, usage_after(usage, result), _cpu_after(node, pod))
         return float(_sigmoid_score(before - after))
-
 
 
 
