@@ -91,16 +91,16 @@ def build(pods: int, mode: str, policy: str):
     from scheduler.policies import make_policy
 
     ledger = Ledger()
-    for node in make_nodes():
-        ledger.on_node(node)
-    for p in running_pods(pods, random.Random(1)):
-        ledger.on_pod(p)
 
     def binder(namespace, name, uid, node, annotations):  # the API server + the watch event it causes
         ledger.on_pod({"metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
                        "spec": {"nodeName": node}, "status": {"phase": "Pending"}})
 
-    ext = Extender(ledger, make_policy(policy), "binpack", mode, binder=binder)
+    ext = Extender(ledger, make_policy(policy), "binpack", mode, binder=binder)  # before the watch, as vgpu scheduler
+    for node in make_nodes():
+        ledger.on_node(node)
+    for p in running_pods(pods, random.Random(1)):
+        ledger.on_pod(p)
     gc.collect()
     gc.freeze()
     return ledger, ext

@@ -11,7 +11,9 @@ node whose usage changed since the last pod of that shape. Nothing here walks th
 Node-policy scores are cached with the fit result. A policy whose scores change without any node changing (one
 that learns the workload through `observe`) exposes an integer attribute `epoch` and increments it when its
 scores change; cached fits and scores from an older epoch are recomputed. Without `epoch` scores are treated as a pure
-function of the node's devices, usage and the request. `observe` is called once per pod, at its first /filter.
+function of the node's devices, usage and the request. `observe` is called once per vGPU pod, when the pod watch
+first shows it or at its first /filter, whichever comes first: a restarted extender learns the workload from the
+pods already running instead of starting from nothing.
 
 Bind sends one `pods/binding` carrying the contract's annotations (through the injected `binder`); there is no
 node lock, because the device plugin identifies the pod from the assignment itself.
@@ -143,10 +145,11 @@ class Extender:
         self.ready = ready or (lambda: "")
         self.clock = clock
         self._signatures: dict[tuple[Any, ...], int] = {}
-        self._seen: OrderedDict[str, _PodInfo] = OrderedDict()
+        self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()  # pods learned from, by UID
         self._seen_max = 20000
         self._seen_lock = threading.Lock()
         self._next_sig = 0
+        ledger.pod_listeners.append(self.observe_pod)
 
     # ------------------------------------------------------------------ helpers
 
@@ -171,18 +174,40 @@ class Extender:
         info = _PodInfo(ref["namespace"], ref["name"], ref["uid"], pod_requests(pod, self.config),
                         pod_selectors(pod))
         key = info.uid or f"{info.namespace}/{info.name}"
+        if self._remember(key, info) and info.requests:
+            self._observe(info.requests)
+        return info
+
+    def _remember(self, key: str, info: _PodInfo | None) -> bool:
+        """Record a pod as seen (bounded, least recently seen dropped first); True when it is new."""
         with self._seen_lock:
             new = key not in self._seen
-            self._seen[key] = info
+            if info is not None or new:
+                self._seen[key] = info
             self._seen.move_to_end(key)
             while len(self._seen) > self._seen_max:
                 self._seen.popitem(last=False)
-        if new and info.requests:
-            try:
-                self.policy.observe(info.requests)  # policies learn from every pod they are asked to place
-            except Exception:  # noqa: BLE001 - a learning policy must never fail a request
-                log.exception("policy observe failed policy=%s", self.policy.name)
-        return info
+        return new
+
+    def _observe(self, requests: tuple[ContainerRequest, ...]) -> None:
+        try:
+            self.policy.observe(requests)  # policies learn from every vGPU pod they see
+        except Exception:  # noqa: BLE001 - a learning policy must never fail a request
+            log.exception("policy observe failed policy=%s", self.policy.name)
+
+    def observe_pod(self, pod: Mapping[str, Any]) -> None:
+        """Let the node policy learn from a pod of the watch (once per pod; invalid or non-vGPU pods are skipped)."""
+        meta = pod.get("metadata") or {}
+        key = meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+        with self._seen_lock:
+            if key in self._seen:
+                return
+        try:
+            requests = pod_requests(pod, self.config)
+        except VGPUError:
+            return
+        if requests and self._remember(key, None):
+            self._observe(requests)
 
     def _entry(self, state: NodeState, sig: int, info: _PodInfo, epoch: int, want_score: bool) -> _Entry:
         entry = state.cache.get(sig)
@@ -450,7 +475,8 @@ class Extender:
             return self._bind_failed(ref, node, f"binding failed: {exc}")
         ledger.mark_bound(key)
         with self._seen_lock:
-            self._seen.pop(key, None)
+            if key in self._seen:
+                self._seen[key] = None  # keep the key (the pod was learned from), drop the parsed request
         self.events(ref, "Normal", "BindingSucceeded", f"bound to {node} with GPUs {value}")
         return {"Error": ""}
 

@@ -142,7 +142,8 @@ class Ledger:
         self._by_node: dict[str, set[str]] = {}
         self._expiry: list[tuple[float, str]] = []
         self._number_names = tuple(n.number for n in self.config.name_sets())
-        self.listeners: list[Callable[[str], None]] = []
+        self.listeners: list[Callable[[str], None]] = []  # called with a node name when its state changed
+        self.pod_listeners: list[Callable[[Mapping[str, Any]], None]] = []  # called with every watched pod
 
     # ------------------------------------------------------------------ nodes
 
@@ -277,6 +278,8 @@ class Ledger:
 
     def on_pod(self, pod: Mapping[str, Any]) -> None:
         """Account a pod from a watch add/update event."""
+        for listener in self.pod_listeners:
+            listener(pod)
         uid = pod_key(pod)
         meta = pod.get("metadata") or {}
         spec = pod.get("spec") or {}

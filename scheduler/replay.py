@@ -361,7 +361,7 @@ def replay(
             specs.append((p.requests(), p.selectors(), p.context(), gpu_sid))
         pod_spec[i] = sid
     fit_memo: dict[tuple[int, int, int], FitResult] = {}
-    score_memo: dict[tuple[int, int], float | None] = {}
+    score_memo: dict[tuple[tuple[int, int], int], float | None] = {}
     version = getattr(policy, "epoch", 0)
     n_events = len(sequence)
     arrived_hist = np.zeros(n_events, dtype=np.int64)
@@ -385,15 +385,20 @@ def replay(
         chosen = -1
         if len(idx):
             comb = cluster.sid[idx] << 32
-            if bins_fn is not None:
-                comb |= bins_fn(cluster.cpu_free[idx], cluster.mem_free[idx], podctx).astype(np.int64)
+            bin_values = [0]
+            if bins_fn is not None:  # context classes may be any int64: group on their dense ids
+                raw_bins = bins_fn(cluster.cpu_free[idx], cluster.mem_free[idx], podctx).astype(np.int64)
+                values, dense = np.unique(raw_bins, return_inverse=True)
+                comb |= dense.reshape(-1)
+                bin_values = values.tolist()
             uniq, first, inverse = np.unique(comb, return_index=True, return_inverse=True)
             scores = np.empty(len(uniq))
             for k, c in enumerate(uniq.tolist()):
-                value = score_memo.get((c, spec), 0)
+                group = (c >> 32, bin_values[c & 0xFFFFFFFF])
+                value = score_memo.get((group, spec), 0)
                 if value == 0:
                     n = int(idx[first[k]])
-                    fkey = (c >> 32, (c & 0xFFFFFFFF) if order_by_bin else 0, gpu_spec)
+                    fkey = (group[0], group[1] if order_by_bin else 0, gpu_spec)
                     result = fit_memo.get(fkey)
                     ctx = cluster.context(n)
                     if result is None:
@@ -405,7 +410,7 @@ def replay(
                         if result.ok
                         else None
                     )
-                    score_memo[(c, spec)] = value
+                    score_memo[(group, spec)] = value
                 scores[k] = -np.inf if value is None else value
             node_scores = scores[inverse.reshape(-1)]
             best = node_scores.max()

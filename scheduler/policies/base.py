@@ -1,9 +1,10 @@
 """The node-policy interface and its registry.
 
-The extender calls `make_policy(name)` once, then `.score` for every feasible node of a pod and `.observe` for
-every pod it is asked to place. The trace replay (`scheduler.replay`) calls the same objects, and additionally
-passes the optional node context (free CPU and memory) and pod context (CPU and memory requests) that policies
-such as `fgd` and `fragaware` use; the extender passes none, and every policy must work without them.
+The extender calls `make_policy(name)` once, then `.score` for every feasible node of a pod and `.observe` once
+for every vGPU pod it sees (in the pod watch or at /filter). The trace replay (`scheduler.replay`) calls the same
+objects, and additionally passes the optional node context (free CPU and memory) and pod context (CPU and memory
+requests) that policies such as `fgd` and `fragaware` use; the extender passes none, and every policy must work
+without them.
 """
 
 from collections.abc import Callable, Sequence
@@ -67,7 +68,7 @@ class NodePolicy(Protocol):
         ...
 
     def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
-        """Learn from a pod the scheduler was asked to place (policies that learn the workload online)."""
+        """Learn from a pod the scheduler has seen (policies that learn the workload online)."""
         ...
 
 

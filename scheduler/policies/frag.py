@@ -209,45 +209,45 @@ def _cpu_after(node: NodeContext | None, pod: PodContext | None) -> int | None:
     return None if node is None else node.cpu_free - (pod.cpu if pod else 0)
 
 
+def _sigmoid(x: float) -> float:
+    if x >= 0:
+        return 1.0 / (1.0 + math.exp(-x))
+    e = math.exp(x)
+    return e / (1.0 + e)
+
+
 def _sigmoid_score(delta: float) -> int:
     """The simulator's int(sigmoid((F_before - F_after)/1000) * 100)."""
-    x = delta / 1000.0
-    if x >= 0:
-        s = 1.0 / (1.0 + math.exp(-x))
-    else:
-        e = math.exp(x)
-        s = e / (1.0 + e)
-    return int(s * 100)
+    return int(_sigmoid(delta / 1000.0) * 100)
 
 
 class _Learner:
-    """Counts observed pod types and offers a new table at 1, 2, 4, ... pods, then every `period` pods, when the
-    target has drifted: other types, or a total variation distance above `drift` from the current one."""
+    """Counts observed pod types and offers a new target at 1, 2, 4, ... pods, then every `period` pods, when it
+    has drifted: other types, or a total variation distance above `drift` from the current one."""
 
-    def __init__(self, coverage: float, period: int, cpu_capacity: bool = False, drift: float = 0.0) -> None:
+    def __init__(self, coverage: float, period: int, drift: float = 0.0) -> None:
         self.coverage = coverage
         self.period = period
-        self.cpu_capacity = cpu_capacity
         self.drift = drift
         self.counts: Counter = Counter()
         self.seen = 0
 
     def add(self, t: PodType) -> bool:
-        """Count one pod; True when the table should be rebuilt."""
+        """Count one pod; True when the target should be rebuilt."""
         self.counts[t] += 1
         self.seen += 1
         n = self.seen
         return (n & (n - 1)) == 0 if n < self.period else n % self.period == 0
 
-    def table(self, current: TypeTable) -> TypeTable | None:
-        """The table of the pods seen so far, or None when it is within `drift` of `current`."""
+    def target(self, current: Sequence[tuple[PodType, float]]) -> list[tuple[PodType, float]] | None:
+        """The typical types of the pods seen so far, or None when they are within `drift` of `current`."""
         types = typical_types(self.counts, self.coverage)
-        old = dict(current.types)
+        old = dict(current)
         if old and len(old) == len(types) and all(t in old for t, _ in types):
             distance = sum(abs(w - old[t]) for t, w in types) / 2
             if distance <= self.drift:
                 return None
-        return TypeTable(types, cpu_capacity=self.cpu_capacity)
+        return types
 
 
 class _FragDescent:
@@ -256,48 +256,62 @@ class _FragDescent:
     name = ""
     coverage = 0.95
     period = 256
-    cpu_capacity = False
     drift = 0.0
 
     def __init__(self) -> None:
-        self._learner = _Learner(self.coverage, self.period, self.cpu_capacity, self.drift)
+        self._learner = _Learner(self.coverage, self.period, self.drift)
         self._oracle = False
-        self.table = TypeTable([], cpu_capacity=self.cpu_capacity)
         self.epoch = 0
+        self._install([])
+
+    def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
+        """Make `types` the target workload."""
+        self.table = TypeTable(types)
 
     def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
         if self._oracle:
             return
         if self._learner.add(pod_type(requests, pod)):
-            table = self._learner.table(self.table)
-            if table is not None:
-                self.table = table
+            types = self._learner.target(self.table.types)
+            if types is not None:
+                self._install(types)
                 self.epoch += 1
 
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
         return self.table.bins(cpu_free, pod.cpu)
 
+    def _rank(
+        self,
+        devices: Sequence[GPUDevice],
+        before: Sequence[GPUUsage],
+        after: Sequence[GPUUsage],
+        node: NodeContext | None,
+        pod: PodContext | None,
+    ) -> float:
+        """How good the move from usage `before` to `after` is (higher is better): the integer sigmoid score."""
+        table = self.table
+        delta = table.fragment(devices, before, _cpu(node)) - table.fragment(devices, after, _cpu_after(node, pod))
+        return _sigmoid_score(delta)
+
     def gpu_order_for(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder:
         def order(devices, usage, request, candidates):
             if request.count != 1:
                 return lowest_index_order(devices, usage, request, candidates)
-            before = self.table.fragment(devices, usage, _cpu(node))
-            cpu_after = _cpu_after(node, pod)
-            # GPUs in the same state score the same (F does not depend on GPU order): score each state once.
-            by_state: dict[tuple, int] = {}
-            scores = {}
+            # GPUs in the same state rank the same (F does not depend on GPU order): rank each state once.
+            by_state: dict[tuple, float] = {}
+            ranks = {}
             for i in candidates:
                 d, u = devices[i], usage[i]
                 state = (d.memory, d.type, d.healthy, d.split, u.shares, u.memory, u.cores)
-                score = by_state.get(state)
-                if score is None:
+                rank = by_state.get(state)
+                if rank is None:
                     taken = GPUUsage(u.shares, u.memory, u.cores)
                     taken.add(request.memory_on(d.memory), request.cores)
                     after = list(usage)
                     after[i] = taken
-                    score = by_state[state] = _sigmoid_score(before - self.table.fragment(devices, after, cpu_after))
-                scores[i] = score
-            return sorted(candidates, key=lambda i: (-scores[i], i))
+                    rank = by_state[state] = self._rank(devices, usage, after, node, pod)
+                ranks[i] = rank
+            return sorted(candidates, key=lambda i: (-ranks[i], i))
 
         return order
 
@@ -315,10 +329,7 @@ class _FragDescent:
         node: NodeContext | None = None,
         pod: PodContext | None = None,
     ) -> float:
-        before = self.table.fragment(devices, usage, _cpu(node))
-        after = self.table.fragment(devices, usage_after(usage, result), _cpu_after(node, pod))
-        return float(_sigmoid_score(before - after))
-
+        return float(self._rank(devices, usage, usage_after(usage, result), node, pod))
 
 
 @register("fgd")
@@ -336,28 +347,55 @@ class FGD(_FragDescent):
     def set_workload(self, pods: Iterable[tuple[Sequence[ContainerRequest], PodContext]]) -> None:
         """Fix the target workload to these pods (the paper's oracle); observed pods are then ignored."""
         counts: Counter = Counter(pod_type(reqs, pod) for reqs, pod in pods)
-        self.table = TypeTable(typical_types(counts, self.coverage))
+        self._install(typical_types(counts, self.coverage))
         self._oracle = True
         self.epoch += 1
 
 
 @register("fragaware")
 class FragAware(_FragDescent):
-    """Ours (`vgpu replay`'s "ours"): fragmentation descent with the target learned online and CPU as capacity.
+    """Ours (`vgpu replay`'s "ours"): fragmentation descent with the target learned online, CPU-aware tie-breaks.
 
     No oracle: the target is the distribution of the pods it has been asked to place so far (`observe`), the
     types covering 99 % of them, rebuilt after 1, 2, 4, ... 128 pods and then every 256 when it has drifted
-    (other types, or a total variation distance above 2 %), so a steady workload stops invalidating caches. A type is the pod's CPU
-    request plus its per-GPU memory share, cores and GPU count (and type selectors); a GPU fits a type only when
-    its free memory, free cores and free slots all cover it. Unlike FGD, a node's free CPU bounds how much of its
-    idle GPU share each type can use (`TypeTable(cpu_capacity=True)`), so CPU-heavy pods stop stranding GPUs on
-    CPU-poor nodes. Node score and GPU choice follow FGD's integer sigmoid: equal scores go to the fixed node
-    priority, measured better than exact dF and than packing tie-breaks (docs/placement.md). Without node context
-    (the extender) CPU is unlimited and only the GPU part applies.
+    (other types, or a total variation distance above 2 %), so a steady workload stops invalidating caches. A type
+    is the pod's CPU request plus its per-GPU memory share, cores and GPU count (and type selectors); a GPU fits a
+    type only when its free memory, free cores and free slots all cover it.
+
+    The score is FGD's integer sigmoid of the fragmentation change, plus a tie-break below one point: the sigmoid
+    of the change of a second measure in which a node's free CPU also bounds how much of its idle GPU share each
+    type can use (`TypeTable(cpu_capacity=True)`). Among placements FGD ranks equal, the one that leaves CPU and
+    GPUs best matched wins, so CPU-heavy pods stop stranding GPUs on CPU-poor nodes, without overriding the
+    fragmentation descent itself (as a primary term it cost placement quality on share-heavy traces;
+    docs/placement.md). Without node context (the extender) CPU is unlimited and the tie-break is left out.
     """
 
     name = "fragaware"
     coverage = 0.99
     period = 256
-    cpu_capacity = True
     drift = 0.02
+    TIE_WEIGHT = 0.999  # the tie-break stays below one point of the integer score
+
+    def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
+        self.table = TypeTable(types)
+        self.fed = TypeTable(types, cpu_capacity=True)
+
+    def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
+        levels = len(self.table.cpu_levels) + 1
+        fed = self.fed.bins(cpu_free, pod.cpu)
+        return fed * (levels * levels) + self.table.bins(cpu_free, pod.cpu)
+
+    def _rank(
+        self,
+        devices: Sequence[GPUDevice],
+        before: Sequence[GPUUsage],
+        after: Sequence[GPUUsage],
+        node: NodeContext | None,
+        pod: PodContext | None,
+    ) -> float:
+        rank = super()._rank(devices, before, after, node, pod)
+        if node is None:
+            return rank
+        cpu_before, cpu_after = _cpu(node), _cpu_after(node, pod)
+        delta = self.fed.fragment(devices, before, cpu_before) - self.fed.fragment(devices, after, cpu_after)
+        return rank + self.TIE_WEIGHT * _sigmoid(delta / 1000.0)

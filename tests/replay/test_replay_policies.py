@@ -1,5 +1,6 @@
 """Node policies of the replay and the extender: hand-computed scores, the fragmentation measure, learning."""
 
+import math
 from collections import Counter
 
 import pytest
@@ -28,10 +29,10 @@ def used(*milli):
     return [GPUUsage(1 if m else 0, CARD * m // 1000, m // 10) for m in milli]
 
 
-def test_all_policies_registered_and_the_default_is_binpack():
+def test_all_policies_registered_and_the_default_is_ours():
     for name in ("random", "bestfit", "dotprod", "packing", "fgd", "fragaware", "binpack", "spread"):
         assert name in NODE_POLICIES
-    assert DEFAULT_NODE_POLICY == "binpack"  # until fragaware beats fgd everywhere (docs/placement.md)
+    assert DEFAULT_NODE_POLICY == "fragaware"  # it beats fgd on every openb trace (docs/placement.md)
 
 
 @pytest.mark.parametrize("name", sorted(NODE_POLICIES))
@@ -124,6 +125,22 @@ def test_cpu_capacity_limits_the_usable_share_hand_checked():
     assert capacity.fragment(devices, idle, 16_000) == 0.0  # two pods: both GPUs usable
     assert capacity.fragment(devices, idle, 7_999) == 2000.0  # not even one pod
     assert capacity.fragment(devices, idle, None) == 0.0  # no node context: CPU unlimited
+
+
+def test_fragaware_breaks_fgd_ties_by_how_well_cpu_feeds_the_gpus():
+    ours = make_policy("fragaware")
+    for _ in range(4):  # target: whole-GPU pods with 8 CPUs each
+        ours.observe((share(1000),), PodContext(cpu=8000))
+    devices, idle, nothing = gpus(2), used(0, 0), fit(gpus(2), used(0, 0), ())
+    cpu_only = PodContext(cpu=4000)
+    memory = 1 << 20
+    # 24 -> 20 CPUs still feed both GPUs; 17 -> 13 CPUs feed one of two: FGD's measure sees neither (8 <= 13)
+    roomy = ours.score(devices, idle, (), nothing, node=NodeContext(cpu_free=24_000, memory_free=memory), pod=cpu_only)
+    tight = ours.score(devices, idle, (), nothing, node=NodeContext(cpu_free=17_000, memory_free=memory), pod=cpu_only)
+    assert int(roomy) == int(tight) == 50  # FGD's integer score: a tie
+    assert roomy == pytest.approx(50 + 0.999 * 0.5)  # fed measure unchanged: sigmoid(0)
+    assert tight == pytest.approx(50 + 0.999 / (1 + math.exp(1)))  # one GPU (1000 milli) no longer fed
+    assert ours.score(devices, idle, (), nothing) == 50  # no node context (the extender): no tie-break
 
 
 def test_bestfit_dotprod_packing_scores_hand_checked():
