@@ -209,6 +209,11 @@ def _cpu_after(node: NodeContext | None, pod: PodContext | None) -> int | None:
     return None if node is None else node.cpu_free - (pod.cpu if pod else 0)
 
 
+def _descent(table: TypeTable, devices, before, after, node: NodeContext | None, pod: PodContext | None) -> float:
+    """F before minus F after on `table` (positive: the move lowers fragmentation)."""
+    return table.fragment(devices, before, _cpu(node)) - table.fragment(devices, after, _cpu_after(node, pod))
+
+
 def _sigmoid(x: float) -> float:
     if x >= 0:
         return 1.0 / (1.0 + math.exp(-x))
@@ -289,9 +294,7 @@ class _FragDescent:
         pod: PodContext | None,
     ) -> float:
         """How good the move from usage `before` to `after` is (higher is better): the integer sigmoid score."""
-        table = self.table
-        delta = table.fragment(devices, before, _cpu(node)) - table.fragment(devices, after, _cpu_after(node, pod))
-        return _sigmoid_score(delta)
+        return _sigmoid_score(_descent(self.table, devices, before, after, node, pod))
 
     def gpu_order_for(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder:
         def order(devices, usage, request, candidates):
@@ -396,6 +399,4 @@ class FragAware(_FragDescent):
         rank = super()._rank(devices, before, after, node, pod)
         if node is None:
             return rank
-        cpu_before, cpu_after = _cpu(node), _cpu_after(node, pod)
-        delta = self.fed.fragment(devices, before, cpu_before) - self.fed.fragment(devices, after, cpu_after)
-        return rank + self.TIE_WEIGHT * _sigmoid(delta / 1000.0)
+        return rank + self.TIE_WEIGHT * _sigmoid(_descent(self.fed, devices, before, after, node, pod) / 1000.0)
