@@ -32,11 +32,11 @@ from typing import Any
 from scheduler.fit import GPU_ORDERS, FitResult, GPUOrder, fit
 from scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger, NodeState
 from scheduler.policies import NodePolicy
-from scheduler.policies.base import gpu_order_of
+from scheduler.policies.base import PodContext, gpu_order_of
 from vgpu import keys
 from vgpu.assignment import Assignment, encode, salvage
 from vgpu.errors import ConfigError, VGPUError
-from vgpu.requests import ContainerRequest, Selectors, pod_requests, pod_selectors
+from vgpu.requests import ContainerRequest, Selectors, pod_cpu_memory, pod_requests, pod_selectors
 
 __all__ = [
     "Extender",
@@ -91,6 +91,7 @@ class _PodInfo:
     uid: str
     requests: tuple[ContainerRequest, ...]
     selectors: Selectors
+    context: PodContext  # CPU and memory requests, for node policies that use node context
 
 
 @dataclass(slots=True)
@@ -137,6 +138,8 @@ class Extender:
         self.policy = policy
         self.gpu_policy = gpu_policy
         self.order: GPUOrder = gpu_order_of(policy, None, None, GPU_ORDERS[gpu_policy])
+        # Policies that declare context classes also use node context (free CPU and memory) in score and GPU order.
+        self.contextual = getattr(policy, "context_bins", None) is not None
         self.mode = mode
         self.binder = binder
         self.lookup = lookup or (lambda ns, name: None)
@@ -153,8 +156,8 @@ class Extender:
 
     # ------------------------------------------------------------------ helpers
 
-    def _signature(self, requests: tuple[ContainerRequest, ...], selectors: Selectors) -> int:
-        key = (requests, selectors)
+    def _signature(self, info: _PodInfo) -> int:
+        key = (info.requests, info.selectors, info.context.cpu if self.contextual else 0)
         sig = self._signatures.get(key)
         if sig is None:
             with self._seen_lock:
@@ -171,11 +174,13 @@ class Extender:
         if not isinstance(pod, Mapping):
             raise InvalidArgs("extender args missing Pod")
         ref = _pod_ref(pod)
-        info = _PodInfo(ref["namespace"], ref["name"], ref["uid"], pod_requests(pod, self.config),
-                        pod_selectors(pod))
+        requests, selectors = pod_requests(pod, self.config), pod_selectors(pod)
+        cpu, memory = pod_cpu_memory(pod)
+        info = _PodInfo(ref["namespace"], ref["name"], ref["uid"], requests, selectors,
+                        PodContext(cpu=cpu, memory=memory, selectors=selectors))
         key = info.uid or f"{info.namespace}/{info.name}"
         if self._remember(key, info) and info.requests:
-            self._observe(info.requests)
+            self._observe(info.requests, info.context)
         return info
 
     def _remember(self, key: str, info: _PodInfo | None) -> bool:
@@ -189,9 +194,9 @@ class Extender:
                 self._seen.popitem(last=False)
         return new
 
-    def _observe(self, requests: tuple[ContainerRequest, ...]) -> None:
+    def _observe(self, requests: tuple[ContainerRequest, ...], pod: PodContext) -> None:
         try:
-            self.policy.observe(requests)  # policies learn from every vGPU pod they see
+            self.policy.observe(requests, pod)  # policies learn from every vGPU pod they see
         except Exception:  # noqa: BLE001 - a learning policy must never fail a request
             log.exception("policy observe failed policy=%s", self.policy.name)
 
@@ -207,15 +212,23 @@ class Extender:
         except VGPUError:
             return
         if requests and self._remember(key, None):
-            self._observe(requests)
+            cpu, memory = pod_cpu_memory(pod)
+            self._observe(requests, PodContext(cpu=cpu, memory=memory, selectors=pod_selectors(pod)))
 
     def _entry(self, state: NodeState, sig: int, info: _PodInfo, epoch: int, want_score: bool) -> _Entry:
         entry = state.cache.get(sig)
+        node = self.ledger.context(state) if self.contextual else None
         if entry is None or entry.fit_epoch != epoch:  # a learning policy's GPU order may have changed too
-            entry = _Entry(fit(state.devices, state.usage, info.requests, info.selectors, self.order), epoch)
+            order = self.order if node is None else gpu_order_of(self.policy, node, info.context, self.order)
+            entry = _Entry(fit(state.devices, state.usage, info.requests, info.selectors, order), epoch)
             state.cache[sig] = entry
         if want_score and entry.result.ok and entry.epoch != epoch:
-            entry.score = float(self.policy.score(state.devices, state.usage, info.requests, entry.result))
+            if node is None:
+                score = self.policy.score(state.devices, state.usage, info.requests, entry.result)
+            else:
+                score = self.policy.score(state.devices, state.usage, info.requests, entry.result, node=node,
+                                          pod=info.context)
+            entry.score = float(score)
             entry.epoch = epoch
         return entry
 
@@ -249,7 +262,7 @@ class Extender:
     def evaluate(self, pod: Mapping[str, Any], node: str) -> tuple[FitResult, float]:
         """Fit and node-policy score of `pod` on one known node, without reserving (for tools and tests)."""
         info = self._pod_info(pod)
-        sig = self._signature(info.requests, info.selectors)
+        sig = self._signature(info)
         with self.ledger.lock:
             state = self.ledger.nodes.get(node)
             if state is None or state.error:
@@ -275,7 +288,7 @@ class Extender:
             return self._filter_result(names, objects, [], {}, {}, error=str(exc))
         if not info.requests:
             return self._filter_result(names, objects, names, {}, {})
-        sig = self._signature(info.requests, info.selectors)
+        sig = self._signature(info)
         decide = self.mode == "decide"
         epoch = int(getattr(self.policy, "epoch", 0))
         feasible: list[str] = []
@@ -360,7 +373,7 @@ class Extender:
         info = self._pod_info(args.get("pod"))
         if not info.requests:
             return [{"Host": n, "Score": 0} for n in names]
-        sig = self._signature(info.requests, info.selectors)
+        sig = self._signature(info)
         epoch = int(getattr(self.policy, "epoch", 0))
         scores: list[float | None] = []
         add = scores.append
@@ -437,7 +450,7 @@ class Extender:
                     return self._bind_failed(ref, node, NODE_UNKNOWN)
                 if state.error:
                     return self._bind_failed(ref, node, state.error)
-                sig = self._signature(info.requests, info.selectors)
+                sig = self._signature(info)
                 result = self._entry(state, sig, info, int(getattr(self.policy, "epoch", 0)), False).result
                 if not result.ok:
                     return self._bind_failed(ref, node, f"pod no longer fits on {node}: {result.reason}")

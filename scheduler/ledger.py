@@ -23,19 +23,23 @@ All public methods are thread-safe (the watch caches call from their own threads
 from __future__ import annotations
 
 import heapq
+import math
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from scheduler.fit import GPUUsage
+from scheduler.policies.base import NodeContext
 from vgpu import keys
 from vgpu.assignment import Assignment, salvage
 from vgpu.errors import CodecError
 from vgpu.inventory import GPUDevice, decode_hami, decode_volcano
-from vgpu.quantity import parse_integer_quantity
+from vgpu.quantity import parse_integer_quantity, parse_quantity
+from vgpu.requests import pod_cpu_memory
 from vgpu.resources import HAMI_NAMES, SharingConfig
 
 __all__ = [
@@ -92,6 +96,8 @@ class NodeState:
     cache: dict[int, Any] = field(default_factory=dict)
     raw: tuple[str | None, str | None, str | None] = (None, None, None)
     obj: Mapping[str, Any] | None = None
+    cpu_allocatable: int | None = None  # milli; None when the node does not say
+    memory_allocatable: int | None = None  # MiB
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -106,6 +112,17 @@ def pod_key(pod: Mapping[str, Any]) -> str:
 def _flatten(assignment: Assignment) -> tuple[tuple[str, int, int], ...]:
     # MIG entries look like GPU-xxxx[group-pos]; they charge the physical GPU.
     return tuple((g.uuid.split("[", 1)[0], g.memory, g.cores) for segment in assignment for g in segment)
+
+
+def _allocatable_cpu_memory(allocatable: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """A node's allocatable CPU (milli) and memory (MiB, rounded down), None where absent or malformed."""
+    out: list[int | None] = []
+    for name, scale in (("cpu", 1000), ("memory", Fraction(1, 2**20))):
+        try:
+            out.append(math.floor(parse_quantity(allocatable[name]) * scale))
+        except (KeyError, ValueError):
+            out.append(None)
+    return out[0], out[1]
 
 
 def _allocatable_count(node: Mapping[str, Any], names: Iterable[str]) -> int:
@@ -144,6 +161,8 @@ class Ledger:
         self._number_names = tuple(n.number for n in self.config.name_sets())
         self.listeners: list[Callable[[str], None]] = []  # called with a node name when its state changed
         self.pod_listeners: list[Callable[[Mapping[str, Any]], None]] = []  # called with every watched pod
+        self._compute: dict[str, tuple[str, int, int]] = {}  # pod -> (node, CPU milli, memory MiB) it takes
+        self._requested: dict[str, list[int]] = {}  # node -> [CPU milli, memory MiB] its pods take
 
     # ------------------------------------------------------------------ nodes
 
@@ -157,7 +176,8 @@ class Ledger:
         volcano = annotations.get(keys.NODE_REGISTER)
         hami = annotations.get(keys.HAMI_NODE_REGISTER) if volcano is None else None
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        alloc_raw = "|".join(str(allocatable.get(n)) for n in (*self._number_names, HAMI_NAMES.number))
+        names = (*self._number_names, HAMI_NAMES.number, "cpu", "memory")
+        alloc_raw = "|".join(str(allocatable.get(n)) for n in names)
         raw = (volcano, hami, alloc_raw)
         with self.lock:
             state = self.nodes.get(name)
@@ -170,13 +190,18 @@ class Ledger:
                 self.nodes[name] = state
             state.raw = raw
             state.obj = node
+            cpu_memory = _allocatable_cpu_memory(allocatable)
             if devices != state.devices or error != state.error:
                 if error:
                     log.info("node unschedulable node=%s reason=%r", name, error)
                 state.devices = devices
                 state.error = error
                 state.index = {d.uuid: i for i, d in enumerate(devices)}
+                state.cpu_allocatable, state.memory_allocatable = cpu_memory
                 self._rebuild(state)
+            elif cpu_memory != (state.cpu_allocatable, state.memory_allocatable):
+                state.cpu_allocatable, state.memory_allocatable = cpu_memory
+                self._bump(state)
 
     def _decode_node(
         self, node: Mapping[str, Any], volcano: Any, hami: Any
@@ -287,8 +312,11 @@ class Ledger:
         annotations = meta.get("annotations") or {}
         with self.lock:
             if phase in ("Succeeded", "Failed"):
+                self._set_compute(uid, None)
                 self._remove(uid)
                 return
+            bound_to = spec.get("nodeName")
+            self._set_compute(uid, (bound_to, *pod_cpu_memory(pod)) if bound_to else None)
             ids = annotations.get(keys.VGPU_IDS)
             node = spec.get("nodeName") or annotations.get(keys.VGPU_NODE)
             current = self.charges.get(uid)
@@ -324,7 +352,39 @@ class Ledger:
     def on_pod_delete(self, pod: Mapping[str, Any]) -> None:
         """Release whatever a deleted pod held (by UID, whatever its annotations say)."""
         with self.lock:
-            self._remove(pod_key(pod))
+            uid = pod_key(pod)
+            self._set_compute(uid, None)
+            self._remove(uid)
+
+    def _set_compute(self, uid: str, taken: tuple[str, int, int] | None) -> None:
+        """Record the CPU and memory a bound pod takes from its node (None: nothing), updating node totals."""
+        old = self._compute.get(uid)
+        if old == taken:
+            return
+        for entry, sign in ((old, -1), (taken, +1)):
+            if entry is None:
+                continue
+            node, cpu, memory = entry
+            totals = self._requested.setdefault(node, [0, 0])
+            totals[0] += sign * cpu
+            totals[1] += sign * memory
+            if totals == [0, 0]:
+                del self._requested[node]
+            state = self.nodes.get(node)
+            if state is not None:
+                self._bump(state)
+        if taken is None:
+            self._compute.pop(uid, None)
+        else:
+            self._compute[uid] = taken
+
+    def context(self, state: NodeState) -> NodeContext | None:
+        """Free and allocatable CPU and memory of a node for the node policies; None when it has no allocatable."""
+        if state.cpu_allocatable is None or state.memory_allocatable is None:
+            return None
+        cpu, memory = self._requested.get(state.name, (0, 0))
+        return NodeContext(cpu_free=state.cpu_allocatable - cpu, memory_free=state.memory_allocatable - memory,
+                           cpu_total=state.cpu_allocatable, memory_total=state.memory_allocatable)
 
     def reserve(self, uid: str, namespace: str, name: str, node: str, assignment: Assignment) -> Charge:
         """Charge an assumed placement (replacing any previous charge of this pod) with the assume TTL."""

@@ -6,13 +6,15 @@ the device plugin calls it to find which containers take GPUs. Containers are ta
 request corresponds to the i-th segment of the assignment annotation.
 """
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from vgpu import keys
 from vgpu.errors import RequestError
-from vgpu.quantity import parse_integer_quantity
+from vgpu.quantity import parse_integer_quantity, parse_quantity
 from vgpu.resources import ResourceNames, SharingConfig
 
 __all__ = [
@@ -21,6 +23,7 @@ __all__ = [
     "pod_requests",
     "pod_selectors",
     "gpu_containers",
+    "pod_cpu_memory",
     "MAX_GPUS_PER_CONTAINER",
     "MAX_MEMORY_UNITS",
 ]
@@ -102,6 +105,42 @@ def gpu_containers(pod: Mapping[str, Any]) -> list[tuple[dict[str, Any], bool]]:
             if isinstance(container, dict):
                 ordered.append((container, is_init))
     return ordered
+
+
+def _compute(container: Mapping[str, Any]) -> tuple[int, int]:
+    """A container's CPU (milli) and memory (MiB) requests, rounded up; limits stand in for absent requests (as the
+    API server defaults them); values that do not parse count as 0."""
+    resources = container.get("resources") or {}
+    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+    out = []
+    for name, scale in (("cpu", 1000), ("memory", Fraction(1, 2**20))):
+        raw = requests.get(name, limits.get(name))
+        try:
+            value = parse_quantity(raw) if raw is not None else Fraction(0)
+        except ValueError:
+            value = Fraction(0)
+        out.append(max(0, math.ceil(value * scale)))
+    return out[0], out[1]
+
+
+def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """kube-scheduler's view of what a pod takes from its node: CPU in milli and memory in MiB, each the larger of
+    the sum over its containers and its largest init container, plus the pod overhead."""
+    spec = pod.get("spec") or {}
+    total = [0, 0]
+    for container in spec.get("containers") or ():
+        if isinstance(container, dict):
+            for i, v in enumerate(_compute(container)):
+                total[i] += v
+    for container in spec.get("initContainers") or ():
+        if isinstance(container, dict):
+            for i, v in enumerate(_compute(container)):
+                total[i] = max(total[i], v)
+    overhead = spec.get("overhead")
+    if isinstance(overhead, dict):
+        for i, v in enumerate(_compute({"resources": {"requests": overhead}})):
+            total[i] += v
+    return total[0], total[1]
 
 
 def _lookup(resources: Mapping[str, Any], names: tuple[ResourceNames, ...], attr: str) -> tuple[str, Any]:

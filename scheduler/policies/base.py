@@ -2,9 +2,9 @@
 
 The extender calls `make_policy(name)` once, then `.score` for every feasible node of a pod and `.observe` once
 for every vGPU pod it sees (in the pod watch or at /filter). The trace replay (`scheduler.replay`) calls the same
-objects, and additionally passes the optional node context (free CPU and memory) and pod context (CPU and memory
-requests) that policies such as `fgd` and `fragaware` use; the extender passes none, and every policy must work
-without them.
+objects. Both pass the optional node context (free CPU and memory) and pod context (CPU and memory requests) to
+policies that declare `context_bins`, such as `fgd` and `fragaware`, whenever the node reports its allocatable
+CPU and memory; every policy must also work without them.
 """
 
 from collections.abc import Callable, Sequence

@@ -320,7 +320,7 @@ class _FragDescent:
 
     @property
     def gpu_order(self) -> GPUOrder:
-        """The GPU order without node context (the extender's)."""
+        """The GPU order without node context."""
         return self.gpu_order_for(None, None)
 
     def score(
@@ -370,7 +370,8 @@ class FragAware(_FragDescent):
     type can use (`TypeTable(cpu_capacity=True)`). Among placements FGD ranks equal, the one that leaves CPU and
     GPUs best matched wins, so CPU-heavy pods stop stranding GPUs on CPU-poor nodes, without overriding the
     fragmentation descent itself (as a primary term it cost placement quality on share-heavy traces;
-    docs/placement.md). Without node context (the extender) CPU is unlimited and the tie-break is left out.
+    docs/placement.md). Without node context (a node that reports no allocatable CPU) CPU is unlimited and the
+    tie-break is left out.
     """
 
     name = "fragaware"

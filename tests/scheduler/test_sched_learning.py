@@ -78,3 +78,56 @@ def test_fragaware_starts_from_the_running_workload():
         ledger.on_pod(pod(f"r{i}", container(number=1, memory=3000), node_name="n1",
                           ids="GPU-0,NVIDIA,3000,0:", phase="Running"))
     assert policy.epoch > 0 and len(policy.table) == 1
+
+
+def _with_capacity(n, cpu, memory="256Gi"):
+    n["status"]["allocatable"].update({"cpu": cpu, "memory": memory})
+    return n
+
+
+def _cpu_container(name="main", cpu="1", **gpu_limits):
+    c = container(name=name, **gpu_limits)
+    c["resources"]["requests"] = {"cpu": cpu, "memory": "1Gi"}
+    return c
+
+
+def test_ledger_tracks_the_cpu_and_memory_that_bound_pods_take():
+    ledger = Ledger()
+    ledger.on_node(_with_capacity(node("n1", [gpu("GPU-0")]), "16", "64Gi"))
+    state = ledger.nodes["n1"]
+    web = pod("web", _cpu_container(cpu="1500m"), node_name="n1", phase="Running")
+    pending = pod("pending", _cpu_container(cpu="4"))  # not bound: takes nothing yet
+    for p in (web, web, pending):
+        ledger.on_pod(p)
+    ctx = ledger.context(state)
+    assert (ctx.cpu_free, ctx.cpu_total) == (14_500, 16_000)
+    assert (ctx.memory_free, ctx.memory_total) == (65_536 - 1024, 65_536)
+    generation = state.generation
+    done = pod("web", _cpu_container(cpu="1500m"), uid=web["metadata"]["uid"], node_name="n1", phase="Succeeded")
+    ledger.on_pod(done)
+    assert ledger.context(state).cpu_free == 16_000 and state.generation > generation
+    ledger.on_pod(pod("batch", _cpu_container(cpu="2"), node_name="n1", phase="Running"))
+    ledger.on_pod_delete(pod("batch", uid="gone"))  # another pod's delete changes nothing
+    assert ledger.context(state).cpu_free == 14_000
+    ledger.on_node(node("n2", [gpu("GPU-1")]))  # no memory allocatable: no node context
+    assert ledger.context(ledger.nodes["n2"]) is None
+
+
+def _cpu_tie_cluster(policy_name):
+    ledger = Ledger()
+    policy = make_policy(policy_name)
+    ext = Extender(ledger, policy, "binpack", "decide")
+    for name, cpu in (("n1", "24"), ("n2", "15")):
+        ledger.on_node(_with_capacity(node(name, [gpu(f"{name}-0", memory=30000), gpu(f"{name}-1", memory=30000)]),
+                                      cpu))
+    for i in range(4):  # the workload so far: whole GPUs with 8 CPUs each (pending, seen by the watch)
+        ledger.on_pod(pod(f"train-{i}", _cpu_container(cpu="8", number=1, memory=30000)))
+    return ext
+
+
+def test_fragaware_in_the_extender_breaks_ties_with_the_nodes_free_cpu():
+    small = pod("infer", _cpu_container(cpu="4", number=1, memory=3000))
+    # Both nodes look the same to FGD; n2's 15 CPUs already feed only one 8-CPU trainer, so a small pod costs it
+    # nothing, while on n1 (24 CPUs) it takes a GPU that CPUs could still feed.
+    assert _cpu_tie_cluster("fgd").filter({"Pod": small, "NodeNames": ["n1", "n2"]})["NodeNames"] == ["n1"]
+    assert _cpu_tie_cluster("fragaware").filter({"Pod": small, "NodeNames": ["n1", "n2"]})["NodeNames"] == ["n2"]
