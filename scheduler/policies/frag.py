@@ -97,6 +97,8 @@ class TypeTable:
         self.cpu_levels = np.unique(self.cpu)
         self._columns: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._stacked: dict[tuple, tuple[np.ndarray, ...]] = {}
+        self._gpu_parts: dict[tuple, tuple[np.ndarray, np.ndarray, float]] = {}  # sorted GPU state -> its part of F
+        self._cpu_parts: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # CPU class -> its part of F
         self._items: dict[tuple, tuple] = {}  # one GPU's device and usage -> its part of a memo key
         self.memo: dict[Hashable, float] = {}
 
@@ -167,28 +169,47 @@ class TypeTable:
     def _compute(self, state: tuple, cls: int) -> float:
         if not len(self.types) or not state:
             return 0.0
-        gpus = np.array([s[2:] for s in state], dtype=np.int64)
-        free_mem, free_cores, idle_int, open_, empty = gpus.T
-        idle = idle_int.astype(np.float64)
-        total = idle.sum()
+        usable, can_gpu, total = self._gpu_part(state)
         if total == 0:
             return 0.0
-        need_mem, need_cores, allowed = self._node_columns(tuple((s[0], s[1]) for s in state))
-        fits = (free_mem >= need_mem) & (free_cores >= need_cores) & (open_ > 0) & allowed
-        fits &= (need_cores < 100) | (empty > 0)
-        usable = fits.astype(np.float64) @ idle
-        if not self.cpu_capacity:
-            cpu_ok = self.cpu <= (self.cpu_levels[cls - 1] if cls > 0 else -1)
-        elif cls < 0:
-            cpu_ok = np.ones(len(self.cpu), dtype=bool)
-        else:
-            cpu_free = cls * self.cpu_quantum
-            cpu_ok = self.cpu <= cpu_free
-            feedable = np.where(self.cpu > 0, cpu_free // np.maximum(self.cpu, 1), np.iinfo(np.int64).max)
-            usable = np.minimum(usable, feedable * self.demand)
-        can = self.gpu & (fits.sum(axis=1) >= self.count) & cpu_ok
-        per_type = np.where(can, total - usable, total)
+        cpu_ok, feed = self._cpu_part(cls)
+        if feed is not None:
+            usable = np.minimum(usable, feed)
+        per_type = np.where(can_gpu & cpu_ok, total - usable, total)
         return float(self.p @ per_type)
+
+    def _gpu_part(self, state: tuple) -> tuple[np.ndarray, np.ndarray, float]:
+        """Per type, the idle share of the GPUs that fit it and whether enough GPUs fit it; the node's idle share."""
+        part = self._gpu_parts.get(state)
+        if part is None:
+            gpus = np.array([s[2:] for s in state], dtype=np.int64)
+            free_mem, free_cores, idle_int, open_, empty = gpus.T
+            idle = idle_int.astype(np.float64)
+            need_mem, need_cores, allowed = self._node_columns(tuple((s[0], s[1]) for s in state))
+            fits = (free_mem >= need_mem) & (free_cores >= need_cores) & (open_ > 0) & allowed
+            fits &= (need_cores < 100) | (empty > 0)
+            part = (fits.astype(np.float64) @ idle, self.gpu & (fits.sum(axis=1) >= self.count), idle.sum())
+            if len(self._gpu_parts) >= MEMO_LIMIT:
+                self._gpu_parts.clear()
+            self._gpu_parts[state] = part
+        return part
+
+    def _cpu_part(self, cls: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per type, whether the CPU class covers one pod, and the GPU share the CPU can feed (None: no bound)."""
+        part = self._cpu_parts.get(cls)
+        if part is None:
+            feed = None
+            if not self.cpu_capacity:
+                cpu_ok = self.cpu <= (self.cpu_levels[cls - 1] if cls > 0 else -1)
+            elif cls < 0:
+                cpu_ok = np.ones(len(self.cpu), dtype=bool)
+            else:
+                cpu_free = cls * self.cpu_quantum
+                cpu_ok = self.cpu <= cpu_free
+                feedable = np.where(self.cpu > 0, cpu_free // np.maximum(self.cpu, 1), np.iinfo(np.int64).max)
+                feed = feedable * self.demand
+            part = self._cpu_parts[cls] = (cpu_ok, feed)
+        return part
 
     def bins(self, cpu_free: np.ndarray, cpu_request: int) -> np.ndarray:
         """Vectorised CPU classes before and after taking `cpu_request`, as one integer per node."""
