@@ -105,6 +105,14 @@ class TypeTable:
     def __len__(self) -> int:
         return len(self.types)
 
+    def with_cpu_capacity(self) -> "TypeTable":
+        """The same target with CPU as a capacity, sharing this table's GPU-side caches (they do not depend on
+        CPU), so a node state's GPU part is computed once for both."""
+        fed = TypeTable(self.types, cpu_capacity=True, cpu_quantum=self.cpu_quantum)
+        fed._columns, fed._stacked = self._columns, self._stacked
+        fed._gpu_parts, fed._items = self._gpu_parts, self._items
+        return fed
+
     def cpu_class(self, cpu_free: int | None) -> int:
         """The CPU part of the memo key: free CPU in quanta with `cpu_capacity` (-1: unlimited), else how many
         distinct type CPU requests fit in `cpu_free` (None: unlimited)."""
@@ -403,7 +411,7 @@ class FragAware(_FragDescent):
 
     def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
         self.table = TypeTable(types)
-        self.fed = TypeTable(types, cpu_capacity=True)
+        self.fed = self.table.with_cpu_capacity()
 
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
         levels = len(self.table.cpu_levels) + 1
