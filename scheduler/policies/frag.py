@@ -322,28 +322,38 @@ class _FragDescent:
         node: NodeContext | None,
         pod: PodContext | None,
     ) -> float:
-        """How good the move from usage `before` to `after` is (higher is better): the integer sigmoid score."""
-        return _sigmoid_score(_descent(self.table, devices, before, after, node, pod))
+        """How good the move from usage `before` to `after` is (higher is better): the integer sigmoid score plus
+        the policy's tie-break."""
+        score = _sigmoid_score(_descent(self.table, devices, before, after, node, pod))
+        return score + self._tie(devices, before, after, node, pod)
+
+    def _tie(self, devices, before, after, node: NodeContext | None, pod: PodContext | None) -> float:
+        """A tie-break in [0, 1) among moves of equal integer score (none here)."""
+        return 0.0
 
     def gpu_order_for(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder:
         def order(devices, usage, request, candidates):
             if request.count != 1:
                 return lowest_index_order(devices, usage, request, candidates)
-            # GPUs in the same state rank the same (F does not depend on GPU order): rank each state once.
-            by_state: dict[tuple, float] = {}
-            ranks = {}
+            # GPUs in the same state rank the same (F does not depend on GPU order): rank each state once, and
+            # compute the tie-break only for the states that share the best integer score.
+            ranks: dict[tuple, list] = {}  # GPU state -> [usage after, integer score, tie-break]
+            state_of = {}
             for i in candidates:
                 d, u = devices[i], usage[i]
                 state = (d.memory, d.type, d.healthy, d.split, u.shares, u.memory, u.cores)
-                rank = by_state.get(state)
-                if rank is None:
+                if state not in ranks:
                     taken = GPUUsage(u.shares, u.memory, u.cores)
                     taken.add(request.memory_on(d.memory), request.cores)
                     after = list(usage)
                     after[i] = taken
-                    rank = by_state[state] = self._rank(devices, usage, after, node, pod)
-                ranks[i] = rank
-            return sorted(candidates, key=lambda i: (-ranks[i], i))
+                    ranks[state] = [after, _sigmoid_score(_descent(self.table, devices, usage, after, node, pod)), 0.0]
+                state_of[i] = state
+            best = max(r[1] for r in ranks.values())
+            for r in ranks.values():
+                if r[1] == best:
+                    r[2] = self._tie(devices, usage, r[0], node, pod)
+            return sorted(candidates, key=lambda i: (-ranks[state_of[i]][1], -ranks[state_of[i]][2], i))
 
         return order
 
@@ -418,15 +428,7 @@ class FragAware(_FragDescent):
         fed = self.fed.bins(cpu_free, pod.cpu)
         return fed * (levels * levels) + self.table.bins(cpu_free, pod.cpu)
 
-    def _rank(
-        self,
-        devices: Sequence[GPUDevice],
-        before: Sequence[GPUUsage],
-        after: Sequence[GPUUsage],
-        node: NodeContext | None,
-        pod: PodContext | None,
-    ) -> float:
-        rank = super()._rank(devices, before, after, node, pod)
+    def _tie(self, devices, before, after, node: NodeContext | None, pod: PodContext | None) -> float:
         if node is None:
-            return rank
-        return rank + self.TIE_WEIGHT * _sigmoid(_descent(self.fed, devices, before, after, node, pod) / 1000.0)
+            return 0.0
+        return self.TIE_WEIGHT * _sigmoid(_descent(self.fed, devices, before, after, node, pod) / 1000.0)
