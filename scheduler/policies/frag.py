@@ -9,9 +9,9 @@ slots all cover the type's request, so memory and cores count as well as the GPU
 `fgd` is the paper's policy as its simulator implements it: an oracle target workload (the replay hands it the
 trace through `set_workload`; without one it learns from observed pods), the integer score
 int(100 * sigmoid(-dF / 1000)), and the first GPU with the best such score. `fragaware` learns the workload online
-from the pods it is asked to place, scores the same way, and counts free CPU as capacity: a node hosts only as
-much of a type as its CPU can feed (see `FragAware`). F values are memoised per node state (sorted per-GPU free
-resources and a CPU class), since many nodes share one.
+from the pods it is shown, scores the same way, and breaks equal scores with a second measure that counts free
+CPU as capacity: a node hosts only as much of a type as its CPU can feed (see `FragAware`). F values are memoised
+per node state (sorted per-GPU free resources and a CPU class), since many nodes share one.
 """
 
 import math
@@ -398,7 +398,7 @@ class FGD(_FragDescent):
 class FragAware(_FragDescent):
     """Ours (`vgpu replay`'s "ours"): fragmentation descent with the target learned online, CPU-aware tie-breaks.
 
-    No oracle: the target is the distribution of the pods it has been asked to place so far (`observe`), the
+    No oracle: the target is the distribution of the pods it has been shown so far (`observe`), the
     types covering 99 % of them, rebuilt after 1, 2, 4, ... 128 pods and then every 256 when it has drifted
     (other types, or a total variation distance above 2 %), so a steady workload stops invalidating caches. A type
     is the pod's CPU request plus its per-GPU memory share, cores and GPU count (and type selectors); a GPU fits a
