@@ -10,8 +10,9 @@ node whose usage changed since the last pod of that shape. Nothing here walks th
 
 Node-policy scores are cached with the fit result. A policy whose scores change without any node changing (one
 that learns the workload through `observe`) exposes an integer attribute `epoch` and increments it when its
-scores change; cached fits and scores from an older epoch are recomputed. Without `epoch` scores are treated as a pure
-function of the node's devices, usage and the request. `observe` is called once per vGPU pod, when the pod watch
+scores change; cached fits and scores from an older epoch are recomputed (in decide mode at most `REFRESH_BUDGET`
+nodes per request, and always the chosen one). Without `epoch` scores are treated as a pure function of the node's
+devices, usage and the request. `observe` is called once per vGPU pod, when the pod watch
 first shows it or at its first /filter, whichever comes first: a restarted extender learns the workload from the
 pods already running instead of starting from nothing.
 
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 
 MODES = ("decide", "score")
 MAX_PRIORITY = 10
+# Decide mode: cached scores from an earlier learned target recomputed per /filter, at most (the rest are ranked on
+# their earlier score until later requests refresh them), so a change of target never stalls one request.
+REFRESH_BUDGET = 16
 
 
 class InvalidArgs(VGPUError):
@@ -152,6 +156,7 @@ class Extender:
         self._seen_max = 20000
         self._seen_lock = threading.Lock()
         self._next_sig = 0
+        self.refresh_budget = REFRESH_BUDGET
         ledger.pod_listeners.append(self.observe_pod)
 
     # ------------------------------------------------------------------ helpers
@@ -296,6 +301,8 @@ class Extender:
         unresolvable: dict[str, str] = {}
         best: tuple[float, str] | None = None
         best_entry: _Entry | None = None
+        best_state: NodeState | None = None
+        refresh = self.refresh_budget
         ledger = self.ledger
         ledger.expire()
         with ledger.lock:
@@ -319,7 +326,10 @@ class Extender:
                     unresolvable[name] = state.error
                     continue
                 entry = state.cache.get(sig)
-                if entry is None or (decide and entry.epoch != epoch):
+                if entry is None:
+                    entry = self._entry(state, sig, info, epoch, decide)
+                elif decide and entry.epoch != epoch and (entry.epoch < 0 or refresh > 0):
+                    refresh -= entry.epoch >= 0
                     entry = self._entry(state, sig, info, epoch, decide)
                 result = entry.result
                 if result.ok:
@@ -327,12 +337,14 @@ class Extender:
                     if decide and (best is None or entry.score > best[0] or (entry.score == best[0]
                                                                            and name < best[1])):
                         best = (entry.score, name)
-                        best_entry = entry
+                        best_entry, best_state = entry, state
                 elif result.unresolvable:
                     unresolvable[name] = result.reason
                 else:
                     failed[name] = result.reason
             if decide and best is not None and best_entry is not None:
+                if best_entry.epoch != epoch:  # chosen on an earlier target's score: place with the current one
+                    best_entry = self._entry(best_state, sig, info, epoch, decide)
                 if best[1] in ledger.nodes:
                     ledger.reserve(uid, info.namespace, info.name, best[1], best_entry.result.assignment)
                 feasible = [best[1]]

@@ -131,3 +131,56 @@ def test_fragaware_in_the_extender_breaks_ties_with_the_nodes_free_cpu():
     # nothing, while on n1 (24 CPUs) it takes a GPU that CPUs could still feed.
     assert _cpu_tie_cluster("fgd").filter({"Pod": small, "NodeNames": ["n1", "n2"]})["NodeNames"] == ["n1"]
     assert _cpu_tie_cluster("fragaware").filter({"Pod": small, "NodeNames": ["n1", "n2"]})["NodeNames"] == ["n2"]
+
+
+class Shifting:
+    """A learning node policy whose preferred node flips when its target (epoch) changes."""
+
+    name = "shifting"
+    gpu_order = None
+    prefs = {0: {"n1": 3, "n2": 2, "n3": 1}, 1: {"n1": 1, "n2": 2, "n3": 3}}
+
+    def __init__(self):
+        self.epoch = 0
+        self.calls = []
+
+    def score(self, devices, usage, requests, result, node=None, pod=None):
+        name = devices[0].uuid.split("-")[0]
+        self.calls.append((self.epoch, name))
+        return self.prefs[self.epoch][name]
+
+    def observe(self, requests, pod=None):
+        return None
+
+
+def _three_nodes(budget):
+    ledger, policy = Ledger(), Shifting()
+    ext = Extender(ledger, policy, "binpack", "decide")
+    ext.refresh_budget = budget
+    for n in ("n1", "n2", "n3"):
+        ledger.on_node(node(n, [gpu(f"{n}-0", memory=30000)]))
+    return ext, policy
+
+
+def _decide(ext, name):
+    return ext.filter({"Pod": pod(name, container(number=1, memory=1000)), "NodeNames": ["n1", "n2", "n3"]})
+
+
+def test_decide_mode_spreads_rescoring_after_a_target_change_over_requests():
+    ext, policy = _three_nodes(budget=1)
+    assert _decide(ext, "a")["NodeNames"] == ["n1"]  # reserving n1 empties its cache
+    policy.epoch, policy.calls = 1, []
+    # n1 is recomputed (its usage changed), n2 is the one stale node refreshed; n3 keeps its earlier score
+    assert _decide(ext, "b")["NodeNames"] == ["n2"]
+    assert policy.calls == [(1, "n1"), (1, "n2")]
+    policy.calls = []
+    assert _decide(ext, "c")["NodeNames"] == ["n3"]  # the next request refreshes n3, now the best
+    assert policy.calls == [(1, "n2"), (1, "n3")]
+
+
+def test_decide_mode_rescores_a_stale_winner_before_placing():
+    ext, policy = _three_nodes(budget=0)
+    assert _decide(ext, "a")["NodeNames"] == ["n1"]
+    policy.epoch, policy.calls = 1, []
+    assert _decide(ext, "b")["NodeNames"] == ["n2"]  # best on its earlier score, rescored before the reservation
+    assert policy.calls == [(1, "n1"), (1, "n2")]
