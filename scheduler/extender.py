@@ -144,6 +144,7 @@ class Extender:
         self.order: GPUOrder = gpu_order_of(policy, None, None, GPU_ORDERS[gpu_policy])
         # Policies that declare context classes also use node context (free CPU and memory) in score and GPU order.
         self.contextual = getattr(policy, "context_bins", None) is not None
+        ledger.context_in_cache = self.contextual
         self.mode = mode
         self.binder = binder
         self.lookup = lookup or (lambda ns, name: None)

@@ -163,6 +163,9 @@ class Ledger:
         self.pod_listeners: list[Callable[[Mapping[str, Any]], None]] = []  # called with every watched pod
         self._compute: dict[str, tuple[str, int, int]] = {}  # pod -> (node, CPU milli, memory MiB) it takes
         self._requested: dict[str, list[int]] = {}  # node -> [CPU milli, memory MiB] its pods take
+        # Whether a change of a node's CPU or memory (not of its GPUs) empties its cache: only when a node policy
+        # scores with node context (the extender sets it); otherwise cached fits stay valid.
+        self.context_in_cache = False
 
     # ------------------------------------------------------------------ nodes
 
@@ -201,7 +204,8 @@ class Ledger:
                 self._rebuild(state)
             elif cpu_memory != (state.cpu_allocatable, state.memory_allocatable):
                 state.cpu_allocatable, state.memory_allocatable = cpu_memory
-                self._bump(state)
+                if self.context_in_cache:
+                    self._bump(state)
 
     def _decode_node(
         self, node: Mapping[str, Any], volcano: Any, hami: Any
@@ -371,7 +375,7 @@ class Ledger:
             if totals == [0, 0]:
                 del self._requested[node]
             state = self.nodes.get(node)
-            if state is not None:
+            if state is not None and self.context_in_cache:
                 self._bump(state)
         if taken is None:
             self._compute.pop(uid, None)

@@ -93,6 +93,7 @@ def _cpu_container(name="main", cpu="1", **gpu_limits):
 
 def test_ledger_tracks_the_cpu_and_memory_that_bound_pods_take():
     ledger = Ledger()
+    ledger.context_in_cache = True  # as the extender sets it for a policy that scores with node context
     ledger.on_node(_with_capacity(node("n1", [gpu("GPU-0")]), "16", "64Gi"))
     state = ledger.nodes["n1"]
     web = pod("web", _cpu_container(cpu="1500m"), node_name="n1", phase="Running")
