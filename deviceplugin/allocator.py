@@ -22,18 +22,21 @@ if one of them is a pod already half-way through its admission, only such pods a
 1. no candidate: re-list the node's pods from the API server and retry; still none is an error;
 2. while every candidate still expects a GPU-resource call, the plugin answers with an empty response and waits
    for it: the GPU set is the strongest evidence and the container's own call will bring it;
-3. one candidate, or candidates that are *interchangeable* (the same remaining segments - GPU UUIDs, memory,
-   cores - and the same per-container limits and `CUDA_DISABLE_CONTROL` setting for the rest of the pod): the
-   oldest (creationTimestamp, then namespace/name) is chosen, which is the pod kubelet admits first. Any choice
-   gives the container identical limits; only the per-container cache directory
-   `<podUID>_<container>` carries the chosen twin's UID, and it stays distinct per container;
-4. candidates whose limits differ and that all still expect another call: answer empty and wait for it (a
+3. kubelet is asked: its pod-resources API (deviceplugin/podresources.py) lists the pod it is admitting, whose
+   container holds no device of this resource yet. If that names one candidate (or *interchangeable* ones: the
+   same remaining segments - GPU UUIDs, memory, cores - and the same per-container limits and
+   `CUDA_DISABLE_CONTROL` setting for the rest of the pod), the oldest of them (creationTimestamp, then
+   namespace/name) is chosen. Any choice among twins gives the container identical limits; only the
+   per-container cache directory `<podUID>_<container>` carries the chosen twin's UID, and it stays distinct per
+   container. If kubelet names none of C, the pod it admits is one the pod cache does not show yet (the watch
+   lags the bind): the pods are read from the API server and the rule starts again;
+4. kubelet cannot be asked (or names none even then): candidates that are interchangeable are chosen once the
+   container's calls are over, or earlier on a list read from the API server just now (the cache could be
+   missing the pod kubelet admits, with other limits on the same GPUs);
+5. candidates whose limits differ and that all still expect another call: answer empty and wait for it (a
    memory or cores count separates them);
-5. otherwise (the limits differ and no call left can separate them, e.g. a container without `vgpu-cores` whose
-   calls are over and a twin with cores whose cores call is still to come) kubelet itself is asked: its
-   pod-resources API (deviceplugin/podresources.py) lists the pod it is admitting, whose container holds no
-   device of this resource yet. If that names one candidate (or interchangeable ones), it is chosen;
-6. otherwise the call is refused with a message naming the pods; kubelet fails that pod.
+6. otherwise (the limits differ and no call is left to tell them apart) the call is refused with a message naming
+   the pods; kubelet fails that pod.
 
 GetPreferredAllocation steers kubelet to the GPUs of the fitting candidate kubelet's pod-resources API names (the
 oldest fitting candidate when it cannot be asked), reading the pods from the API server once more when the cache
@@ -212,6 +215,11 @@ def _meta(pod: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _container_spec(pod: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return next((c for c, _ in gpu_containers(pod) if c.get("name") == name), {})
+
+
+def _interchangeable(candidates: list[_Candidate]) -> bool:
+    """Would any of these candidates give the container kubelet admits the same limits?"""
+    return len({c.same_as for c in candidates}) == 1
 
 
 def _disables_control(spec: Mapping[str, Any]) -> bool:
@@ -426,16 +434,17 @@ class Allocator:
             return False  # each container calls once per resource: this is the next container
         if sequence.decided is not None:
             return self._fits(sequence.decided, call)
-        candidates = self._candidates(self.source.pods())
-        return bool(self._consistent(candidates, [*sequence.calls, call]))
+        calls = [*sequence.calls, call]
+        return bool(self._consistent(self._candidates(self.source.pods()), calls)
+                    or self._consistent(self._candidates(self.source.refresh()), calls))
 
     # Allocate -------------------------------------------------------------------------------------------------
     def _choose(self, calls: list[_Call]) -> _Candidate | None:
         """The candidate these calls identify, None to wait for the container's next call; raises AllocationError."""
         last_error = ""
         for attempt in range(2):
-            pods = self.source.pods() if attempt == 0 else self.source.refresh()
-            candidates = self._candidates(pods)
+            fresh = attempt == 1
+            candidates = self._candidates(self.source.refresh() if fresh else self.source.pods())
             matches = self._consistent(candidates, calls)
             if not matches:
                 waiting = ", ".join(
@@ -459,18 +468,24 @@ class Allocator:
 
             if all(any(self.kinds.get(r) == GPUS for r in pending(c)) for c in matches):
                 return None  # every candidate still makes its GPU call: wait for the GPU set
-            if len(matches) == 1 or len({c.same_as for c in matches}) == 1:
-                if len(matches) > 1:
-                    log.info("event=interchangeable_candidates chosen=%s others=%s", matches[0].key,
-                             ",".join(c.key for c in matches[1:]))
-                return matches[0]  # the oldest: kubelet admits pods in creation order
-            if all(pending(c) for c in matches):
-                return None  # a later memory / cores count will separate them
             admitting = self._admitting(matches, calls[-1].resource)
-            if admitting and len({c.same_as for c in admitting}) == 1:
-                log.info("event=matched_by_kubelet chosen=%s others=%s", admitting[0].key,
-                         ",".join(c.key for c in matches if c is not admitting[0]))
-                return admitting[0]
+            if admitting and _interchangeable(admitting):
+                if len(matches) > 1:
+                    log.info("event=matched_by_kubelet chosen=%s others=%s", admitting[0].key,
+                             ",".join(c.key for c in matches if c is not admitting[0]))
+                return admitting[0]  # the oldest of what kubelet names: it admits pods in creation order
+            if admitting == [] and not fresh:
+                continue  # kubelet admits a pod the cache does not show yet: read the pods from the API server
+            if _interchangeable(matches):
+                if fresh or not pending(matches[0]):
+                    if len(matches) > 1:
+                        log.info("event=interchangeable_candidates chosen=%s others=%s", matches[0].key,
+                                 ",".join(c.key for c in matches[1:]))
+                    return matches[0]
+                if admitting is None:
+                    continue  # decide before the container's last call only on a fresh list
+            if all(pending(c) for c in matches):
+                return None  # every candidate expects another call: it brings more evidence
             names = "; ".join(
                 f"{c.key} (segment {c.next_index}: "
                 f"{','.join(f'{g.uuid}/{g.memory}/{g.cores}' for g in c.segments[c.next_index])}, "

@@ -3,9 +3,9 @@
 kubelet adds a pod to its pod manager before admitting it and records a container's devices of one resource as
 soon as that resource's Allocate returns, so while it admits a container `List` shows the pod, and the container
 holds the devices of the calls already answered and none of the resource being asked for. Pods that are bound but
-not yet picked up by kubelet are not listed. The allocator reads this view only when Allocate calls or the pod
-cache cannot tell the waiting pods apart; without the socket it answers None and the allocator keeps to its
-calls-only rules.
+not yet picked up by kubelet are not listed. The allocator reads this view before it fixes a match: it names
+the pod being admitted among those the calls fit, and a view naming none of them says the pod cache lags.
+Without the socket it answers None and the allocator keeps to its calls-only rules.
 """
 
 from __future__ import annotations

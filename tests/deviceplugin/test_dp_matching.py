@@ -113,6 +113,31 @@ def test_five_identical_pods_and_mixed_call_orders(cluster):
         assert cluster.pod(name)["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"
 
 
+@pytest.mark.parametrize("layout", ["number-first", "memory-first"])
+def test_a_pod_the_lagging_cache_has_not_seen_does_not_take_the_grant_of_a_pod_on_its_gpu(cluster, layout):
+    """The plugin's pod watch lags behind a bind: kubelet admits a pod the cache does not hold yet, while the cache
+    holds an older pod waiting on the same GPU with other limits. Each pod gets its own limits."""
+    cluster.start_plugin("1xT4")
+    (a,) = cluster.wait_inventory()
+    make = gpu_container if layout == "number-first" else memory_first
+    cluster.create_pod("seen", [make("c", 1000, 10) if make is memory_first else make("c", 1, 1000, 10)],
+                       f"{a},NVIDIA,1000,10:")
+    cluster.restart_plugin()  # its first list holds "seen"
+    with cluster.apiserver.hold_watches():
+        unseen = cluster.create_pod("unseen", [make("c", 3000, 30) if make is memory_first
+                                               else make("c", 1, 3000, 30)], f"{a},NVIDIA,3000,30:")
+        got = admit_all(cluster, [unseen], [0])
+    assert [got["unseen"][1].envs[k] for k in ("CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT")] == [
+        "3000m", "30"]
+    assert cluster.pod("seen")["metadata"]["annotations"]["volcano.sh/bind-phase"] == "allocating"
+    got.update(admit_all(cluster, [cluster.pod("seen")], [0]))
+    assert [got["seen"][1].envs[k] for k in ("CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT")] == [
+        "1000m", "10"]
+    check_distinct_cache_dirs(cluster, got, {cluster.pod(n)["metadata"]["uid"] for n in ("seen", "unseen")})
+    for name in ("seen", "unseen"):
+        assert cluster.pod(name)["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"
+
+
 def test_two_container_twins_keep_each_pod_consistent(cluster):
     """Twins with two GPU containers: the match follows one pod through all its containers."""
     cluster.start_plugin("2xT4")

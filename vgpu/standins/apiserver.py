@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import re
@@ -337,6 +338,8 @@ class Store:
         self.objects: dict[str, dict[tuple[str, str], Obj]] = {k: {} for k in _RESOURCES}
         self.closing = False
         self.watch_epoch = 0  # bumped by compact(drop_watches=True) to end every open watch with 410
+        self.delivering = threading.Event()  # cleared by ApiServerStandIn.hold_watches(): changes wait to be sent
+        self.delivering.set()
         self._data = Path(data_path) if data_path else None
         self._journal: Any = None
         self._journal_entries = 0
@@ -667,6 +670,9 @@ class Store:
                 batch.append({"type": "BOOKMARK", "object": {"kind": res.kind, "apiVersion": res.api_version,
                                                              "metadata": {"resourceVersion": str(pos)}}})
             if batch:
+                while not self.delivering.wait(0.05):
+                    if self.closing or (alive is not None and not alive()):
+                        return
                 last_sent = time.monotonic()
                 yield batch
 
@@ -889,6 +895,17 @@ class ApiServerStandIn:
     def open_watches(self) -> int:
         """Number of watch streams being served right now."""
         return self._server.open_watches
+
+    @contextlib.contextmanager
+    def hold_watches(self) -> Iterator[None]:
+        """Within the block, open watches send no change (a lagging watch); lists and writes are served as usual.
+
+        What was held is sent, in order, when the block ends."""
+        self.store.delivering.clear()
+        try:
+            yield
+        finally:
+            self.store.delivering.set()
 
     def write_kubeconfig(self, path: str | os.PathLike[str]) -> str:
         """Write a kubeconfig for this server, remember it as `.kubeconfig` and return its path."""
