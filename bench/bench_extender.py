@@ -5,8 +5,8 @@ their `vgpu-ids-new` (20,000 and 2,000); pods request 1-5 CPUs and 8 GiB. Measur
 1. /filter latency over HTTP (p50/p99) with 1000 candidate names, against the extender served by uvicorn in a
    separate process (so the client does not share its interpreter), in score mode (pure filter) and in decide
    mode (filter + reservation of the best node);
-2. pods/s through filter + prioritize + bind in one process (direct calls; the binder stands for the API server
-   and feeds the bound pod back as the pod watch would);
+2. pods/s through filter + prioritize + bind in one process, in score and in decide mode (direct calls; the
+   binder stands for the API server and feeds the bound pod back as the pod watch would);
 3. resident memory of the serving process.
 
 Run: .venv/bin/python bench/bench_extender.py [--pods 20000 2000] [--requests 2000] [--node-policy NAME]
@@ -191,8 +191,8 @@ def http_latency(pods: int, mode: str, requests: int, policy: str) -> dict:
         proc.wait(10)
 
 
-def throughput(pods: int, count: int, policy: str) -> dict:
-    _, ext = build(pods, "score", policy)
+def throughput(pods: int, count: int, policy: str, mode: str) -> dict:
+    _, ext = build(pods, mode, policy)
     names = [f"node-{n:04d}" for n in range(N_NODES)]
     for i, shape in enumerate(SHAPES):  # warm the per-node fit caches once per request shape
         ext.filter({"Pod": pod_dict(f"warm-{i}", shape), "NodeNames": names})
@@ -238,9 +238,10 @@ def main() -> int:
                   f"p99 {r['p99_ms']:.2f} ms  mean {r['mean_ms']:.2f} ms  server RSS {r['rss_mib']:.0f} MiB  "
                   f"(startup {r['startup_s']:.1f} s)")
     for pods in args.pods[:1]:
-        r = throughput(pods, args.throughput_pods, policy)
-        print(f"running pods {pods:>6}  filter+prioritize+bind in one process: {r['pods_per_s']:.0f} pods/s "
-              f"({r['bound']} bound)  RSS {r['rss_mib']:.0f} MiB")
+        for mode in ("score", "decide"):
+            r = throughput(pods, args.throughput_pods, policy, mode)
+            print(f"running pods {pods:>6}  mode {mode:<6}  filter+prioritize+bind in one process: "
+                  f"{r['pods_per_s']:.0f} pods/s ({r['bound']} bound)  RSS {r['rss_mib']:.0f} MiB")
     return 0
 
 

@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, else ~/.kube/config)")
     p.add_argument("--listen", help="extender address HOST:PORT (default :8888)")
     p.add_argument("--metrics-listen", help="metrics address HOST:PORT (default :9395; '' disables)")
-    p.add_argument("--node-policy", help="node scoring policy: binpack (default), fragaware, spread, fgd, bestfit, ...")
+    p.add_argument("--node-policy", help="node scoring policy: fragaware (default), binpack, spread, fgd, bestfit, ...")
     p.add_argument("--gpu-policy", choices=("binpack", "spread"), help="GPU order inside a node (default binpack)")
     p.add_argument("--mode", choices=("decide", "score"),
                    help="decide: /filter returns the best node; score: all feasible nodes + /prioritize")

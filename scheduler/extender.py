@@ -11,7 +11,8 @@ node whose usage changed since the last pod of that shape. Nothing here walks th
 Node-policy scores are cached with the fit result. A policy whose scores change without any node changing (one
 that learns the workload through `observe`) exposes an integer attribute `epoch` and increments it when its
 scores change; cached fits and scores from an older epoch are recomputed (in decide mode at most `REFRESH_BUDGET`
-nodes per request, and always the chosen one). Without `epoch` scores are treated as a pure function of the node's
+nodes per request in node order, then the best-ranked stale ones until a current score is the best, at most
+`RESCORE_LIMIT`). Without `epoch` scores are treated as a pure function of the node's
 devices, usage and the request. `observe` is called once per vGPU pod, when the pod watch
 first shows it or at its first /filter, whichever comes first: a restarted extender learns the workload from the
 pods already running instead of starting from nothing.
@@ -22,6 +23,7 @@ node lock, because the device plugin identifies the pod from the assignment itse
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -55,9 +57,12 @@ log = logging.getLogger(__name__)
 
 MODES = ("decide", "score")
 MAX_PRIORITY = 10
-# Decide mode: cached scores from an earlier learned target recomputed per /filter, at most (the rest are ranked on
-# their earlier score until later requests refresh them), so a change of target never stalls one request.
-REFRESH_BUDGET = 16
+# Decide mode, after a change of learned target: stale cached scores recomputed per /filter in node order, at most
+# REFRESH_BUDGET; then the best-ranked stale nodes are rescored until the best is a current score, at most
+# RESCORE_LIMIT. The rest keep their earlier score until a change of the node or a later request refreshes them, so
+# a change of target never stalls one request.
+REFRESH_BUDGET = 2
+RESCORE_LIMIT = 4
 
 
 class InvalidArgs(VGPUError):
@@ -302,7 +307,7 @@ class Extender:
         unresolvable: dict[str, str] = {}
         best: tuple[float, str] | None = None
         best_entry: _Entry | None = None
-        best_state: NodeState | None = None
+        stale: list[tuple[float, str, NodeState]] = []  # (-score, name, node): scores from an earlier target
         refresh = self.refresh_budget
         ledger = self.ledger
         ledger.expire()
@@ -335,17 +340,35 @@ class Extender:
                 result = entry.result
                 if result.ok:
                     add_feasible(name)
-                    if decide and (best is None or entry.score > best[0] or (entry.score == best[0]
-                                                                           and name < best[1])):
+                    if not decide:
+                        continue
+                    if entry.epoch != epoch:
+                        if best is None or entry.score >= best[0]:  # else a current score already beats it
+                            stale.append((-entry.score, name, state))
+                    elif best is None or entry.score > best[0] or (entry.score == best[0] and name < best[1]):
                         best = (entry.score, name)
-                        best_entry, best_state = entry, state
+                        best_entry = entry
                 elif result.unresolvable:
                     unresolvable[name] = result.reason
                 else:
                     failed[name] = result.reason
+            if stale:  # a node ranked on an earlier target's score wins only once rescored with the current one
+                heapq.heapify(stale)  # best earlier score first, then name
+                rescored = 0
+                while stale:
+                    negated, name, state = heapq.heappop(stale)
+                    if best is not None and (rescored >= RESCORE_LIMIT or -negated < best[0]
+                                             or (-negated == best[0] and name > best[1])):
+                        break
+                    rescored += 1
+                    entry = self._entry(state, sig, info, epoch, decide)
+                    if not entry.result.ok:  # a greedy multi-container fit may fail in the new GPU order
+                        feasible.remove(name)
+                        (unresolvable if entry.result.unresolvable else failed)[name] = entry.result.reason
+                    elif best is None or entry.score > best[0] or (entry.score == best[0] and name < best[1]):
+                        best = (entry.score, name)
+                        best_entry = entry
             if decide and best is not None and best_entry is not None:
-                if best_entry.epoch != epoch:  # chosen on an earlier target's score: place with the current one
-                    best_entry = self._entry(best_state, sig, info, epoch, decide)
                 if best[1] in ledger.nodes:
                     ledger.reserve(uid, info.namespace, info.name, best[1], best_entry.result.assignment)
                 feasible = [best[1]]

@@ -10,26 +10,27 @@ slots all cover the type's request, so memory and cores count as well as the GPU
 trace through `set_workload`; without one it learns from observed pods), the integer score
 int(100 * sigmoid(-dF / 1000)), and the first GPU with the best such score. `fragaware` learns the workload online
 from the pods it is shown, scores the same way, and breaks equal scores with a second measure that counts free
-CPU as capacity: a node hosts only as much of a type as its CPU can feed (see `FragAware`). F values are memoised
-per node state (sorted per-GPU free resources and a CPU class), since many nodes share one.
+CPU as capacity: a node hosts only as much of a type as its CPU can feed (see `FragAware`). F is read off
+per-type sums of memoised per-GPU vectors (`TypeTable`), so ranking the GPUs of a node for one container costs a
+few small vector operations per distinct GPU state.
 """
 
 import math
 from collections import Counter
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 import numpy as np
 
 from scheduler.fit import FitResult, GPUOrder, GPUUsage
 from scheduler.policies.base import NodeContext, PodContext, register
-from scheduler.policies.shares import idle_milli, lowest_index_order, request_milli, usage_after
+from scheduler.policies.shares import idle_milli, lowest_index_order, request_milli
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
 
-__all__ = ["PodType", "TypeTable", "FGD", "FragAware", "pod_type", "typical_types"]
+__all__ = ["PodType", "GPUSums", "TypeTable", "FGD", "FragAware", "pod_type", "typical_types"]
 
-MEMO_LIMIT = 500_000  # entries kept per memo before it starts over (bounds a long-running extender's memory)
+MEMO_LIMIT = 100_000  # per-GPU vectors kept before the memo starts over (bounds a long-running extender's memory)
 _REF_CARD = GPUDevice(uuid="reference", split=1, memory=1_000_000, type="reference")
 _EMPTY_PODCTX = PodContext()
 
@@ -69,8 +70,29 @@ def typical_types(counts: Counter, coverage: float) -> list[tuple[PodType, float
     return [(t, n / covered) for t, n in kept]
 
 
+class GPUSums:
+    """A node's GPUs summed per target type: how many GPUs fit the type, their idle share, and the node's idle
+    share (all exact integers), plus each GPU's own vectors so that a change of one GPU is two vector updates."""
+
+    __slots__ = ("count", "usable", "idle", "vectors", "raws", "known")
+
+    def __init__(self, count: np.ndarray, usable: np.ndarray, idle: int, vectors: list, raws: tuple = ()) -> None:
+        self.count = count
+        self.usable = usable
+        self.idle = idle
+        self.vectors = vectors
+        self.raws = raws  # per GPU (memory, type, healthy, split, shares, memory used, cores used), when memoised
+        self.known: dict[tuple, float] = {}  # (table, free CPU) -> F, for memoised sums
+
+
 class TypeTable:
-    """A target workload as arrays, with per-card request columns and a memo of F per node state.
+    """A target workload as arrays, with per-card request columns and per-GPU fit vectors.
+
+    F is additive over a node's GPUs except for the thresholds (enough fitting GPUs, enough CPU), so a node is
+    summed once from memoised per-GPU vectors (`sums`), a placement on one GPU updates the sums (`moved`), and F
+    is read off the sums (`f`, `f_rows`). Every sum over GPUs is of integers, so F does not depend on the order GPUs
+are added in, and the weighted sum over types is one dot product per row, so one node state gets the same F bits
+whether it is evaluated alone or in a batch of moves.
 
     With `cpu_capacity` the node's free CPU limits how much of its idle GPU share a type can use (as many pods
     of the type as the CPU can feed, each taking its GPU demand), instead of only whether one pod fits; free CPU
@@ -95,27 +117,26 @@ class TypeTable:
         )
         self._sels = [t[2] for t, _ in types]
         self.cpu_levels = np.unique(self.cpu)
+        self._zeros = np.zeros(len(self.types), dtype=np.float64)
         self._columns: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._stacked: dict[tuple, tuple[np.ndarray, ...]] = {}
-        self._gpu_parts: dict[tuple, tuple[np.ndarray, np.ndarray, float]] = {}  # sorted GPU state -> its part of F
+        self._vectors: dict[tuple, tuple[np.ndarray, np.ndarray, int]] = {}  # one GPU's device and usage -> vectors
         self._cpu_parts: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # CPU class -> its part of F
-        self._items: dict[tuple, tuple] = {}  # one GPU's device and usage -> its part of a memo key
-        self.memo: dict[Hashable, float] = {}
+        self._cpu_terms: dict[int | None, tuple[np.ndarray, np.ndarray | None]] = {}  # free CPU -> its part of F
+        self._sums: dict[tuple, GPUSums] = {}  # a node's GPU states, in order -> their sums
 
     def __len__(self) -> int:
         return len(self.types)
 
     def with_cpu_capacity(self) -> "TypeTable":
-        """The same target with CPU as a capacity, sharing this table's GPU-side caches (they do not depend on
-        CPU), so a node state's GPU part is computed once for both."""
+        """The same target with CPU as a capacity, sharing this table's per-GPU caches (they do not depend on
+        CPU), so a node's sums serve both tables."""
         fed = TypeTable(self.types, cpu_capacity=True, cpu_quantum=self.cpu_quantum)
-        fed._columns, fed._stacked = self._columns, self._stacked
-        fed._gpu_parts, fed._items = self._gpu_parts, self._items
+        fed._columns, fed._vectors, fed._sums = self._columns, self._vectors, self._sums
         return fed
 
     def cpu_class(self, cpu_free: int | None) -> int:
-        """The CPU part of the memo key: free CPU in quanta with `cpu_capacity` (-1: unlimited), else how many
-        distinct type CPU requests fit in `cpu_free` (None: unlimited)."""
+        """The CPU part of F: free CPU in quanta with `cpu_capacity` (-1: unlimited), else how many distinct type
+        CPU requests fit in `cpu_free` (None: unlimited)."""
         if self.cpu_capacity:
             return -1 if cpu_free is None else int(cpu_free) // self.cpu_quantum
         if cpu_free is None:
@@ -134,73 +155,101 @@ class TypeTable:
             self._columns[card] = cols
         return cols
 
-    def _node_columns(self, cards: tuple[tuple[int, str], ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per (type, GPU) matrices of memory and cores needed and type allowed, for a node's cards in order."""
-        cols = self._stacked.get(cards)
-        if cols is None:
-            per_card = [self._card_columns(c) for c in cards]
-            cols = tuple(np.stack([c[k] for c in per_card], axis=1) for k in range(3))
-            self._stacked[cards] = cols
-        return cols
+    def _vector(self, device: GPUDevice, used: GPUUsage, raw: tuple | None = None) -> tuple:
+        """Per type, whether this GPU fits one container of it and then its idle share; the GPU's idle share; the
+        two vectors stacked."""
+        if raw is None:
+            raw = (device.memory, device.type, device.healthy, device.split, used.shares, used.memory, used.cores)
+        vector = self._vectors.get(raw)
+        if vector is None:
+            idle = idle_milli(device, used)
+            if used.shares < device.split and device.healthy:
+                need_mem, need_cores, allowed = self._card_columns((device.memory, device.type))
+                fits = (device.memory - used.memory >= need_mem) & (100 - used.cores >= need_cores) & allowed
+                if used.shares:
+                    fits &= need_cores < 100  # an exclusive container needs an empty GPU
+                one = fits.astype(np.float64)
+            else:
+                one = self._zeros
+            vector = (one, one * idle, idle, np.stack((one, one * idle)))
+            if len(self._vectors) >= MEMO_LIMIT:
+                self._vectors.clear()
+            self._vectors[raw] = vector
+        return vector
+
+    def sums(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage]) -> GPUSums:
+        """The node's GPUs summed per type (memoised per node state; never modified by the caller)."""
+        raws = tuple((d.memory, d.type, d.healthy, d.split, u.shares, u.memory, u.cores) for d, u in zip(devices, usage))
+        found = self._sums.get(raws)
+        if found is None:
+            vectors = [self._vector(d, u, raw) for d, u, raw in zip(devices, usage, raws)]
+            if vectors:
+                total = np.add.reduce([v[3] for v in vectors])
+                found = GPUSums(total[0], total[1], sum(v[2] for v in vectors), vectors, raws)
+            else:
+                found = GPUSums(self._zeros, self._zeros, 0, vectors, raws)
+            if len(self._sums) >= MEMO_LIMIT // 10:
+                self._sums.clear()
+            self._sums[raws] = found
+        return found
+
+    def moved(self, sums: GPUSums, index: int, device: GPUDevice, used: GPUUsage) -> GPUSums:
+        """`sums` with GPU `index` (`device`) at usage `used` instead."""
+        old_one, old_idle_fit, old_idle, _ = sums.vectors[index]
+        vector = self._vector(device, used)
+        one, idle_fit, idle, _ = vector
+        vectors = list(sums.vectors)
+        vectors[index] = vector
+        return GPUSums(sums.count + (one - old_one), sums.usable + (idle_fit - old_idle_fit),
+                       sums.idle - old_idle + idle, vectors)
+
+    def moves(self, sums: GPUSums, moves: Sequence[tuple[int, tuple]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """Rows of per-type counts, usable shares and idle shares: one row per (GPU index, its new vector) move,
+        each applied to `sums` alone."""
+        old = [sums.vectors[i] for i, _ in moves]
+        new = [v for _, v in moves]
+        change = np.array([v[3] for v in new]) - np.array([v[3] for v in old])
+        return (sums.count + change[:, 0], sums.usable + change[:, 1],
+                [sums.idle - o[2] + n[2] for o, n in zip(old, new)])
+
+    def _terms(self, cpu_free: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per type, whether a GPU type can be hosted at this free CPU, and the GPU share the CPU can feed."""
+        terms = self._cpu_terms.get(cpu_free)
+        if terms is None:
+            if len(self._cpu_terms) >= MEMO_LIMIT:
+                self._cpu_terms.clear()
+            cpu_ok, feed = self._cpu_part(self.cpu_class(cpu_free))
+            terms = self._cpu_terms[cpu_free] = (self.gpu & cpu_ok, feed)
+        return terms
+
+    def f(self, sums: GPUSums, cpu_free: int | None) -> float:
+        """F_n(M) in milli-GPU of a node with these sums and free CPU (None: unlimited)."""
+        if sums.idle == 0 or not len(self.types):
+            return 0.0
+        key = (id(self), cpu_free)
+        value = sums.known.get(key)
+        if value is None:
+            hostable, feed = self._terms(cpu_free)
+            usable = sums.usable if feed is None else np.minimum(sums.usable, feed)
+            per_type = np.where((sums.count >= self.count) & hostable, sums.idle - usable, float(sums.idle))
+            value = sums.known[key] = float(self.p @ per_type)
+        return value
+
+    def f_rows(self, count: np.ndarray, usable: np.ndarray, idle: Sequence[int], cpu_free: int | None) -> list[float]:
+        """`f` of each row of per-type counts, usable shares and idle share (`moves`), at free CPU `cpu_free`."""
+        if not len(self.types):
+            return [0.0] * len(idle)
+        hostable, feed = self._terms(cpu_free)
+        if feed is not None:
+            usable = np.minimum(usable, feed)
+        column = np.array(idle, dtype=np.float64)[:, None]
+        per_type = np.where((count >= self.count) & hostable, column - usable, column)
+        p = self.p
+        return [float(p @ row) if i else 0.0 for row, i in zip(per_type, idle)]
 
     def fragment(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], cpu_free: int | None) -> float:
         """F_n(M) in milli-GPU for a node with these GPUs, usage and free CPU (None: unlimited)."""
-        cls = self.cpu_class(cpu_free)
-        items = self._items
-        state = []
-        for d, u in zip(devices, usage):
-            raw = (d.memory, d.type, d.healthy, d.split, u.shares, u.memory, u.cores)
-            item = items.get(raw)
-            if item is None:
-                if len(items) >= MEMO_LIMIT:
-                    items.clear()
-                item = items[raw] = (
-                    d.memory,
-                    d.type,
-                    d.memory - u.memory,
-                    100 - u.cores,
-                    idle_milli(d, u),
-                    u.shares < d.split and d.healthy,
-                    u.shares == 0,
-                )
-            state.append(item)
-        state.sort()
-        key = (tuple(state), cls)
-        value = self.memo.get(key)
-        if value is None:
-            if len(self.memo) >= MEMO_LIMIT:
-                self.memo.clear()
-            value = self._compute(key[0], cls)
-            self.memo[key] = value
-        return value
-
-    def _compute(self, state: tuple, cls: int) -> float:
-        if not len(self.types) or not state:
-            return 0.0
-        usable, can_gpu, total = self._gpu_part(state)
-        if total == 0:
-            return 0.0
-        cpu_ok, feed = self._cpu_part(cls)
-        if feed is not None:
-            usable = np.minimum(usable, feed)
-        per_type = np.where(can_gpu & cpu_ok, total - usable, total)
-        return float(self.p @ per_type)
-
-    def _gpu_part(self, state: tuple) -> tuple[np.ndarray, np.ndarray, float]:
-        """Per type, the idle share of the GPUs that fit it and whether enough GPUs fit it; the node's idle share."""
-        part = self._gpu_parts.get(state)
-        if part is None:
-            gpus = np.array([s[2:] for s in state], dtype=np.int64)
-            free_mem, free_cores, idle_int, open_, empty = gpus.T
-            idle = idle_int.astype(np.float64)
-            need_mem, need_cores, allowed = self._node_columns(tuple((s[0], s[1]) for s in state))
-            fits = (free_mem >= need_mem) & (free_cores >= need_cores) & (open_ > 0) & allowed
-            fits &= (need_cores < 100) | (empty > 0)
-            part = (fits.astype(np.float64) @ idle, self.gpu & (fits.sum(axis=1) >= self.count), idle.sum())
-            if len(self._gpu_parts) >= MEMO_LIMIT:
-                self._gpu_parts.clear()
-            self._gpu_parts[state] = part
-        return part
+        return self.f(self.sums(devices, usage), cpu_free)
 
     def _cpu_part(self, cls: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Per type, whether the CPU class covers one pod, and the GPU share the CPU can feed (None: no bound)."""
@@ -236,11 +285,6 @@ def _cpu(node: NodeContext | None) -> int | None:
 
 def _cpu_after(node: NodeContext | None, pod: PodContext | None) -> int | None:
     return None if node is None else node.cpu_free - (pod.cpu if pod else 0)
-
-
-def _descent(table: TypeTable, devices, before, after, node: NodeContext | None, pod: PodContext | None) -> float:
-    """F before minus F after on `table` (positive: the move lowers fragmentation)."""
-    return table.fragment(devices, before, _cpu(node)) - table.fragment(devices, after, _cpu_after(node, pod))
 
 
 def _sigmoid(x: float) -> float:
@@ -301,6 +345,7 @@ class _FragDescent:
     def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
         """Make `types` the target workload."""
         self.table = TypeTable(types)
+        self._last_order: tuple = (None, None, None, {})
 
     def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
         if self._oracle:
@@ -314,22 +359,32 @@ class _FragDescent:
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
         return self.table.bins(cpu_free, pod.cpu)
 
-    def _rank(
-        self,
-        devices: Sequence[GPUDevice],
-        before: Sequence[GPUUsage],
-        after: Sequence[GPUUsage],
-        node: NodeContext | None,
+    def _ties(
+        self, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]], node: NodeContext | None,
         pod: PodContext | None,
-    ) -> float:
-        """How good the move from usage `before` to `after` is (higher is better): the integer sigmoid score plus
-        the policy's tie-break."""
-        score = _sigmoid_score(_descent(self.table, devices, before, after, node, pod))
-        return score + self._tie(devices, before, after, node, pod)
+    ) -> list[float]:
+        """The tie-break, in [0, 1), of each move from `start` to a row of `rows` (`TypeTable.moves`); only moves
+        of equal integer score are compared by it (none here)."""
+        return [0.0] * len(rows[2])
 
-    def _tie(self, devices, before, after, node: NodeContext | None, pod: PodContext | None) -> float:
-        """A tie-break in [0, 1) among moves of equal integer score (none here)."""
-        return 0.0
+    def _ranks(
+        self, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]], node: NodeContext | None,
+        pod: PodContext | None,
+    ) -> tuple[list[int], list[float | None]]:
+        """Integer scores of the moves from `start` to each row, and the tie-break of those with the best one."""
+        table = self.table
+        f_start = table.f(start, _cpu(node))
+        scores = [_sigmoid_score(f_start - end) for end in table.f_rows(*rows, _cpu_after(node, pod))]
+        best = max(scores)
+        top = [k for k, score in enumerate(scores) if score == best]
+        ties: list[float | None] = [None] * len(scores)
+        if len(top) == len(scores):
+            chosen = rows
+        else:
+            chosen = (rows[0][top], rows[1][top], [rows[2][k] for k in top])
+        for k, tie in zip(top, self._ties(start, chosen, node, pod)):
+            ties[k] = tie
+        return scores, ties
 
     def gpu_order_for(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder:
         def order(devices, usage, request, candidates):
@@ -337,23 +392,32 @@ class _FragDescent:
                 return lowest_index_order(devices, usage, request, candidates)
             # GPUs in the same state rank the same (F does not depend on GPU order): rank each state once, and
             # compute the tie-break only for the states that share the best integer score.
-            ranks: dict[tuple, list] = {}  # GPU state -> [usage after, integer score, tie-break]
-            state_of = {}
+            table = self.table
+            start = table.sums(devices, usage)
+            row_of: dict[tuple, int] = {}
+            moves = []
+            keys = []
+            raws, vector_of, cores = start.raws, table._vectors.get, request.cores
             for i in candidates:
-                d, u = devices[i], usage[i]
-                state = (d.memory, d.type, d.healthy, d.split, u.shares, u.memory, u.cores)
-                if state not in ranks:
-                    taken = GPUUsage(u.shares, u.memory, u.cores)
-                    taken.add(request.memory_on(d.memory), request.cores)
-                    after = list(usage)
-                    after[i] = taken
-                    ranks[state] = [after, _sigmoid_score(_descent(self.table, devices, usage, after, node, pod)), 0.0]
-                state_of[i] = state
-            best = max(r[1] for r in ranks.values())
-            for r in ranks.values():
-                if r[1] == best:
-                    r[2] = self._tie(devices, usage, r[0], node, pod)
-            return sorted(candidates, key=lambda i: (-ranks[state_of[i]][1], -ranks[state_of[i]][2], i))
+                state = raws[i]
+                k = row_of.get(state)
+                if k is None:
+                    memory, kind, healthy, split, shares, used, used_cores = state
+                    after = (memory, kind, healthy, split, shares + 1, used + request.memory_on(memory),
+                             used_cores + cores)
+                    vector = vector_of(after)
+                    if vector is None:
+                        vector = table._vector(devices[i], GPUUsage(*after[4:]), after)
+                    k = row_of[state] = len(moves)
+                    moves.append((i, vector))
+                keys.append(k)
+            scores, ties = self._ranks(start, table.moves(start, moves), node, pod)
+            # `score` of the fit that follows (the chosen GPU is one of the best) reads its value from here
+            self._last_order = (start, _cpu(node), _cpu_after(node, pod), {
+                id(moves[k][1]): (moves[k][1], float(scores[k] + tie)) for k, tie in enumerate(ties) if tie is not None
+            })
+            rank = {i: (-scores[k], -(ties[k] or 0.0), i) for i, k in zip(candidates, keys)}
+            return sorted(candidates, key=rank.__getitem__)
 
         return order
 
@@ -371,7 +435,27 @@ class _FragDescent:
         node: NodeContext | None = None,
         pod: PodContext | None = None,
     ) -> float:
-        return float(self._rank(devices, usage, usage_after(usage, result), node, pod))
+        table = self.table
+        start = table.sums(devices, usage)
+        after: dict[int, GPUUsage] = {}
+        for indices, grants in zip(result.placement, result.assignment):
+            for i, grant in zip(indices, grants):
+                u = after.get(i) or GPUUsage(usage[i].shares, usage[i].memory, usage[i].cores)
+                u.add(grant.memory, grant.cores)
+                after[i] = u
+        if len(after) == 1:
+            ((i, u),) = after.items()
+            vector = table._vector(devices[i], u)
+            last = self._last_order
+            if last[0] is start and last[1] == _cpu(node) and last[2] == _cpu_after(node, pod):
+                known = last[3].get(id(vector))
+                if known is not None and known[0] is vector:
+                    return known[1]
+        end = start
+        for i, u in after.items():
+            end = table.moved(end, i, devices[i], u)
+        scores, ties = self._ranks(start, (end.count[None], end.usable[None], [end.idle]), node, pod)
+        return float(scores[0] + (ties[0] or 0.0))
 
 
 @register("fgd")
@@ -420,7 +504,7 @@ class FragAware(_FragDescent):
     TIE_WEIGHT = 0.999  # the tie-break stays below one point of the integer score
 
     def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
-        self.table = TypeTable(types)
+        super()._install(types)
         self.fed = self.table.with_cpu_capacity()
 
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
@@ -428,7 +512,13 @@ class FragAware(_FragDescent):
         fed = self.fed.bins(cpu_free, pod.cpu)
         return fed * (levels * levels) + self.table.bins(cpu_free, pod.cpu)
 
-    def _tie(self, devices, before, after, node: NodeContext | None, pod: PodContext | None) -> float:
+    def _ties(
+        self, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]], node: NodeContext | None,
+        pod: PodContext | None,
+    ) -> list[float]:
         if node is None:
-            return 0.0
-        return self.TIE_WEIGHT * _sigmoid(_descent(self.fed, devices, before, after, node, pod) / 1000.0)
+            return [0.0] * len(rows[2])
+        fed = self.fed
+        f_start = fed.f(start, _cpu(node))
+        return [self.TIE_WEIGHT * _sigmoid((f_start - end) / 1000.0)
+                for end in fed.f_rows(*rows, _cpu_after(node, pod))]

@@ -29,10 +29,10 @@ def used(*milli):
     return [GPUUsage(1 if m else 0, CARD * m // 1000, m // 10) for m in milli]
 
 
-def test_all_policies_registered_and_the_default_is_binpack():
+def test_all_policies_registered_and_the_default_is_fragaware():
     for name in ("random", "bestfit", "dotprod", "packing", "fgd", "fragaware", "binpack", "spread"):
         assert name in NODE_POLICIES
-    assert DEFAULT_NODE_POLICY == "binpack"  # until the admission race fragaware exposes is fixed (docs/placement.md)
+    assert DEFAULT_NODE_POLICY == "fragaware"
 
 
 @pytest.mark.parametrize("name", sorted(NODE_POLICIES))

@@ -185,3 +185,22 @@ def test_decide_mode_rescores_a_stale_winner_before_placing():
     policy.epoch, policy.calls = 1, []
     assert _decide(ext, "b")["NodeNames"] == ["n2"]  # best on its earlier score, rescored before the reservation
     assert policy.calls == [(1, "n1"), (1, "n2")]
+
+
+def test_decide_mode_rescores_stale_nodes_best_first_until_a_current_score_wins():
+    ledger, policy = Ledger(), Shifting()
+    policy.prefs = {0: {"n1": 1, "n2": 1, "n3": 9, "n4": 8}, 1: {"n1": 2, "n2": 2, "n3": 0, "n4": 7}}
+    ext = Extender(ledger, policy, "binpack", "decide")
+    ext.refresh_budget = 2
+    names = ["n1", "n2", "n3", "n4"]
+    for n in names:
+        ledger.on_node(node(n, [gpu(f"{n}-0", memory=30000)]))
+    probe = pod("probe", container(number=1, memory=1000))
+    for n in names:  # scores cached on the first target, nothing reserved
+        assert ext.evaluate(probe, n)[0].ok
+    policy.epoch, policy.calls = 1, []
+    out = ext.filter({"Pod": pod("b", container(number=1, memory=1000)), "NodeNames": names})
+    # n1 and n2 are the two stale nodes refreshed in node order; n3 then ranks first on its earlier score, is
+    # rescored and falls to 0, so n4 (next on its earlier score) is rescored and wins on its current score
+    assert out["NodeNames"] == ["n4"]
+    assert policy.calls == [(1, "n1"), (1, "n2"), (1, "n3"), (1, "n4")]
