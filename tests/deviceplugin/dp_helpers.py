@@ -8,7 +8,6 @@ device-plugin directory and `cluster.start_plugin(...)` which runs the plugin as
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,12 @@ from kubernetes import client as k8s
 
 from vgpu.kube.client import make_api_client, read_json
 from vgpu.standins.apiserver import ApiServerStandIn
+from vgpu.standins.cluster import free_port
 from vgpu.standins.kubelet import KubeletStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores")
 NODE = "node-a"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

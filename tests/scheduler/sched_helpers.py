@@ -1,7 +1,6 @@
 """Helpers of the scheduler tests: ports, waits, a client wrapper and extender servers (in-process and real)."""
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -12,13 +11,9 @@ import httpx
 import orjson
 from kubernetes import client as k8s
 
+from vgpu.standins.cluster import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate, timeout=10.0, interval=0.02, what="condition"):

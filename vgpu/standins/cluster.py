@@ -18,6 +18,7 @@ import atexit
 import ctypes
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -40,9 +41,37 @@ _LIVE: "set[Proc]" = set()
 _LIVE_LOCK = threading.Lock()
 
 
+_HANDED_OUT: set[int] = set()
+_PORTS_LOCK = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
+    """A TCP port nobody listens on right now, for a process started later to listen on.
+
+    Drawn below the kernel's ephemeral range, so an outgoing connection cannot take it as its local port before the
+    listener binds it, and never handed out twice by this process."""
+    low = max(1025, _ephemeral_low())
+    rng = random.Random()
+    with _PORTS_LOCK:
+        for _ in range(200):
+            port = rng.randrange(max(1024, low - 12000), low)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
+    with socket.socket() as sock:  # the range below is crowded: any free port
         sock.bind((host, 0))
         return sock.getsockname()[1]
 
