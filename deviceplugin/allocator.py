@@ -217,6 +217,12 @@ def _container_spec(pod: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return next((c for c, _ in gpu_containers(pod) if c.get("name") == name), {})
 
 
+def _listing(items: list[str], separator: str, most: int = 8) -> str:
+    """At most `most` items joined, then how many more there are (error messages stay readable and small)."""
+    shown = separator.join(items[:most])
+    return shown if len(items) <= most else f"{shown}{separator}and {len(items) - most} more"
+
+
 def _interchangeable(candidates: list[_Candidate]) -> bool:
     """Would any of these candidates give the container kubelet admits the same limits?"""
     return len({c.same_as for c in candidates}) == 1
@@ -447,10 +453,10 @@ class Allocator:
             candidates = self._candidates(self.source.refresh() if fresh else self.source.pods())
             matches = self._consistent(candidates, calls)
             if not matches:
-                waiting = ", ".join(
-                    f"{c.key}[{c.next_index}]={sorted(g.uuid for g in c.segments[c.next_index])}"
-                    f"{dict(c.expected)}" for c in candidates
-                ) or "none"
+                waiting = _listing([
+                    f"{c.key}[{c.next_index}]={sorted(g.uuid for g in c.segments[c.next_index])}{dict(c.expected)}"
+                    for c in candidates
+                ], ", ") or "none"
                 seen = ", ".join(
                     f"{c.resource}=GPUs {sorted(c.gpus)}" if c.kind == GPUS else f"{c.resource}={c.count}"
                     for c in calls
@@ -486,11 +492,11 @@ class Allocator:
                     continue  # decide before the container's last call only on a fresh list
             if all(pending(c) for c in matches):
                 return None  # every candidate expects another call: it brings more evidence
-            names = "; ".join(
+            names = _listing([
                 f"{c.key} (segment {c.next_index}: "
                 f"{','.join(f'{g.uuid}/{g.memory}/{g.cores}' for g in c.segments[c.next_index])}, "
                 f"limits {dict(c.expected)})" for c in matches
-            )
+            ], "; ")
             self._ambiguous = matches
             raise AllocationError(
                 f"node {self.node_name}: the Allocate calls of this container ("

@@ -46,6 +46,18 @@ def socket_name(resource_name: str) -> str:
     return f"nvidia-{resource_name.rsplit('/', 1)[-1]}.sock"
 
 
+
+# gRPC carries a status message in a header: clients drop a stream whose metadata exceeds 16 KiB
+STATUS_DETAIL_LIMIT = 4000
+
+
+def _status_detail(exc: Exception) -> str:
+    """The error message for kubelet, cut to fit a gRPC status (the log keeps it whole)."""
+    text = str(exc)
+    if len(text) <= STATUS_DETAIL_LIMIT:
+        return text
+    return text[: STATUS_DETAIL_LIMIT - 60] + " ... (cut; the device plugin's log has the whole message)"
+
 class DeviceState:
     """GPUs and their health, shared by the services; `version` increases on every change."""
 
@@ -216,10 +228,10 @@ class ResourceService(pb_grpc.DevicePluginServicer):
                     allocation = self.allocator.allocate_call(self.resource_name, count=len(uuids))
             except AllocationError as exc:
                 log.warning("event=allocate_failed resource=%s error=%s", self.resource_name, exc)
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, _status_detail(exc))
             except VGPUError as exc:
                 log.warning("event=allocate_failed resource=%s error=%s", self.resource_name, exc)
-                context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                context.abort(grpc.StatusCode.UNAVAILABLE, _status_detail(exc))
             responses.append(container_response(allocation))
         return pb.AllocateResponse(container_responses=responses)
 

@@ -228,3 +228,20 @@ def test_differing_limits_with_nothing_to_tell_them_apart_is_refused(cluster):
             break
         assert time.monotonic() < deadline, events
         time.sleep(0.1)
+
+
+def test_a_refusal_among_many_waiting_pods_reaches_kubelet_readable(cluster):
+    """With 150 pods waiting, a container no pod waits for is refused with a message that names a few of them and
+    fits a gRPC status (a longer one reached kubelet as `Stream removed`)."""
+    cluster.start_plugin("1xT4")
+    (a,) = cluster.wait_inventory()
+    for i in range(150):
+        cluster.create_pod(f"w{i:03d}", [gpu_container("c", 1, 1000, 10)], f"{a},NVIDIA,1000,10:")
+    stray = cluster.create_pod("stray", [memory_first("c", 777, 10)], f"{a},NVIDIA,777,10:")
+    stray["spec"]["containers"][0]["resources"]["limits"][MEMORY] = "555"  # kubelet asks for what nobody waits for
+    with pytest.raises(AdmissionError) as refused:
+        cluster.kubelet.admit(stray)
+    message = str(refused.value)
+    assert f"no pod with bind-phase=allocating waits for a container with {MEMORY}=555" in message
+    assert "and 143 more" in message and len(message) < 4000
+    assert cluster.pod("w000")["metadata"]["annotations"]["volcano.sh/bind-phase"] == "allocating"
