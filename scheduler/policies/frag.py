@@ -90,9 +90,9 @@ class TypeTable:
 
     F is additive over a node's GPUs except for the thresholds (enough fitting GPUs, enough CPU), so a node is
     summed once from memoised per-GPU vectors (`sums`), a placement on one GPU updates the sums (`moved`), and F
-    is read off the sums (`f`, `f_rows`). Every sum over GPUs is of integers, so F does not depend on the order GPUs
-are added in, and the weighted sum over types is one dot product per row, so one node state gets the same F bits
-whether it is evaluated alone or in a batch of moves.
+    is read off the sums (`f`, `f_rows`). Every sum over GPUs is of integers, so F does not depend on the order
+    GPUs are added in, and the weighted sum over types is one dot product per row, so one node state gets the same
+    F bits whether it is evaluated alone or in a batch of moves.
 
     With `cpu_capacity` the node's free CPU limits how much of its idle GPU share a type can use (as many pods
     of the type as the CPU can feed, each taking its GPU demand), instead of only whether one pod fits; free CPU
