@@ -148,13 +148,13 @@ def fit(
 ) -> FitResult:
     """Place every requesting container of a pod on this node's GPUs, or say why not.
 
-    `usage` is not modified; the tentative charges of earlier containers are applied to a copy.
+    `usage` is not modified; the tentative charges of earlier containers are applied to a copy of the list.
     """
     if not requests:
         return FitResult(ok=True)
     if not devices:
         return FitResult(ok=False, reason="node has no vGPU devices", unresolvable=True)
-    tentative = [GPUUsage(u.shares, u.memory, u.cores) for u in usage]
+    tentative = list(usage)  # a GPU a container takes gets a new GPUUsage: the caller's objects are never changed
     type_ok: dict[str, bool] = {}  # per card type: nodes usually have one
     for device in devices:
         if device.type not in type_ok:
@@ -192,7 +192,8 @@ def fit(
         segment = []
         for i in chosen:
             memory = request.memory_on(devices[i].memory)
-            tentative[i].add(memory, request.cores)
+            used = tentative[i]
+            tentative[i] = GPUUsage(used.shares + 1, used.memory + memory, used.cores + request.cores)
             segment.append(DeviceGrant(devices[i].uuid, memory, request.cores))
         placement.append(tuple(chosen))
         grants.append(tuple(segment))
