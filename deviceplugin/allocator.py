@@ -17,7 +17,8 @@ Allocate once per extended resource, in no fixed order, before moving on to the 
 container therefore form a *sequence*; the plugin keeps the open sequence and narrows the candidates call by call.
 
 The matching rule, applied at every call of a sequence (C = the candidates consistent with the sequence so far;
-if one of them is a pod already half-way through its admission, only such pods are kept):
+kubelet is asked about all of C, while the rules that go by the calls alone, 4 to 6, keep only the pods already
+half-way through their admission if there are any):
 
 1. no candidate: re-list the node's pods from the API server and retry; still none is an error;
 2. while every candidate still expects a GPU-resource call, the plugin answers with an empty response and waits
@@ -367,7 +368,8 @@ class Allocator:
             return len(call.gpus) == len(segment) and set(call.gpus) == {g.uuid for g in segment}
         return call.count == quantity
 
-    def _consistent(self, candidates: list[_Candidate], calls: list[_Call]) -> list[_Candidate]:
+    def _consistent(self, candidates: list[_Candidate], calls: list[_Call] = ()) -> list[_Candidate]:
+        """The candidates these calls fit; only those half-way through their admission if there are any."""
         matching = [c for c in candidates if all(self._fits(c, call) for call in calls)]
         busy = [c for c in matching if c.in_progress]
         return busy or matching
@@ -451,8 +453,9 @@ class Allocator:
         for attempt in range(2):
             fresh = attempt == 1
             candidates = self._candidates(self.source.refresh() if fresh else self.source.pods())
-            matches = self._consistent(candidates, calls)
-            if not matches:
+            fitting = [c for c in candidates if all(self._fits(c, call) for call in calls)]
+            self._missing_candidates = []
+            if not fitting:
                 waiting = _listing([
                     f"{c.key}[{c.next_index}]={sorted(g.uuid for g in c.segments[c.next_index])}{dict(c.expected)}"
                     for c in candidates
@@ -472,16 +475,17 @@ class Allocator:
             def pending(c: _Candidate, seen: set[str] = seen_resources) -> set[str]:
                 return set(c.expected) - seen
 
-            if all(any(self.kinds.get(r) == GPUS for r in pending(c)) for c in matches):
+            if all(any(self.kinds.get(r) == GPUS for r in pending(c)) for c in fitting):
                 return None  # every candidate still makes its GPU call: wait for the GPU set
-            admitting = self._admitting(matches, calls[-1].resource)
+            admitting = self._admitting(fitting, calls[-1].resource)
             if admitting and _interchangeable(admitting):
-                if len(matches) > 1:
+                if len(fitting) > 1:
                     log.info("event=matched_by_kubelet chosen=%s others=%s", admitting[0].key,
-                             ",".join(c.key for c in matches if c is not admitting[0]))
+                             ",".join(c.key for c in fitting if c is not admitting[0]))
                 return admitting[0]  # the oldest of what kubelet names: it admits pods in creation order
             if admitting == [] and not fresh:
                 continue  # kubelet admits a pod the cache does not show yet: read the pods from the API server
+            matches = self._consistent(fitting)
             if _interchangeable(matches):
                 if fresh or not pending(matches[0]):
                     if len(matches) > 1:

@@ -245,3 +245,21 @@ def test_a_refusal_among_many_waiting_pods_reaches_kubelet_readable(cluster):
     assert f"no pod with bind-phase=allocating waits for a container with {MEMORY}=555" in message
     assert "and 143 more" in message and len(message) < 4000
     assert cluster.pod("w000")["metadata"]["annotations"]["volcano.sh/bind-phase"] == "allocating"
+
+
+def test_kubelet_names_the_pod_it_admits_even_beside_a_pod_half_way_through_admission(cluster):
+    """Pod `half` had its first container answered (kubelet gave up on it); its second waits on the same GPU as `p`.
+    Kubelet admits `p` and lists only `p`: `p` gets its own limits, `half` keeps waiting."""
+    cluster.start_plugin("1xT4")
+    (a,) = cluster.wait_inventory()
+    half = cluster.create_pod("half", [gpu_container("x", 1, 500, 5), gpu_container("y", 1, 1000, 10)],
+                              f"{a},NVIDIA,500,5:;{a},NVIDIA,1000,10:")
+    cluster.core.patch_namespaced_pod("half", "default", {"metadata": {"annotations": {
+        "volcano.sh/devices-to-allocate": f";{a},NVIDIA,1000,10:"}}})  # as the plugin leaves it after container x
+    p = cluster.create_pod("p", [gpu_container("c", 1, 3000, 30)], f"{a},NVIDIA,3000,30:")
+    got = admit_all(cluster, [p], [0])
+    assert [got["p"][1].envs[k] for k in ("CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT")] == ["3000m", "30"]
+    assert cluster.pod("p")["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"
+    annotations = cluster.pod("half")["metadata"]["annotations"]
+    assert annotations["volcano.sh/bind-phase"] == "allocating"
+    assert annotations["volcano.sh/devices-to-allocate"] == f";{a},NVIDIA,1000,10:"
