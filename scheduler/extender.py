@@ -161,6 +161,7 @@ class Extender:
         self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()  # pods learned from, by UID
         self._seen_max = 20000
         self._seen_lock = threading.Lock()
+        self._observe_lock = threading.Lock()
         self._next_sig = 0
         self.refresh_budget = REFRESH_BUDGET
         ledger.pod_listeners.append(self.observe_pod)
@@ -207,7 +208,8 @@ class Extender:
 
     def _observe(self, requests: tuple[ContainerRequest, ...], pod: PodContext) -> None:
         try:
-            self.policy.observe(requests, pod)  # policies learn from every vGPU pod they see
+            with self._observe_lock:  # the pod watch and the request handlers both feed the policy
+                self.policy.observe(requests, pod)  # policies learn from every vGPU pod they see
         except Exception:  # noqa: BLE001 - a learning policy must never fail a request
             log.exception("policy observe failed policy=%s", self.policy.name)
 
@@ -307,7 +309,7 @@ class Extender:
         unresolvable: dict[str, str] = {}
         best: tuple[float, str] | None = None
         best_entry: _Entry | None = None
-        stale: list[tuple[float, str, NodeState]] = []  # (-score, name, node): scores from an earlier target
+        stale: list[tuple[float, str, int, NodeState]] = []  # (-score, name, seq, node): earlier-target scores
         refresh = self.refresh_budget
         ledger = self.ledger
         ledger.expire()
@@ -344,7 +346,7 @@ class Extender:
                         continue
                     if entry.epoch != epoch:
                         if best is None or entry.score >= best[0]:  # else a current score already beats it
-                            stale.append((-entry.score, name, state))
+                            stale.append((-entry.score, name, len(stale), state))
                     elif best is None or entry.score > best[0] or (entry.score == best[0] and name < best[1]):
                         best = (entry.score, name)
                         best_entry = entry
@@ -356,7 +358,7 @@ class Extender:
                 heapq.heapify(stale)  # best earlier score first, then name
                 rescored = 0
                 while stale:
-                    negated, name, state = heapq.heappop(stale)
+                    negated, name, _, state = heapq.heappop(stale)
                     if best is not None and (rescored >= RESCORE_LIMIT or -negated < best[0]
                                              or (-negated == best[0] and name > best[1])):
                         break

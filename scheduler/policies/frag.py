@@ -343,9 +343,14 @@ class _FragDescent:
         self._install([])
 
     def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
-        """Make `types` the target workload."""
-        self.table = TypeTable(types)
+        """Make `types` the target workload (one assignment: a request being served keeps the pair it read)."""
+        self._target: tuple[TypeTable, TypeTable | None] = (TypeTable(types), None)
         self._last_order: tuple = (None, None, None, {})
+
+    @property
+    def table(self) -> TypeTable:
+        """The target workload's table."""
+        return self._target[0]
 
     def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
         if self._oracle:
@@ -360,19 +365,19 @@ class _FragDescent:
         return self.table.bins(cpu_free, pod.cpu)
 
     def _ties(
-        self, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]], node: NodeContext | None,
-        pod: PodContext | None,
+        self, target: tuple, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
+        node: NodeContext | None, pod: PodContext | None,
     ) -> list[float]:
         """The tie-break, in [0, 1), of each move from `start` to a row of `rows` (`TypeTable.moves`); only moves
         of equal integer score are compared by it (none here)."""
         return [0.0] * len(rows[2])
 
     def _ranks(
-        self, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]], node: NodeContext | None,
-        pod: PodContext | None,
+        self, target: tuple, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
+        node: NodeContext | None, pod: PodContext | None,
     ) -> tuple[list[int], list[float | None]]:
         """Integer scores of the moves from `start` to each row, and the tie-break of those with the best one."""
-        table = self.table
+        table = target[0]
         f_start = table.f(start, _cpu(node))
         scores = [_sigmoid_score(f_start - end) for end in table.f_rows(*rows, _cpu_after(node, pod))]
         best = max(scores)
@@ -382,7 +387,7 @@ class _FragDescent:
             chosen = rows
         else:
             chosen = (rows[0][top], rows[1][top], [rows[2][k] for k in top])
-        for k, tie in zip(top, self._ties(start, chosen, node, pod)):
+        for k, tie in zip(top, self._ties(target, start, chosen, node, pod)):
             ties[k] = tie
         return scores, ties
 
@@ -392,7 +397,8 @@ class _FragDescent:
                 return lowest_index_order(devices, usage, request, candidates)
             # GPUs in the same state rank the same (F does not depend on GPU order): rank each state once, and
             # compute the tie-break only for the states that share the best integer score.
-            table = self.table
+            target = self._target
+            table = target[0]
             start = table.sums(devices, usage)
             row_of: dict[tuple, int] = {}
             moves = []
@@ -411,10 +417,12 @@ class _FragDescent:
                     k = row_of[state] = len(moves)
                     moves.append((i, vector))
                 keys.append(k)
-            scores, ties = self._ranks(start, table.moves(start, moves), node, pod)
-            # `score` of the fit that follows (the chosen GPU is one of the best) reads its value from here
+            scores, ties = self._ranks(target, start, table.moves(start, moves), node, pod)
+            # `score` of the fit that follows (the chosen GPU is one of the best) reads its value from here: per
+            # move (GPU state before, vector after), the rank
             self._last_order = (start, _cpu(node), _cpu_after(node, pod), {
-                id(moves[k][1]): (moves[k][1], float(scores[k] + tie)) for k, tie in enumerate(ties) if tie is not None
+                (raws[moves[k][0]], id(moves[k][1])): (moves[k][1], float(scores[k] + tie))
+                for k, tie in enumerate(ties) if tie is not None
             })
             rank = {i: (-scores[k], -(ties[k] or 0.0), i) for i, k in zip(candidates, keys)}
             return sorted(candidates, key=rank.__getitem__)
@@ -435,7 +443,8 @@ class _FragDescent:
         node: NodeContext | None = None,
         pod: PodContext | None = None,
     ) -> float:
-        table = self.table
+        target = self._target
+        table = target[0]
         start = table.sums(devices, usage)
         after: dict[int, GPUUsage] = {}
         for indices, grants in zip(result.placement, result.assignment):
@@ -448,13 +457,13 @@ class _FragDescent:
             vector = table._vector(devices[i], u)
             last = self._last_order
             if last[0] is start and last[1] == _cpu(node) and last[2] == _cpu_after(node, pod):
-                known = last[3].get(id(vector))
+                known = last[3].get((start.raws[i], id(vector)))
                 if known is not None and known[0] is vector:
                     return known[1]
         end = start
         for i, u in after.items():
             end = table.moved(end, i, devices[i], u)
-        scores, ties = self._ranks(start, (end.count[None], end.usable[None], [end.idle]), node, pod)
+        scores, ties = self._ranks(target, start, (end.count[None], end.usable[None], [end.idle]), node, pod)
         return float(scores[0] + (ties[0] or 0.0))
 
 
@@ -504,21 +513,27 @@ class FragAware(_FragDescent):
     TIE_WEIGHT = 0.999  # the tie-break stays below one point of the integer score
 
     def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
-        super()._install(types)
-        self.fed = self.table.with_cpu_capacity()
+        table = TypeTable(types)
+        self._target = (table, table.with_cpu_capacity())
+        self._last_order = (None, None, None, {})
+
+    @property
+    def fed(self) -> TypeTable:
+        """The target workload's table with CPU as a capacity (the tie-break's measure)."""
+        return self._target[1]
 
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
-        levels = len(self.table.cpu_levels) + 1
-        fed = self.fed.bins(cpu_free, pod.cpu)
-        return fed * (levels * levels) + self.table.bins(cpu_free, pod.cpu)
+        table, fed = self._target
+        levels = len(table.cpu_levels) + 1
+        return fed.bins(cpu_free, pod.cpu) * (levels * levels) + table.bins(cpu_free, pod.cpu)
 
     def _ties(
-        self, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]], node: NodeContext | None,
-        pod: PodContext | None,
+        self, target: tuple, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
+        node: NodeContext | None, pod: PodContext | None,
     ) -> list[float]:
         if node is None:
             return [0.0] * len(rows[2])
-        fed = self.fed
+        fed = target[1]
         f_start = fed.f(start, _cpu(node))
         return [self.TIE_WEIGHT * _sigmoid((f_start - end) / 1000.0)
                 for end in fed.f_rows(*rows, _cpu_after(node, pod))]

@@ -175,3 +175,28 @@ def test_idle_share_is_the_smaller_of_memory_and_cores():
     assert idle_milli(d, GPUUsage(1, CARD // 2, 20)) == 500
     assert idle_milli(d, GPUUsage(1, CARD // 10, 70)) == 300
     assert idle_milli(d, GPUUsage(1000, 0, 0)) == 0  # no free slot
+
+
+def _learned_fragaware():
+    ours = make_policy("fragaware")
+    for milli, cpu in ((250, 2000), (500, 4000), (1000, 8000), (250, 2000)):
+        ours.observe((share(milli),), PodContext(cpu=cpu))
+    return ours
+
+
+def test_fragaware_score_is_the_same_whatever_the_gpu_order_computed_before_it():
+    """`score` reuses the rank its own fit's GPU order computed; scoring another move on the same node state (score
+    mode's /prioritize and the replay score fits made earlier) must give what a policy with no such memory gives,
+    even when that move ends in a GPU state the order ranked from another starting state."""
+    node, pod = NodeContext(cpu_free=32_000, memory_free=1 << 30), PodContext(cpu=2000)
+    small, large = share(250), share(500)
+    devices = gpus(2)
+    for second in (250, 500, 0):
+        state = used(0, second)
+        # both containers on the empty GPU 0: it ends as GPU 1 ends when `large` alone joins its 250
+        both = fit(devices, state, (small, large), order=lambda d, u, r, c: sorted(c))
+        assert both.ok and both.placement == ((0,), (0,))
+        ours, fresh = _learned_fragaware(), _learned_fragaware()
+        assert fit(devices, state, (large,), order=ours.gpu_order_for(node, pod)).ok  # ranks GPU 0 and GPU 1
+        assert ours.score(devices, state, (small, large), both, node=node, pod=pod) == fresh.score(
+            devices, state, (small, large), both, node=node, pod=pod)
