@@ -63,7 +63,7 @@ import shutil
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -368,7 +368,7 @@ class Allocator:
             return len(call.gpus) == len(segment) and set(call.gpus) == {g.uuid for g in segment}
         return call.count == quantity
 
-    def _consistent(self, candidates: list[_Candidate], calls: list[_Call] = ()) -> list[_Candidate]:
+    def _consistent(self, candidates: list[_Candidate], calls: Sequence[_Call] = ()) -> list[_Candidate]:
         """The candidates these calls fit; only those half-way through their admission if there are any."""
         matching = [c for c in candidates if all(self._fits(c, call) for call in calls)]
         busy = [c for c in matching if c.in_progress]

@@ -252,8 +252,8 @@ def test_kubelet_names_the_pod_it_admits_even_beside_a_pod_half_way_through_admi
     Kubelet admits `p` and lists only `p`: `p` gets its own limits, `half` keeps waiting."""
     cluster.start_plugin("1xT4")
     (a,) = cluster.wait_inventory()
-    half = cluster.create_pod("half", [gpu_container("x", 1, 500, 5), gpu_container("y", 1, 1000, 10)],
-                              f"{a},NVIDIA,500,5:;{a},NVIDIA,1000,10:")
+    cluster.create_pod("half", [gpu_container("x", 1, 500, 5), gpu_container("y", 1, 1000, 10)],
+                       f"{a},NVIDIA,500,5:;{a},NVIDIA,1000,10:")
     cluster.core.patch_namespaced_pod("half", "default", {"metadata": {"annotations": {
         "volcano.sh/devices-to-allocate": f";{a},NVIDIA,1000,10:"}}})  # as the plugin leaves it after container x
     p = cluster.create_pod("p", [gpu_container("c", 1, 3000, 30)], f"{a},NVIDIA,3000,30:")
