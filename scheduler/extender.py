@@ -113,6 +113,11 @@ class _Entry:
     epoch: int = -1
 
 
+def _better(score: float, name: str, best: tuple[float, str] | None) -> bool:
+    """Does node `name` with `score` beat `best` (higher score, then lower name)?"""
+    return best is None or score > best[0] or (score == best[0] and name < best[1])
+
+
 def _pod_ref(pod: Mapping[str, Any]) -> dict[str, str]:
     meta = pod.get("metadata") or {}
     return {
@@ -347,7 +352,7 @@ class Extender:
                     if entry.epoch != epoch:
                         if best is None or entry.score >= best[0]:  # else a current score already beats it
                             stale.append((-entry.score, name, len(stale), state))
-                    elif best is None or entry.score > best[0] or (entry.score == best[0] and name < best[1]):
+                    elif _better(entry.score, name, best):
                         best = (entry.score, name)
                         best_entry = entry
                 elif result.unresolvable:
@@ -359,15 +364,14 @@ class Extender:
                 rescored = 0
                 while stale:
                     negated, name, _, state = heapq.heappop(stale)
-                    if best is not None and (rescored >= RESCORE_LIMIT or -negated < best[0]
-                                             or (-negated == best[0] and name > best[1])):
+                    if best is not None and (rescored >= RESCORE_LIMIT or not _better(-negated, name, best)):
                         break
                     rescored += 1
                     entry = self._entry(state, sig, info, epoch, decide)
                     if not entry.result.ok:  # a greedy multi-container fit may fail in the new GPU order
                         feasible.remove(name)
                         (unresolvable if entry.result.unresolvable else failed)[name] = entry.result.reason
-                    elif best is None or entry.score > best[0] or (entry.score == best[0] and name < best[1]):
+                    elif _better(entry.score, name, best):
                         best = (entry.score, name)
                         best_entry = entry
             if decide and best is not None and best_entry is not None:

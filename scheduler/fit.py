@@ -193,7 +193,8 @@ def fit(
         for i in chosen:
             memory = request.memory_on(devices[i].memory)
             used = tentative[i]
-            tentative[i] = GPUUsage(used.shares + 1, used.memory + memory, used.cores + request.cores)
+            tentative[i] = taken = GPUUsage(used.shares, used.memory, used.cores)
+            taken.add(memory, request.cores)
             segment.append(DeviceGrant(devices[i].uuid, memory, request.cores))
         placement.append(tuple(chosen))
         grants.append(tuple(segment))

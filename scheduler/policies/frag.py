@@ -24,7 +24,7 @@ import numpy as np
 
 from scheduler.fit import FitResult, GPUOrder, GPUUsage
 from scheduler.policies.base import NodeContext, PodContext, register
-from scheduler.policies.shares import idle_milli, lowest_index_order, request_milli
+from scheduler.policies.shares import idle_milli, lowest_index_order, request_milli, usage_after
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
 
@@ -68,6 +68,11 @@ def typical_types(counts: Counter, coverage: float) -> list[tuple[PodType, float
         if covered >= coverage * total:
             break
     return [(t, n / covered) for t, n in kept]
+
+
+def _raw(device: GPUDevice, used: GPUUsage) -> tuple:
+    """One GPU's state as the memo key of its vectors (`gpu_order_for` builds the state after a placement from it field by field)."""
+    return (device.memory, device.type, device.healthy, device.split, used.shares, used.memory, used.cores)
 
 
 class GPUSums:
@@ -159,7 +164,7 @@ class TypeTable:
         """Per type, whether this GPU fits one container of it and then its idle share; the GPU's idle share; the
         two vectors stacked."""
         if raw is None:
-            raw = (device.memory, device.type, device.healthy, device.split, used.shares, used.memory, used.cores)
+            raw = _raw(device, used)
         vector = self._vectors.get(raw)
         if vector is None:
             idle = idle_milli(device, used)
@@ -179,7 +184,7 @@ class TypeTable:
 
     def sums(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage]) -> GPUSums:
         """The node's GPUs summed per type (memoised per node state; never modified by the caller)."""
-        raws = tuple((d.memory, d.type, d.healthy, d.split, u.shares, u.memory, u.cores) for d, u in zip(devices, usage))
+        raws = tuple(map(_raw, devices, usage))
         found = self._sums.get(raws)
         if found is None:
             vectors = [self._vector(d, u, raw) for d, u, raw in zip(devices, usage, raws)]
@@ -446,23 +451,19 @@ class _FragDescent:
         target = self._target
         table = target[0]
         start = table.sums(devices, usage)
-        after: dict[int, GPUUsage] = {}
-        for indices, grants in zip(result.placement, result.assignment):
-            for i, grant in zip(indices, grants):
-                u = after.get(i) or GPUUsage(usage[i].shares, usage[i].memory, usage[i].cores)
-                u.add(grant.memory, grant.cores)
-                after[i] = u
-        if len(after) == 1:
-            ((i, u),) = after.items()
-            vector = table._vector(devices[i], u)
+        placed = usage_after(usage, result)
+        moved = sorted({i for indices in result.placement for i in indices})
+        if len(moved) == 1:
+            (i,) = moved
+            vector = table._vector(devices[i], placed[i])
             last = self._last_order
             if last[0] is start and last[1] == _cpu(node) and last[2] == _cpu_after(node, pod):
                 known = last[3].get((start.raws[i], id(vector)))
                 if known is not None and known[0] is vector:
                     return known[1]
         end = start
-        for i, u in after.items():
-            end = table.moved(end, i, devices[i], u)
+        for i in moved:
+            end = table.moved(end, i, devices[i], placed[i])
         scores, ties = self._ranks(target, start, (end.count[None], end.usable[None], [end.idle]), node, pod)
         return float(scores[0] + (ties[0] or 0.0))
 
