@@ -1,21 +1,72 @@
-"""Build hook: compile the isolation library (C) whenever the package is built or installed, editable included."""
+"""Packaging: the top-level folders install as one import package, `vgpu`, and the C libraries are built.
+
+`vgpu/` is the core; `scheduler/`, `deviceplugin/`, `isolation/`, `proto/`, `replay/` and `testbed/` become
+`vgpu.scheduler`, `vgpu.deviceplugin`, ... (setuptools' package_dir). The test bed (stand-ins, the simulated GPU,
+`vgpu demo`) is packaged only when its folder is present: the production image's build context leaves it out, and
+with it the `demo` subcommand it registers under the `vgpu.subcommands` entry-point group.
+
+Building (also for editable installs) first runs `make` in isolation/ (libvgpu.so) and, with the test bed, in
+testbed/ (the simulated libcuda.so.1 and libnvidia-ml.so.1); a failed C build fails the install.
+"""
 
 import subprocess
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).resolve().parent
+
+# import package -> folder, in dependency order
+FOLDERS = {
+    "vgpu": "vgpu",
+    "vgpu.proto": "proto",
+    "vgpu.scheduler": "scheduler",
+    "vgpu.deviceplugin": "deviceplugin",
+    "vgpu.isolation": "isolation",
+    "vgpu.replay": "replay",
+    "vgpu.testbed": "testbed",
+}
+# folders with a Makefile whose outputs ship with the package
+C_FOLDERS = ("isolation", "testbed")
+PACKAGE_DATA = {
+    "vgpu.isolation": ["Makefile", "src/*.c", "src/*.h", "build/libvgpu.so"],
+    "vgpu.proto": ["*/*/*.proto"],
+    "vgpu.testbed": ["Makefile", "simgpu/*.c", "simgpu/*.h", "build/simgpu/*.so.1"],
+}
 
 
-class BuildPyWithIsolation(build_py):
-    """Run `make -C isolation` before collecting Python modules, so libvgpu.so ships with the package."""
+def _present() -> dict[str, str]:
+    return {name: folder for name, folder in FOLDERS.items() if (HERE / folder / "__init__.py").exists()}
+
+
+def _packages(present: dict[str, str]) -> list[str]:
+    names = []
+    for name, folder in present.items():
+        names.append(name)
+        names += [f"{name}.{sub}" for sub in find_packages(str(HERE / folder))]
+    return sorted(names)
+
+
+class BuildPyWithC(build_py):
+    """Run `make` in every present C folder before collecting modules and data, so the libraries ship."""
 
     def run(self) -> None:
-        if (HERE / "isolation" / "Makefile").exists():
-            subprocess.run(["make", "-s", "-C", str(HERE / "isolation")], check=True)
+        for folder in C_FOLDERS:
+            if (HERE / folder / "Makefile").exists():
+                subprocess.run(["make", "-s", "-C", str(HERE / folder)], check=True)
         super().run()
 
 
-setup(cmdclass={"build_py": BuildPyWithIsolation})
+PRESENT = _present()
+ENTRY_POINTS = {"console_scripts": ["vgpu = vgpu.cli:main"]}
+if "vgpu.testbed" in PRESENT:
+    ENTRY_POINTS["vgpu.subcommands"] = ["demo = vgpu.testbed.cli:register"]
+
+setup(
+    package_dir=PRESENT,
+    packages=_packages(PRESENT),
+    package_data={name: files for name, files in PACKAGE_DATA.items() if name in PRESENT},
+    entry_points=ENTRY_POINTS,
+    cmdclass={"build_py": BuildPyWithC},
+)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import statistics
 import subprocess
 import sys
@@ -26,16 +25,15 @@ from pathlib import Path
 
 from kubernetes import client as k8s
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from deviceplugin.backends import GPUInfo
-from deviceplugin.server import MEMORY, DeviceState, ResourceService
-from proto.deviceplugin.v1beta1 import api_pb2 as pb
-from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from vgpu.deviceplugin.backends import GPUInfo
+from vgpu.deviceplugin.server import MEMORY, DeviceState, ResourceService
 from vgpu.kube.client import make_api_client, read_json
-from vgpu.standins.apiserver import ApiServerStandIn
-from vgpu.standins.kubelet import AdmissionError, KubeletStandIn
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from vgpu.testbed.apiserver import ApiServerStandIn
+from vgpu.testbed.kubelet import AdmissionError, KubeletStandIn
+
+ROOT = Path(__file__).resolve().parents[1]
 
 RESOURCES = ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores")
 KUBELET_BUDGET = 4 * 1024 * 1024
@@ -68,7 +66,7 @@ class _TimedStub:
         self._stub = stub
         self._sink = sink
 
-    def Allocate(self, request: pb.AllocateRequest, timeout: float | None = None) -> pb.AllocateResponse:  # noqa: N802
+    def Allocate(self, request: pb.AllocateRequest, timeout: float | None = None) -> pb.AllocateResponse:
         start = time.perf_counter()
         try:
             return self._stub.Allocate(request, timeout=timeout)
@@ -90,13 +88,13 @@ def main() -> int:
     core = k8s.CoreV1Api(api)
     core.create_node({"metadata": {"name": "bench-node"}})
     kubelet = KubeletStandIn(tmp / "dp").start()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    plugin_log = open(tmp / "plugin.log", "wb")  # noqa: SIM115 - the plugin writes it until the end of main
     plugin = subprocess.Popen(
         [sys.executable, "-m", "vgpu.cli", "--log-level", "WARNING", "device-plugin", "--node-name", "bench-node",
          "--kubeconfig", kubeconfig, "--backend", "sim", "--sim-gpus", "8xA100-80GB", "--gpu-memory-factor", "auto",
          "--kubelet-dir", str(tmp / "dp"), "--hook-path", str(tmp / "hook"), "--lock-dir", str(tmp / "lock"),
          "--metrics-listen", ""],
-        cwd=ROOT, env=env, stderr=open(tmp / "plugin.log", "wb"),
+        cwd=ROOT, stderr=plugin_log,
     )
     try:
         if not kubelet.wait_registered(RESOURCES, 60):
@@ -149,6 +147,7 @@ def main() -> int:
     finally:
         plugin.terminate()
         plugin.wait(10)
+        plugin_log.close()
         kubelet.stop()
         api.close()
         apiserver.stop()

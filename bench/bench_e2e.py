@@ -21,19 +21,19 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
 from burst import burst_pods, submit  # noqa: E402
 from e2e_helpers import TERMINAL, container, phase, pod  # noqa: E402
-from vgpu.standins.cluster import Cluster  # noqa: E402
+
+from vgpu.testbed.cluster import Cluster  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
 def _line(label: str, values: list[float], unit: str = "ms", scale: float = 1000.0) -> str:

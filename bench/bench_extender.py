@@ -23,13 +23,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from vgpu import keys  # noqa: E402
-from vgpu.inventory import GPUDevice, encode_volcano  # noqa: E402
+from vgpu import keys
+from vgpu.inventory import GPUDevice, encode_volcano
 
 N_NODES = 1000
 GPUS = 8
@@ -88,9 +84,9 @@ def running_pods(count: int, rng: random.Random) -> list[dict]:
 
 
 def build(pods: int, mode: str, policy: str):
-    from scheduler.extender import Extender
-    from scheduler.ledger import Ledger
-    from scheduler.policies import make_policy
+    from vgpu.scheduler.extender import Extender
+    from vgpu.scheduler.ledger import Ledger
+    from vgpu.scheduler.policies import make_policy
 
     ledger = Ledger()
 
@@ -117,7 +113,7 @@ def rss_mib(pid: int) -> float:
 
 
 def serve(pods: int, mode: str, port: int, policy: str) -> None:
-    from scheduler.server import create_app, make_uvicorn_server
+    from vgpu.scheduler.server import create_app, make_uvicorn_server
 
     _, ext = build(pods, mode, policy)
     server = make_uvicorn_server(create_app(ext), "127.0.0.1", port)
@@ -152,7 +148,7 @@ def http_latency(pods: int, mode: str, requests: int, policy: str) -> dict:
     port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve", str(pods), "--mode", mode, "--port", str(port),
                              "--node-policy", policy],
-                            stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=str(REPO)))
+                            stdout=subprocess.PIPE, env=dict(os.environ))
     try:
         assert proc.stdout is not None
         t0 = time.perf_counter()
@@ -223,7 +219,7 @@ def main() -> int:
     ap.add_argument("--mode", default="score", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from scheduler.policies import DEFAULT_NODE_POLICY
+    from vgpu.scheduler.policies import DEFAULT_NODE_POLICY
 
     policy = args.node_policy or DEFAULT_NODE_POLICY
     if args.serve is not None:

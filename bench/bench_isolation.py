@@ -13,7 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from isolation.build import ensure_built
+from vgpu.isolation.build import ensure_built
 
 BENCH_C = r"""
 #include <cuda.h>
@@ -87,9 +87,9 @@ def main() -> None:
         rows = [(name, *best[name]) for name, _ in configs]
     ref = rows[0]
     print(f"{'configuration':32} {'cuLaunchKernel':>16} {'cuMemAlloc':>16} {'cuMemFree':>16}   (ns/call, +added)")
-    for name, l, al, fr in rows:
+    for name, launch, alloc, free in rows:
         cells = [f"{v:8.1f}" + (f" {v - r:+6.1f}" if name != ref[0] else " " * 7) for v, r in
-                 ((l, ref[1]), (al, ref[2]), (fr, ref[3]))]
+                 ((launch, ref[1]), (alloc, ref[2]), (free, ref[3]))]
         print(f"{name:32} {cells[0]:>16} {cells[1]:>16} {cells[2]:>16}")
 
 

@@ -10,9 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scheduler.replay import run_one  # noqa: E402
+from vgpu.replay.run import run_one
 
 TRACES = Path(os.environ.get("OPENB_DIR", Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"))
 

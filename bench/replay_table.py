@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/replay_table.py default.json gpushare20.json ...   (trace name = file stem)
 
-Rows per policy come from `scheduler.replay.summarise`; when a file holds both `fgd` and `fragaware`, a row with the
+Rows per policy come from `vgpu.replay.run.summarise`; when a file holds both `fgd` and `fragaware`, a row with the
 paired difference (ours - fgd, same seeds) follows.
 """
 
@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from scheduler.replay import RunResult, summarise  # noqa: E402
+from vgpu.replay.run import RunResult, summarise  # noqa: E402
 
 HEADER = (
     "| trace | policy | seeds | unalloc % @100 mean ± sd (median) | unalloc % @130 mean ± sd (median) "
@@ -49,7 +48,8 @@ def table(paths: list[Path]) -> str:
         if {"fgd", "fragaware"} <= set(policies):
             d100, wins, n = paired(runs, "unallocated_pct_at_100")
             d130, _, _ = paired(runs, "unallocated_pct_at_130")
-            lines.append(f"|  | paired ours − fgd | | {d100:+.2f} (ours better on {wins}/{n} seeds) | {d130:+.2f} | | |")
+            lines.append(f"|  | paired ours - fgd | | {d100:+.2f} (ours better on {wins}/{n} seeds) | "
+                         f"{d130:+.2f} | | |")
     return "\n".join(lines)
 
 

@@ -108,7 +108,7 @@ class AllocationError(VGPUError):
 
 
 class KubeletView(Protocol):
-    """What kubelet itself says about its pods (deviceplugin.podresources.KubeletPods)."""
+    """What kubelet itself says about its pods (vgpu.deviceplugin.podresources.KubeletPods)."""
 
     def assigned(self) -> Mapping[tuple[str, str], Mapping[str, Mapping[str, frozenset[str]]]] | None:
         """(namespace, name) -> container -> resource -> device IDs; None when kubelet cannot be asked."""
@@ -714,7 +714,7 @@ class Allocator:
                 str(meta.get("name") or ""),
                 {keys.BIND_PHASE: keys.BIND_PHASE_FAILED, keys.VGPU_TIME: keys.VGPU_TIME_DONE},
             )
-        except Exception as exc:  # noqa: BLE001 - the allocation error is what kubelet must see
+        except Exception as exc:
             log.warning("event=mark_failed_error pod=%s/%s error=%s", meta.get("namespace"), meta.get("name"), exc)
         if self.recorder is not None:
             self.recorder.warning(pod, "VGPUAllocationFailed", message[:1000])

@@ -1,7 +1,7 @@
 """`vgpu device-plugin`: the kubelet device plugin, node inventory publisher and node monitor in one process.
 
 `register(subparsers)` is discovered by vgpu/cli.py. Options (flags, environment variables, the two files and their
-precedence) are defined in deviceplugin.config.OPTIONS; `--help` lists each with its default and environment name.
+precedence) are defined in vgpu.deviceplugin.config.OPTIONS; `--help` lists each with its default and environment name.
 With --fail-on-init-error=false a backend that cannot start leaves the process up, advertising nothing and
 exporting `vgpu_device_plugin_backend_up 0`.
 The process runs until SIGTERM / SIGINT and removes its sockets on the way out.
@@ -21,8 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers: Any) -> None:
-    """Add the `device-plugin` subcommand; its options come from deviceplugin.config.OPTIONS."""
-    from deviceplugin.config import CONFIG_FILE_ENV, CONFIG_FILE_FLAG, OPTIONS
+    """Add the `device-plugin` subcommand; its options come from vgpu.deviceplugin.config.OPTIONS."""
+    from vgpu.deviceplugin.config import CONFIG_FILE_ENV, CONFIG_FILE_FLAG, OPTIONS
 
     p = subparsers.add_parser(
         "device-plugin",
@@ -55,7 +55,7 @@ def register(subparsers: Any) -> None:
 
 
 def _flags(args: argparse.Namespace) -> dict[str, Any]:
-    from deviceplugin.config import OPTIONS
+    from vgpu.deviceplugin.config import OPTIONS
 
     return {o.field: getattr(args, o.field.replace(".", "__"), None) for o in OPTIONS}
 
@@ -78,20 +78,20 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from deviceplugin.allocator import CORES as KIND_CORES
-    from deviceplugin.allocator import GPUS, Allocator, ResponseOptions
-    from deviceplugin.allocator import MEMORY as KIND_MEMORY
-    from deviceplugin.backends import make_backend
-    from deviceplugin.config import (
+    from vgpu.deviceplugin.allocator import CORES as KIND_CORES
+    from vgpu.deviceplugin.allocator import GPUS, Allocator, ResponseOptions
+    from vgpu.deviceplugin.allocator import MEMORY as KIND_MEMORY
+    from vgpu.deviceplugin.backends import make_backend
+    from vgpu.deviceplugin.config import (
         WHOLE_GPU_RESOURCE,
         resolve_config,
         resolve_memory_factor,
     )
-    from deviceplugin.monitor import NodeCollector, serve_metrics
-    from deviceplugin.podresources import KubeletPods, default_socket
-    from deviceplugin.pods import NodePods
-    from deviceplugin.registrar import Registrar
-    from deviceplugin.server import (
+    from vgpu.deviceplugin.monitor import NodeCollector, serve_metrics
+    from vgpu.deviceplugin.podresources import KubeletPods, default_socket
+    from vgpu.deviceplugin.pods import NodePods
+    from vgpu.deviceplugin.registrar import Registrar
+    from vgpu.deviceplugin.server import (
         CORES,
         MEMORY,
         NUMBER,
@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
         DevicePluginManager,
         DeviceState,
     )
-    from isolation import build as isolation_build
     from vgpu.errors import ConfigError
+    from vgpu.isolation import build as isolation_build
     from vgpu.kube.client import make_api_client
     from vgpu.kube.events import EventRecorder
 

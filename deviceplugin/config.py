@@ -1,6 +1,6 @@
 """Configuration of the device plugin: one pydantic model, filled from flags, environment and files.
 
-Built once by `deviceplugin.cli` (`resolve_config`); every other module receives a resolved `PluginConfig`.
+Built once by `vgpu.deviceplugin.cli` (`resolve_config`); every other module receives a resolved `PluginConfig`.
 Sources, highest first (docs/deviceplugin-options.md):
 
 1. command-line flags;

@@ -3,7 +3,7 @@
 `vgpu_device_plugin_backend_up` says whether the GPU backend started. Per GPU (from the backend): memory used and
 utilisation. Per container: limit, memory used, SM utilisation and
 last-kernel age read (read-only) from the shared accounting files libvgpu.so writes under
-`$HOOK_PATH/vgpu/containers/<podUID>_<container>/*.cache`, through isolation.region; the pod's namespace and name
+`$HOOK_PATH/vgpu/containers/<podUID>_<container>/*.cache`, through vgpu.isolation.region; the pod's namespace and name
 come from the node-scoped pod cache. Both the legacy names of volcano-vgpu-device-plugin (with their labels and the
 `zone="vGPU"` label) and `vgpu_`-prefixed snake_case names with units are exported.
 """
@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from deviceplugin.backends import GPUBackend
-from deviceplugin.server import DeviceState
+from vgpu.deviceplugin.backends import GPUBackend
+from vgpu.deviceplugin.server import DeviceState
 
 __all__ = ["NodeCollector", "parse_listen", "serve_metrics"]
 
@@ -76,7 +76,7 @@ class NodeCollector(Collector):
         healthy = GaugeMetricFamily("vgpu_gpu_healthy", "1 if the GPU is healthy", labels=["gpu_index", "gpu_uuid"])
         try:
             usage = self.backend.usage()
-        except Exception as exc:  # noqa: BLE001 - a scrape never fails because of the GPU layer
+        except Exception as exc:
             log.warning("event=usage_failed error=%s", exc)
             usage = {}
         _, gpus, health = self.state.snapshot()
@@ -94,8 +94,8 @@ class NodeCollector(Collector):
 
     def _regions(self) -> Iterator[tuple[str, str, Any]]:
         try:
-            from isolation.region import Region, RegionError
-        except Exception as exc:  # noqa: BLE001 - isolation package not built: no container metrics
+            from vgpu.isolation.region import Region, RegionError
+        except Exception as exc:
             log.warning("event=region_reader_unavailable error=%s", exc)
             return
         if not self.root.is_dir():

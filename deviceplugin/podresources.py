@@ -16,8 +16,8 @@ from pathlib import Path
 
 import grpc
 
-from proto.podresources.v1 import api_pb2 as pb
-from proto.podresources.v1 import api_pb2_grpc as pb_grpc
+from vgpu.proto.podresources.v1 import api_pb2 as pb
+from vgpu.proto.podresources.v1 import api_pb2_grpc as pb_grpc
 
 __all__ = ["Assigned", "KubeletPods", "default_socket"]
 

@@ -54,7 +54,7 @@ class NodePods:
                 field_selector=self.selector, _preload_content=False, _request_timeout=10
             )
             return list((read_json(resp) or {}).get("items") or [])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("event=pod_list_failed node=%s error=%s", self.node_name, translate(exc, "list pods"))
             return self.cache.list()
 

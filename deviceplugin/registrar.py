@@ -1,6 +1,6 @@
 """Publishes this node's GPU inventory as `volcano.sh/node-vgpu-register` (and optionally the handshake).
 
-One thread started by deviceplugin.cli: it re-checks every `interval` seconds and at once when `wake()` is called
+One thread started by vgpu.deviceplugin.cli: it re-checks every `interval` seconds and at once when `wake()` is called
 (health change), patches the node only when the encoded value differs from what the node carries, and writes
 `volcano.sh/node-vgpu-handshake: Reported <time>` each round when enabled (Volcano <= 1.15.0). With node labels on
 (the default) the same patch keeps `nvidia.com/gpu.product`, `nvidia.com/gpu.memory` (MiB), `nvidia.com/gpu.count`
@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 
 from kubernetes import client as k8s
 
-from deviceplugin.server import DeviceState
 from vgpu import keys
+from vgpu.deviceplugin.server import DeviceState
 from vgpu.inventory import GPUDevice, encode_volcano
 from vgpu.kube.client import read_json
 from vgpu.kube.patch import patch_node_metadata
@@ -139,14 +139,14 @@ class Registrar:
             delay = self.interval
             try:
                 self.sync()
-            except Exception as exc:  # noqa: BLE001 - API server away: retry soon
+            except Exception as exc:
                 log.warning("event=node_annotate_failed node=%s error=%s", self.node_name, exc)
                 delay = min(self.interval, 5.0)
             if self.housekeeping and time.monotonic() - last_housekeeping >= self.housekeeping_every:
                 last_housekeeping = time.monotonic()
                 try:
                     self.housekeeping()
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     log.warning("event=housekeeping_failed error=%s", exc)
             self._wake.wait(delay)
             self._wake.clear()

@@ -1,6 +1,6 @@
 """The kubelet-facing side of the device plugin: three gRPC DevicePlugin services and their registration.
 
-`DevicePluginManager` (started by deviceplugin.cli) serves one `v1beta1.DevicePlugin` per resource on
+`DevicePluginManager` (started by vgpu.deviceplugin.cli) serves one `v1beta1.DevicePlugin` per resource on
 `<kubelet dir>/nvidia-vgpu-{number,memory,cores}.sock`, registers each with kubelet once it is serving, streams the
 fake devices (`<UUID>-<i>`, `<UUID>-memory-<i>`, `<UUID>-core-<i>`) and every health change through
 ListAndWatch, and answers GetPreferredAllocation / Allocate (every Allocate call goes to allocator.Allocator,
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import grpc
 
-from deviceplugin.allocator import Allocation, AllocationError, Allocator
-from deviceplugin.backends import GPUBackend, GPUInfo, HealthEvent
-from deviceplugin.config import CORE_DEVICES_PER_GPU
-from proto.deviceplugin.v1beta1 import api_pb2 as pb
-from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from vgpu.deviceplugin.allocator import Allocation, AllocationError, Allocator
+from vgpu.deviceplugin.backends import GPUBackend, GPUInfo, HealthEvent
+from vgpu.deviceplugin.config import CORE_DEVICES_PER_GPU
 from vgpu.errors import VGPUError
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 
 __all__ = [
     "CORES", "MEMORY", "NUMBER", "WHOLE", "DevicePluginManager", "DeviceState", "ResourceService", "socket_name",
@@ -401,7 +401,7 @@ class DevicePluginManager:
         while not self._stop.is_set():
             try:
                 events = self.backend.poll_health(0.2)
-            except Exception as exc:  # noqa: BLE001 - a backend bug must not stop health reporting
+            except Exception as exc:
                 log.warning("event=health_poll_failed error=%s", exc)
                 time.sleep(1.0)
                 continue

@@ -1,4 +1,4 @@
 """Isolation: libvgpu.so (hard GPU memory and compute limits), the simulated GPU, the region reader, `vgpu run`."""
-from isolation.build import Paths, ensure_built
+from vgpu.isolation.build import Paths, ensure_built
 
 __all__ = ["Paths", "ensure_built"]

@@ -1,32 +1,37 @@
-"""Builds the isolation library and the simulated GPU (C, via make) on demand.
+"""Builds libvgpu.so (C, via make) on demand.
 
-Called by the package install step and by the tests: `ensure_built()` runs `make` when an output is missing or
-older than any source, under a file lock so concurrent callers (parallel test workers, installers) are safe.
+Called by the device plugin (to install the library on the host), `vgpu run` and the tests: `ensure_built()` runs
+`make` when the library is missing or older than any source, under a file lock so that concurrent callers
+(parallel test workers, installers) are safe. `ensure_made` is the same for any folder with a Makefile (the test
+bed builds its simulated driver through it).
 """
+
 from __future__ import annotations
 
 import fcntl
 import os
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from vgpu.errors import VGPUError
+
+__all__ = ["BuildError", "Paths", "build_dir", "c_sources", "ensure_built", "ensure_made", "paths"]
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-class BuildError(RuntimeError):
+class BuildError(VGPUError):
     """`make` failed or no C compiler is available."""
 
 
 @dataclass(slots=True, frozen=True)
 class Paths:
-    """Locations of the built libraries."""
+    """Where the isolation library is built."""
 
     build_dir: Path
     libvgpu: Path
-    sim_dir: Path
-    sim_libcuda: Path
-    sim_libnvml: Path
 
 
 def build_dir() -> Path:
@@ -38,39 +43,46 @@ def build_dir() -> Path:
 def paths() -> Paths:
     """The paths `ensure_built` produces (they may not exist yet)."""
     out = build_dir()
-    sim = out / "simgpu"
-    return Paths(out, out / "libvgpu.so", sim, sim / "libcuda.so.1", sim / "libnvidia-ml.so.1")
+    return Paths(out, out / "libvgpu.so")
 
 
-def _sources() -> list[Path]:
-    files = [PACKAGE_DIR / "Makefile"]
-    for sub in ("src", "simgpu"):
-        files += sorted(p for p in (PACKAGE_DIR / sub).iterdir() if p.suffix in (".c", ".h"))
+def c_sources(folder: Path, subdirs: Sequence[str]) -> list[Path]:
+    files = [folder / "Makefile"]
+    for sub in subdirs:
+        files += sorted(p for p in (folder / sub).iterdir() if p.suffix in (".c", ".h"))
     return files
 
 
-def _stale(p: Paths) -> bool:
-    outputs = [p.libvgpu, p.sim_libcuda, p.sim_libnvml]
+def _stale(outputs: Sequence[Path], sources: Sequence[Path]) -> bool:
     if not all(o.exists() for o in outputs):
         return True
-    newest_src = max(s.stat().st_mtime for s in _sources())
-    return min(o.stat().st_mtime for o in outputs) < newest_src
+    existing = [s for s in sources if s.exists()]
+    if not existing:  # an installed wheel without sources: the shipped outputs are what there is
+        return False
+    newest = max(s.stat().st_mtime for s in existing)
+    return min(o.stat().st_mtime for o in outputs) < newest
 
 
-def ensure_built(force: bool = False) -> Paths:
-    """Build (if needed) and return the paths of libvgpu.so and the simulated libcuda/libnvidia-ml."""
-    p = paths()
-    if not force and not _stale(p):
-        return p
-    p.build_dir.mkdir(parents=True, exist_ok=True)
-    with open(p.build_dir / ".build.lock", "w") as lock:
+def ensure_made(folder: Path, out: Path, outputs: Sequence[Path], sources: Sequence[Path],
+                force: bool = False) -> None:
+    """Run `make -C folder BUILD=out` when an output is missing or older than a source; raises BuildError."""
+    if not force and not _stale(outputs, sources):
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if force or _stale(p):
-            cmd = ["make", "-s", "-C", str(PACKAGE_DIR), f"BUILD={p.build_dir}"]
+        if force or _stale(outputs, sources):
+            cmd = ["make", "-s", "-C", str(folder), f"BUILD={out}"]
             try:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             except FileNotFoundError as exc:
-                raise BuildError(f"isolation build: `make` not found ({exc})") from exc
+                raise BuildError(f"C build in {folder}: `make` not found ({exc})") from exc
             if res.returncode != 0:
-                raise BuildError(f"isolation build failed (make exit {res.returncode}):\n{res.stdout}{res.stderr}")
+                raise BuildError(f"C build in {folder} failed (make exit {res.returncode}):\n{res.stdout}{res.stderr}")
+
+
+def ensure_built(force: bool = False) -> Paths:
+    """Build libvgpu.so if needed and return its paths."""
+    p = paths()
+    ensure_made(PACKAGE_DIR, p.build_dir, [p.libvgpu], c_sources(PACKAGE_DIR, ["src"]), force)
     return p

@@ -16,7 +16,8 @@ def register(subparsers) -> None:
     p.add_argument("--devices", help="comma list of GPU indexes to expose, e.g. 0,1")
     p.add_argument("--policy", choices=["default", "force", "disable"], help="GPU_CORE_UTILIZATION_POLICY")
     p.add_argument("--cache", help="shared accounting file (default: a fresh temporary file)")
-    p.add_argument("--simulated-gpu", action="store_true", help="use the simulated GPU (test driver)")
+    p.add_argument("--driver-dir", help="directory searched first for libcuda.so.1 and libnvidia-ml.so.1 "
+                                        "(e.g. a simulated driver)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     p.set_defaults(func=_run)
 
@@ -27,8 +28,8 @@ def _fail(msg: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from isolation.region import parse_size
-    from isolation.runner import Limits, run
+    from vgpu.isolation.region import parse_size
+    from vgpu.isolation.runner import Limits, run
 
     cmd = list(args.command)
     if cmd and cmd[0] == "--":
@@ -55,6 +56,6 @@ def _run(args: argparse.Namespace) -> int:
         if any(d < 0 for d in limits.devices):
             return _fail(f"--devices: invalid value {args.devices!r}: negative index")
     try:
-        return run(cmd, limits, simulated_gpu=args.simulated_gpu)
+        return run(cmd, limits, driver_dir=args.driver_dir)
     except FileNotFoundError:
         return _fail(f"command not found: {cmd[0]}")

@@ -124,7 +124,7 @@ class Region:
             self._x = None
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], readonly: bool = True) -> "Region":
+    def open(cls, path: str | os.PathLike[str], readonly: bool = True) -> Region:
         """Map an existing file; raises RegionError when it is not a v1 accounting file."""
         path = os.fspath(path)
         try:
@@ -153,7 +153,7 @@ class Region:
             self._mm.close()
             self._mm = None
 
-    def __enter__(self) -> "Region":
+    def __enter__(self) -> Region:
         return self
 
     def __exit__(self, *exc: object) -> None:

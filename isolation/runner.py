@@ -1,8 +1,8 @@
 """Run a command under libvgpu.so with limits, without Kubernetes (`vgpu run`, and a helper for tests).
 
 Sets the environment of the wire contract (CUDA_DEVICE_MEMORY_LIMIT_<i>, CUDA_DEVICE_SM_LIMIT,
-CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY), puts libvgpu.so first in LD_PRELOAD and, for the
-simulated GPU, the simulated libcuda.so.1 / libnvidia-ml.so.1 first on LD_LIBRARY_PATH.
+CUDA_DEVICE_MEMORY_SHARED_CACHE, GPU_CORE_UTILIZATION_POLICY), puts libvgpu.so first in LD_PRELOAD and, with a
+driver directory (a simulated libcuda.so.1 / libnvidia-ml.so.1, say), that directory first on LD_LIBRARY_PATH.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from isolation.build import ensure_built
+from vgpu.isolation.build import ensure_built
 
 
 @dataclass(slots=True)
@@ -31,7 +31,8 @@ def _mib_form(n: int) -> str:
     return f"{n >> 20}m" if n % (1 << 20) == 0 else str(n)
 
 
-def limit_env(limits: Limits, simulated_gpu: bool = False, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def limit_env(limits: Limits, driver_dir: str | os.PathLike[str] | None = None,
+              base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a command runs with under `limits`."""
     env = dict(os.environ if base is None else base)
     paths = ensure_built()
@@ -49,16 +50,16 @@ def limit_env(limits: Limits, simulated_gpu: bool = False, base: Mapping[str, st
         tempfile.gettempdir(), f"vgpu-run-{uuid.uuid4()}.cache")
     preload = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = str(paths.libvgpu) + (":" + preload if preload else "")
-    if simulated_gpu:
+    if driver_dir is not None:
         llp = env.get("LD_LIBRARY_PATH", "")
-        env["LD_LIBRARY_PATH"] = str(paths.sim_dir) + (":" + llp if llp else "")
+        env["LD_LIBRARY_PATH"] = os.fspath(driver_dir) + (":" + llp if llp else "")
     return env
 
 
-def run(command: Sequence[str], limits: Limits, simulated_gpu: bool = False,
+def run(command: Sequence[str], limits: Limits, driver_dir: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None) -> int:
     """Run `command` under `limits`; returns its exit code.  A cache file we created is removed afterwards."""
-    full = limit_env(limits, simulated_gpu, env)
+    full = limit_env(limits, driver_dir, env)
     own_cache = limits.cache is None
     try:
         return subprocess.run(list(command), env=full).returncode

@@ -1,8 +1,10 @@
 """Regenerate the Python gRPC code of proto/ with grpcio-tools (pinned equal to grpcio).
 
 Run `python proto/generate.py` after editing a .proto file; `--check` only reports whether the committed files
-are current (exit 1 if not). tests/proto runs the check. Protos are compiled with the repository root as the
-include path, so the generated modules import each other as `proto.<api>.<version>.api_pb2`.
+are current (exit 1 if not). tests/proto runs the check. The protos are staged as `vgpu/proto/<api>/<version>/`
+in a temporary include root, so the generated modules import each other as `vgpu.proto.<api>.<version>.api_pb2`,
+the path this folder is installed under; the proto packages (`v1beta1`, `v1`) and so the gRPC method paths are
+kubelet's.
 """
 
 from __future__ import annotations
@@ -28,24 +30,37 @@ def generated_files(proto: str) -> list[str]:
     return [stem + suffix for suffix in SUFFIXES]
 
 
+INSTALLED_AS = "vgpu/"  # the import path of this folder is vgpu.proto
+
+
 def generate(out_dir: Path) -> None:
     """Compile every proto into `out_dir` (same relative layout as the repository)."""
     import grpc_tools
     from grpc_tools import protoc
 
     well_known = Path(grpc_tools.__file__).parent / "_proto"
-    for proto in PROTOS:
-        args = [
-            "grpc_tools.protoc",
-            f"-I{ROOT}",
-            f"-I{well_known}",
-            f"--python_out={out_dir}",
-            f"--pyi_out={out_dir}",
-            f"--grpc_python_out={out_dir}",
-            str(ROOT / proto),
-        ]
-        if protoc.main(args) != 0:
-            raise SystemExit(f"protoc failed on {proto}")
+    with tempfile.TemporaryDirectory() as staging, tempfile.TemporaryDirectory() as raw:
+        for proto in PROTOS:
+            staged = Path(staging) / INSTALLED_AS / proto
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ROOT / proto, staged)
+        for proto in PROTOS:
+            args = [
+                "grpc_tools.protoc",
+                f"-I{staging}",
+                f"-I{well_known}",
+                f"--python_out={raw}",
+                f"--pyi_out={raw}",
+                f"--grpc_python_out={raw}",
+                str(Path(staging) / INSTALLED_AS / proto),
+            ]
+            if protoc.main(args) != 0:
+                raise SystemExit(f"protoc failed on {proto}")
+        for proto in PROTOS:
+            for rel in generated_files(proto):
+                target = out_dir / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(raw) / INSTALLED_AS / rel, target)
 
 
 def stale_files() -> list[str]:

@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["register", "inspect_table"]
+__all__ = ["inspect_table", "register"]
 
 
 def register(subparsers: Any) -> None:
@@ -44,9 +44,9 @@ def _run_scheduler(args: argparse.Namespace) -> int:
     import logging
     import signal
 
-    from scheduler.config import load_config
-    from scheduler.runtime import SchedulerRuntime
-    from scheduler.server import make_uvicorn_server, parse_listen
+    from vgpu.scheduler.config import load_config
+    from vgpu.scheduler.runtime import SchedulerRuntime
+    from vgpu.scheduler.server import make_uvicorn_server, parse_listen
 
     overrides = {
         key: getattr(args, key, None)
@@ -106,17 +106,17 @@ def inspect_table(ledger: Any) -> str:
 def _run_inspect(args: argparse.Namespace) -> int:
     from kubernetes import client as k8s
 
-    from scheduler.ledger import Ledger
     from vgpu.kube import make_api_client
     from vgpu.kube.client import read_json
     from vgpu.kube.errors import translate
+    from vgpu.scheduler.ledger import Ledger
 
     api = make_api_client(args.kubeconfig)
     core = k8s.CoreV1Api(api)
     try:
         nodes = read_json(core.list_node(_preload_content=False, _request_timeout=30)) or {}
         pods = read_json(core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=60)) or {}
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise translate(exc, "list nodes and pods") from exc
     ledger = Ledger()
     for node in nodes.get("items") or ():

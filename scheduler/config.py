@@ -1,6 +1,6 @@
 """Configuration of `vgpu scheduler`: a pydantic model read from a YAML file, then overridden by flags.
 
-Called by scheduler.cli. Keys are the snake_case field names below; unknown keys are an error naming the key.
+Called by vgpu.scheduler.cli. Keys are the snake_case field names below; unknown keys are an error naming the key.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from scheduler.policies import DEFAULT_NODE_POLICY
 from vgpu.errors import ConfigError
 from vgpu.resources import SCHEDULER_NAME, SharingConfig
+from vgpu.scheduler.policies import DEFAULT_NODE_POLICY
 
 __all__ = ["SchedulerConfig", "load_config"]
 
@@ -27,7 +27,7 @@ class SchedulerConfig(BaseModel):
     listen: str = Field(":8888", description="extender HTTP address HOST:PORT")
     metrics_listen: str = Field(":9395", description="Prometheus metrics address HOST:PORT ('' = off)")
     scheduler_name: str = Field(SCHEDULER_NAME, description="component name on events and the lease name")
-    node_policy: str = Field(DEFAULT_NODE_POLICY, description="node policy registered in scheduler.policies")
+    node_policy: str = Field(DEFAULT_NODE_POLICY, description="node policy registered in vgpu.scheduler.policies")
     gpu_policy: Literal["binpack", "spread"] = Field("binpack", description="GPU order inside a node")
     mode: Literal["decide", "score"] = Field(
         "decide", description="decide: /filter returns the best node; score: all feasible + /prioritize"

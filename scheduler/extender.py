@@ -1,6 +1,6 @@
 """The extender's decisions: filter, prioritize, bind and preempt on kube-scheduler's extender arguments.
 
-No HTTP here: `scheduler.server` decodes the JSON into dicts, calls these methods and encodes what they return.
+No HTTP here: `vgpu.scheduler.server` decodes the JSON into dicts, calls these methods and encodes what they return.
 Argument dicts use kube-scheduler's Go field names in any capitalisation (`Pod`, `NodeNames`, `Nodes`, ...);
 results use the exact capitalised names of k8s.io/kube-scheduler/extender/v1.
 
@@ -32,25 +32,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.fit import GPU_ORDERS, FitResult, GPUOrder, fit
-from scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger, NodeState
-from scheduler.policies import NodePolicy
-from scheduler.policies.base import PodContext, gpu_order_of
 from vgpu import keys
 from vgpu.assignment import Assignment, encode, salvage
 from vgpu.errors import ConfigError, VGPUError
 from vgpu.requests import ContainerRequest, Selectors, pod_cpu_memory, pod_requests, pod_selectors
+from vgpu.scheduler.fit import GPU_ORDERS, FitResult, GPUOrder, fit
+from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger, NodeState
+from vgpu.scheduler.policies import NodePolicy
+from vgpu.scheduler.policies.base import PodContext, gpu_order_of
 
 __all__ = [
-    "Extender",
+    "MAX_PRIORITY",
+    "MODES",
     "BindConflict",
     "Binder",
-    "PodLookup",
     "EventSink",
+    "Extender",
     "InvalidArgs",
-    "MODES",
+    "PodLookup",
     "lower_keys",
-    "MAX_PRIORITY",
 ]
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ class Extender:
         try:
             with self._observe_lock:  # the pod watch and the request handlers both feed the policy
                 self.policy.observe(requests, pod)  # policies learn from every vGPU pod they see
-        except Exception:  # noqa: BLE001 - a learning policy must never fail a request
+        except Exception:
             log.exception("policy observe failed policy=%s", self.policy.name)
 
     def observe_pod(self, pod: Mapping[str, Any]) -> None:
@@ -446,7 +446,7 @@ class Extender:
         if span <= 1e-12:
             return [{"Host": n, "Score": 0 if s is None else MAX_PRIORITY} for n, s in zip(names, scores)]
         factor = MAX_PRIORITY / span
-        return [{"Host": n, "Score": 0 if s is None else int(round((s - low) * factor))}
+        return [{"Host": n, "Score": 0 if s is None else round((s - low) * factor)}
                 for n, s in zip(names, scores)]
 
     def bind(self, raw_args: Any) -> dict[str, str]:
@@ -515,7 +515,7 @@ class Extender:
             pod = None
             try:
                 pod = self.fetch(namespace, name)
-            except Exception:  # noqa: BLE001 - the conflict is what we report
+            except Exception:
                 pod = None
             if pod is not None and (pod.get("spec") or {}).get("nodeName") == node and (
                 (pod.get("metadata") or {}).get("annotations") or {}
@@ -525,7 +525,7 @@ class Extender:
                 return {"Error": ""}
             ledger.release(key)
             return self._bind_failed(ref, node, f"binding conflict: {exc}")
-        except Exception as exc:  # noqa: BLE001 - every API failure becomes Error
+        except Exception as exc:
             ledger.release(key)
             return self._bind_failed(ref, node, f"binding failed: {exc}")
         ledger.mark_bound(key)

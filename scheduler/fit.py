@@ -13,7 +13,7 @@ from vgpu.assignment import Assignment, DeviceGrant
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
 
-__all__ = ["GPUUsage", "FitResult", "GPUOrder", "fit", "binpack_order", "spread_order", "GPU_ORDERS", "Reason"]
+__all__ = ["GPU_ORDERS", "FitResult", "GPUOrder", "GPUUsage", "Reason", "binpack_order", "fit", "spread_order"]
 
 
 @dataclass(slots=True)

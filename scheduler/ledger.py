@@ -16,15 +16,15 @@ A charge comes from one of two places:
   successful bind until the watch shows the pod with its annotation (BOUND, long TTL).
 A watch event without an assignment never removes one of our reservations: it may predate our own binding.
 Reservations past their TTL are dropped by `expire`, which the extender calls on every request and the server's
-housekeeping every second (scheduler.server.create_app), so an idle extender's usage and metrics stay current.
+housekeeping every second (vgpu.scheduler.server.create_app), so an idle extender's usage and metrics stay current.
 All public methods are thread-safe (the watch caches call from their own threads).
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from scheduler.fit import GPUUsage
-from scheduler.policies.base import NodeContext
 from vgpu import keys
 from vgpu.assignment import Assignment, salvage
 from vgpu.errors import CodecError
@@ -41,14 +39,16 @@ from vgpu.inventory import GPUDevice, decode_hami, decode_volcano
 from vgpu.quantity import parse_integer_quantity, parse_quantity
 from vgpu.requests import pod_cpu_memory
 from vgpu.resources import HAMI_NAMES, SharingConfig
+from vgpu.scheduler.fit import GPUUsage
+from vgpu.scheduler.policies.base import NodeContext
 
 __all__ = [
-    "Ledger",
-    "NodeState",
+    "NODE_UNKNOWN",
     "Charge",
     "ChargeState",
+    "Ledger",
+    "NodeState",
     "pod_key",
-    "NODE_UNKNOWN",
 ]
 
 log = logging.getLogger(__name__)
@@ -450,7 +450,7 @@ class Ledger:
         with self.lock:
             heap = self._expiry
             while heap and heap[0][0] <= now:
-                expires, uid = heapq.heappop(heap)
+                _expires, uid = heapq.heappop(heap)
                 charge = self.charges.get(uid)
                 if charge is None or charge.state == ChargeState.OBSERVED or charge.expires > now:
                     continue

@@ -1,7 +1,7 @@
 """Prometheus metrics of the scheduler extender (served on :9395/metrics by `vgpu scheduler`).
 
 Allocation metrics are computed at scrape time from a ledger snapshot (a custom collector), so pod events and
-/filter calls never touch a metric object; request latencies are histograms observed by `scheduler.server`.
+/filter calls never touch a metric object; request latencies are histograms observed by `vgpu.scheduler.server`.
 Every metric lives in the registry of one `SchedulerMetrics`, so tests can build several side by side.
 """
 
@@ -13,9 +13,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from scheduler.ledger import Ledger
+from vgpu.scheduler.ledger import Ledger
 
-__all__ = ["SchedulerMetrics", "LedgerCollector", "LATENCY_BUCKETS"]
+__all__ = ["LATENCY_BUCKETS", "LedgerCollector", "SchedulerMetrics"]
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 

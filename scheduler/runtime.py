@@ -1,5 +1,5 @@
 """Wiring of a running extender: API client, node and pod watch caches feeding the ledger, leader election,
-event recorder, metrics server, and the FastAPI app. Used by `vgpu scheduler` (scheduler.cli) and by tests that
+event recorder, metrics server, and the FastAPI app. Used by `vgpu scheduler` (vgpu.scheduler.cli) and by tests that
 run the extender in-process against the API-server stand-in.
 """
 
@@ -11,15 +11,15 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from scheduler.config import SchedulerConfig
-from scheduler.extender import BindConflict, Extender
-from scheduler.ledger import Ledger
-from scheduler.metrics import SchedulerMetrics
-from scheduler.policies import make_policy
-from scheduler.server import create_app, parse_listen
 from vgpu.kube import EventRecorder, LeaderElector, WatchCache, bind_pod, make_api_client
 from vgpu.kube.client import read_json
 from vgpu.kube.errors import ConflictError, NotFoundError, translate
+from vgpu.scheduler.config import SchedulerConfig
+from vgpu.scheduler.extender import BindConflict, Extender
+from vgpu.scheduler.ledger import Ledger
+from vgpu.scheduler.metrics import SchedulerMetrics
+from vgpu.scheduler.policies import make_policy
+from vgpu.scheduler.server import create_app, parse_listen
 
 __all__ = ["SchedulerRuntime"]
 
@@ -94,7 +94,7 @@ class SchedulerRuntime:
             resp = k8s.CoreV1Api(self.api).read_namespaced_pod(name, namespace, _preload_content=False,
                                                                _request_timeout=10)
             return read_json(resp)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             err = translate(exc, f"get pod {namespace}/{name}")
             if isinstance(err, NotFoundError):
                 return None
@@ -106,7 +106,7 @@ class SchedulerRuntime:
                             "uid": pod.get("uid", "")}}
         self.recorder.event(obj, kind, reason, message[:1024])
 
-    def start(self, wait: float | None = None) -> "SchedulerRuntime":
+    def start(self, wait: float | None = None) -> SchedulerRuntime:
         """Start caches, leader election and the metrics server; optionally wait `wait` s for the caches."""
         self.nodes.start()
         self.pods.start()
@@ -133,5 +133,5 @@ class SchedulerRuntime:
             server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server
             try:
                 server.shutdown()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass

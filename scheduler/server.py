@@ -6,7 +6,7 @@ synced and this replica leads. Unparseable JSON answers 400, a body over the cap
 request 200 with `Error`; an unexpected exception is logged and also answered 200 with `Error`, never 500.
 The four POST verbs are answered by the `ExtenderVerbs` ASGI middleware in front of FastAPI (see its docstring).
 Built by `create_app`, whose lifespan also runs periodic housekeeping (the ledger's reservation expiry), served
-by `serve` (uvicorn); started by `vgpu scheduler` (scheduler.cli) and by tests.
+by `serve` (uvicorn); started by `vgpu scheduler` (vgpu.scheduler.cli) and by tests.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from scheduler.extender import Extender
-from scheduler.metrics import SchedulerMetrics
 from vgpu.errors import VGPUError
+from vgpu.scheduler.extender import Extender
+from vgpu.scheduler.metrics import SchedulerMetrics
 
-__all__ = ["create_app", "ExtenderVerbs", "serve", "make_uvicorn_server", "parse_listen", "DEFAULT_MAX_BODY"]
+__all__ = ["DEFAULT_MAX_BODY", "ExtenderVerbs", "create_app", "make_uvicorn_server", "parse_listen", "serve"]
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class ExtenderVerbs:
             result = await run_in_threadpool(call, args) if threaded else call(args)
         except VGPUError as exc:
             return 200, orjson.dumps(on_error(str(exc))), "invalid"
-        except Exception as exc:  # noqa: BLE001 - never a 500
+        except Exception as exc:
             log.exception("extender %s failed", verb)
             return 200, orjson.dumps(on_error(f"internal error: {type(exc).__name__}: {exc}")), "internal"
         outcome = "error" if isinstance(result, dict) and result.get("Error") else "ok"

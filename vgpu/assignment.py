@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from vgpu import keys
 from vgpu.errors import CodecError
 
-__all__ = ["DeviceGrant", "Assignment", "encode", "decode", "salvage", "MAX_ASSIGNMENT_BYTES"]
+__all__ = ["MAX_ASSIGNMENT_BYTES", "Assignment", "DeviceGrant", "decode", "encode", "salvage"]
 
 MAX_ASSIGNMENT_BYTES = 256 * 1024
 _MAX_INT32 = 2**31 - 1

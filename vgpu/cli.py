@@ -1,52 +1,83 @@
-"""The `vgpu` command: builds one parser from the components' subcommands and dispatches.
+"""The `vgpu` command: one parser built from the components' subcommands, then dispatch.
 
-Each component with a subcommand has a module `<package>.cli` exposing `register(subparsers)`; only the ones
-present in this installation are listed.
+Each component's `cli` module exposes `register(subparsers)`; the shipped ones are imported here by name. The test
+bed (`vgpu demo`) is not shipped in the production image and is not imported by anything: it adds its subcommand
+through the `vgpu.subcommands` entry-point group, which exists only where it is installed. A plug-in that is
+declared but fails to load is an error, never a silently missing subcommand.
 """
 
+from __future__ import annotations
+
 import argparse
-import importlib
-import importlib.util
 import logging
 import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
 
 from vgpu import __version__
-from vgpu.errors import VGPUError
+from vgpu.deviceplugin import cli as deviceplugin_cli
+from vgpu.errors import ConfigError, VGPUError
+from vgpu.isolation import cli as isolation_cli
+from vgpu.replay import cli as replay_cli
+from vgpu.scheduler import cli as scheduler_cli
 
-__all__ = ["main", "build_parser"]
+__all__ = ["PLUGIN_GROUP", "build_parser", "main"]
 
-_COMPONENT_CLIS = (
-    "scheduler.cli",
-    "scheduler.replay_cli",
-    "deviceplugin.cli",
-    "isolation.cli",
-    "vgpu.demo_cli",
+PLUGIN_GROUP = "vgpu.subcommands"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+COMPONENTS: tuple[Callable[[Any], None], ...] = (
+    scheduler_cli.register,
+    deviceplugin_cli.register,
+    isolation_cli.register,
+    replay_cli.register,
 )
 
 
+def _log_level(text: str) -> str:
+    level = text.strip().upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def _plugins() -> list[Callable[[Any], None]]:
+    """The `register` functions of the installed plug-ins; raises ConfigError naming one that cannot load."""
+    found = []
+    for point in sorted(entry_points(group=PLUGIN_GROUP), key=lambda p: p.name):
+        try:
+            found.append(point.load())
+        except Exception as exc:
+            raise ConfigError(f"subcommand {point.name!r} ({point.value}) cannot be loaded: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every available subcommand."""
+    """The top-level parser with every subcommand of this installation."""
     parser = argparse.ArgumentParser(prog="vgpu", description="GPU sharing for Kubernetes (Volcano compatible).")
     parser.add_argument("--version", action="version", version=f"vgpu-sharing {__version__}")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument("--log-level", type=_log_level, default="WARNING",
+                        help=f"logging level: {', '.join(LOG_LEVELS)} (default WARNING)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in _COMPONENT_CLIS:
-        if importlib.util.find_spec(module_name) is None:
-            continue
-        importlib.import_module(module_name).register(subparsers)
+    for register in (*COMPONENTS, *_plugins()):
+        register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `vgpu` console script."""
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except VGPUError as exc:
+        print(f"vgpu: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr
-    )
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s",
+                        stream=sys.stderr)
     try:
         return int(args.func(args) or 0)
     except VGPUError as exc:

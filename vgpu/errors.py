@@ -1,6 +1,6 @@
 """Error types of vgpu-sharing. Every error we raise on purpose derives from VGPUError."""
 
-__all__ = ["VGPUError", "CodecError", "RequestError", "ConfigError"]
+__all__ = ["CodecError", "ConfigError", "RequestError", "VGPUError"]
 
 
 class VGPUError(Exception):

@@ -17,13 +17,13 @@ import orjson
 from vgpu.errors import CodecError
 
 __all__ = [
+    "MAX_ANNOTATION_BYTES",
     "GPUDevice",
-    "encode_volcano",
+    "decode_hami",
     "decode_volcano",
     "encode_hami",
     "encode_hami_legacy",
-    "decode_hami",
-    "MAX_ANNOTATION_BYTES",
+    "encode_volcano",
 ]
 
 MAX_ANNOTATION_BYTES = 256 * 1024

@@ -6,7 +6,7 @@ Used by the request parser; a quantity that is not well formed raises ValueError
 import re
 from fractions import Fraction
 
-__all__ = ["parse_quantity", "parse_integer_quantity"]
+__all__ = ["parse_integer_quantity", "parse_quantity"]
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {

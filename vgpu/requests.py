@@ -18,14 +18,14 @@ from vgpu.quantity import parse_integer_quantity, parse_quantity
 from vgpu.resources import ResourceNames, SharingConfig
 
 __all__ = [
-    "ContainerRequest",
-    "Selectors",
-    "pod_requests",
-    "pod_selectors",
-    "gpu_containers",
-    "pod_cpu_memory",
     "MAX_GPUS_PER_CONTAINER",
     "MAX_MEMORY_UNITS",
+    "ContainerRequest",
+    "Selectors",
+    "gpu_containers",
+    "pod_cpu_memory",
+    "pod_requests",
+    "pod_selectors",
 ]
 
 MAX_GPUS_PER_CONTAINER = 64

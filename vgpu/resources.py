@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ResourceNames", "VOLCANO_NAMES", "HAMI_NAMES", "SharingConfig", "SCHEDULER_NAME"]
+__all__ = ["HAMI_NAMES", "SCHEDULER_NAME", "VOLCANO_NAMES", "ResourceNames", "SharingConfig"]
 
 SCHEDULER_NAME = "vgpu-scheduler"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from deviceplugin.config import PluginConfig
+    from vgpu.deviceplugin.config import PluginConfig
 
 __all__ = ["GPUBackend", "GPUInfo", "GPUUsage", "HealthEvent", "make_backend"]
 
@@ -80,16 +80,16 @@ class GPUBackend(Protocol):
 def make_backend(config: PluginConfig) -> GPUBackend:
     """The backend named in the configuration."""
     if config.backend == "sim":
-        from deviceplugin.backends.sim import SimBackend
+        from vgpu.deviceplugin.backends.sim import SimBackend
 
         return SimBackend.from_spec(
             config.sim_gpus, node_name=config.node_name, control_file=config.sim_control,
             ignored_xids=config.effective_ignored_xids(),
         )
     if config.backend == "nvml":
-        from deviceplugin.backends.nvml import NVMLBackend
+        from vgpu.deviceplugin.backends.nvml import NVMLBackend
 
         return NVMLBackend(ignored_xids=config.effective_ignored_xids(), driver_root=config.nvidia_driver_root)
-    from deviceplugin.backends.null import NullBackend
+    from vgpu.deviceplugin.backends.null import NullBackend
 
     return NullBackend()

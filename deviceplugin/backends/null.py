@@ -2,7 +2,7 @@
 
 import time
 
-from deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
+from vgpu.deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
 
 __all__ = ["NullBackend"]
 

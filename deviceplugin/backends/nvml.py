@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
+from vgpu.deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
 
 __all__ = ["NVMLBackend", "find_nvml_library"]
 
@@ -60,7 +60,7 @@ class NVMLBackend:
                     pynvml.nvmlLib = ctypes.CDLL(library)
             pynvml.nvmlInit()
             self._nvml = pynvml
-        except Exception as exc:  # noqa: BLE001 - missing library or driver: no GPUs, no crash
+        except Exception as exc:
             self.init_error = f"NVML: {exc}"
             log.warning("event=nvml_init_failed error=%s", exc)
             return
@@ -77,7 +77,7 @@ class NVMLBackend:
         gpus = []
         try:
             count = nv.nvmlDeviceGetCount()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("event=nvml_count_failed error=%s", exc)
             return []
         for index in range(count):
@@ -88,22 +88,22 @@ class NVMLBackend:
                 memory = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
                 try:
                     minor = int(nv.nvmlDeviceGetMinorNumber(handle))
-                except Exception:  # noqa: BLE001
+                except Exception:
                     minor = index
                 numa = None
                 try:
                     numa = int(nv.nvmlDeviceGetNumaNodeId(handle))
-                except Exception:  # noqa: BLE001
+                except Exception:
                     numa = None
                 mig = False
                 try:
                     current, _pending = nv.nvmlDeviceGetMigMode(handle)
                     mig = int(current) == int(getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1))
-                except Exception:  # noqa: BLE001 - not supported: not a MIG-capable card
+                except Exception:
                     mig = False
                 gpus.append(GPUInfo(uuid=uid, name=name, memory_mib=memory, minor=minor, numa=numa, index=index,
                                     mig_enabled=mig))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.warning("event=nvml_device_failed index=%d error=%s", index, exc)
         gpus.sort(key=lambda g: g.minor)
         return gpus
@@ -112,7 +112,7 @@ class NVMLBackend:
         nv = self._nvml
         try:
             self._event_set = nv.nvmlEventSetCreate()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("event=nvml_eventset_failed error=%s", exc)
             return
         for gpu in self._gpus:
@@ -122,7 +122,7 @@ class NVMLBackend:
                 mask = supported & nv.nvmlEventTypeXidCriticalError
                 if mask:
                     nv.nvmlDeviceRegisterEvents(handle, mask, self._event_set)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not self._not_supported(exc):
                     log.warning("event=nvml_register_events_failed uuid=%s error=%s", gpu.uuid, exc)
                     self._healthy[gpu.uuid] = False
@@ -156,7 +156,7 @@ class NVMLBackend:
             if data.eventType == nv.nvmlEventTypeXidCriticalError and xid not in self._ignored:
                 self._last_xid[uid] = time.monotonic()
                 self._change(uid, False, f"xid {xid}", events, xid)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if getattr(exc, "value", None) != getattr(nv, "NVML_ERROR_TIMEOUT", -2):
                 log.warning("event=nvml_wait_failed error=%s", exc)
                 for gpu in self._gpus:
@@ -174,7 +174,7 @@ class NVMLBackend:
             try:
                 handle = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
                 nv.nvmlDeviceGetMemoryInfo(handle)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._change(gpu.uuid, False, f"lost: {exc}", events)
                 continue
             if now - self._last_xid.get(gpu.uuid, -1e18) >= self._recovery:
@@ -192,10 +192,10 @@ class NVMLBackend:
                 memory = nv.nvmlDeviceGetMemoryInfo(handle)
                 try:
                     util = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     util = 0
                 result[gpu.uuid] = GPUUsage(int(memory.used), util)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.debug("event=usage_unreadable uuid=%s error=%s", gpu.uuid, exc)
                 continue
         return result
@@ -208,5 +208,5 @@ class NVMLBackend:
             if self._event_set is not None:
                 self._nvml.nvmlEventSetFree(self._event_set)
             self._nvml.nvmlShutdown()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.debug("event=nvml_shutdown_failed error=%s", exc)

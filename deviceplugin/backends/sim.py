@@ -24,7 +24,7 @@ import threading
 import uuid as uuidlib
 from dataclasses import dataclass
 
-from deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
+from vgpu.deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
 from vgpu.errors import ConfigError
 
 __all__ = ["MODELS", "SimBackend", "parse_sim_spec", "parse_sim_spec_full"]

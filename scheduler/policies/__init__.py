@@ -6,11 +6,11 @@ policy (`vgpu replay`'s "ours"), which leaves less GPU capacity unallocated than
 (docs/placement.md). Volcano's `binpack` remains available and is the cheaper one to run.
 """
 
-from scheduler.policies.base import NODE_POLICIES, NodeContext, NodePolicy, PodContext, make_policy, register
-from scheduler.policies import classic as _classic  # noqa: F401  (registers binpack and spread)
-from scheduler.policies import baselines as _baselines  # noqa: F401  (random, bestfit, dotprod, packing)
-from scheduler.policies import frag as _frag  # noqa: F401  (fgd, fragaware)
+from vgpu.scheduler.policies import baselines as _baselines  # noqa: F401  (random, bestfit, dotprod, packing)
+from vgpu.scheduler.policies import classic as _classic  # noqa: F401  (registers binpack and spread)
+from vgpu.scheduler.policies import frag as _frag  # noqa: F401  (fgd, fragaware)
+from vgpu.scheduler.policies.base import NODE_POLICIES, NodeContext, NodePolicy, PodContext, make_policy, register
 
 DEFAULT_NODE_POLICY = "fragaware"
 
-__all__ = ["NodePolicy", "NodeContext", "PodContext", "NODE_POLICIES", "DEFAULT_NODE_POLICY", "make_policy", "register"]
+__all__ = ["DEFAULT_NODE_POLICY", "NODE_POLICIES", "NodeContext", "NodePolicy", "PodContext", "make_policy", "register"]

@@ -1,7 +1,7 @@
 """The node-policy interface and its registry.
 
 The extender calls `make_policy(name)` once, then `.score` for every feasible node of a pod and `.observe` once
-for every vGPU pod it sees (in the pod watch or at /filter). The trace replay (`scheduler.replay`) calls the same
+for every vGPU pod it sees (in the pod watch or at /filter). The trace replay (`vgpu.replay.run`) calls the same
 objects. Both pass the optional node context (free CPU and memory) and pod context (CPU and memory requests) to
 policies that declare `context_bins`, such as `fgd` and `fragaware`, whenever the node reports its allocatable
 CPU and memory; every policy must also work without them.
@@ -11,12 +11,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from scheduler.fit import FitResult, GPUOrder, GPUUsage
 from vgpu.errors import ConfigError
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
+from vgpu.scheduler.fit import FitResult, GPUOrder, GPUUsage
 
-__all__ = ["NodePolicy", "NodeContext", "PodContext", "NODE_POLICIES", "register", "make_policy", "gpu_order_of"]
+__all__ = ["NODE_POLICIES", "NodeContext", "NodePolicy", "PodContext", "gpu_order_of", "make_policy", "register"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,13 +10,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from scheduler.fit import FitResult, GPUUsage
-from scheduler.policies.base import NodeContext, PodContext, register
-from scheduler.policies.shares import MILLI, bestfit_gpu_order, idle_milli, placed_milli
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest
+from vgpu.scheduler.fit import FitResult, GPUUsage
+from vgpu.scheduler.policies.base import NodeContext, PodContext, register
+from vgpu.scheduler.policies.shares import MILLI, bestfit_gpu_order, idle_milli, placed_milli
 
-__all__ = ["RandomFit", "BestFit", "DotProd", "Packing", "MAX_SPEC_CPU", "MAX_SPEC_GPU"]
+__all__ = ["MAX_SPEC_CPU", "MAX_SPEC_GPU", "BestFit", "DotProd", "Packing", "RandomFit"]
 
 MAX_SPEC_CPU = 128_000
 MAX_SPEC_GPU = 8_000
@@ -54,7 +54,7 @@ class RandomFit(_Stateless):
         """Reseed the GPU choice."""
         self._rng = _random.Random(seed)
 
-    def gpu_order(self, devices, usage, request, candidates):  # noqa: D102 - a GPUOrder
+    def gpu_order(self, devices, usage, request, candidates):
         shuffled = list(candidates)
         self._rng.shuffle(shuffled)
         return shuffled

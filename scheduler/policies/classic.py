@@ -7,10 +7,10 @@ after the increment, so it was always 0).
 
 from collections.abc import Sequence
 
-from scheduler.fit import FitResult, GPUUsage
-from scheduler.policies.base import NodeContext, PodContext, register
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest
+from vgpu.scheduler.fit import FitResult, GPUUsage
+from vgpu.scheduler.policies.base import NodeContext, PodContext, register
 
 __all__ = ["Binpack", "Spread"]
 

@@ -22,13 +22,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from scheduler.fit import FitResult, GPUOrder, GPUUsage
-from scheduler.policies.base import NodeContext, PodContext, register
-from scheduler.policies.shares import idle_milli, lowest_index_order, request_milli, usage_after
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
+from vgpu.scheduler.fit import FitResult, GPUOrder, GPUUsage
+from vgpu.scheduler.policies.base import NodeContext, PodContext, register
+from vgpu.scheduler.policies.shares import idle_milli, lowest_index_order, request_milli, usage_after
 
-__all__ = ["PodType", "GPUSums", "TypeTable", "FGD", "FragAware", "pod_type", "typical_types"]
+__all__ = ["FGD", "FragAware", "GPUSums", "PodType", "TypeTable", "pod_type", "typical_types"]
 
 MEMO_LIMIT = 100_000  # per-GPU vectors kept before the memo starts over (bounds a long-running extender's memory)
 _REF_CARD = GPUDevice(uuid="reference", split=1, memory=1_000_000, type="reference")
@@ -79,7 +79,7 @@ class GPUSums:
     """A node's GPUs summed per target type: how many GPUs fit the type, their idle share, and the node's idle
     share (all exact integers), plus each GPU's own vectors so that a change of one GPU is two vector updates."""
 
-    __slots__ = ("count", "usable", "idle", "vectors", "raws", "known")
+    __slots__ = ("count", "idle", "known", "raws", "usable", "vectors")
 
     def __init__(self, count: np.ndarray, usable: np.ndarray, idle: int, vectors: list, raws: tuple = ()) -> None:
         self.count = count

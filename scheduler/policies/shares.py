@@ -8,18 +8,18 @@ and cores fractions. When memory is counted exactly (as the trace replay does) t
 
 from collections.abc import Sequence
 
-from scheduler.fit import FitResult, GPUUsage
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest
+from vgpu.scheduler.fit import FitResult, GPUUsage
 
 __all__ = [
     "MILLI",
-    "idle_milli",
-    "request_milli",
-    "usage_after",
     "bestfit_gpu_order",
+    "idle_milli",
     "lowest_index_order",
     "placed_milli",
+    "request_milli",
+    "usage_after",
 ]
 
 MILLI = 1000

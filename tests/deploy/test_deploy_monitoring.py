@@ -134,7 +134,7 @@ def test_dashboard_parses_and_has_unique_panel_ids():
         for p in panels:
             ids.append(p["id"])
             pos = p["gridPos"]
-            assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24, p["title"]
+            assert pos["x"] >= 0 and pos["x"] + pos["w"] <= 24, p["title"]
             walk(p.get("panels", []))
 
     walk(d["panels"])

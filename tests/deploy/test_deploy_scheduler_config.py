@@ -145,8 +145,8 @@ def test_each_component_mounts_its_own_file(kind, name, container_name, key, tmp
 
 def test_both_components_load_their_file_with_the_same_sharing_section(tmp_path):
     """Each shipped file through the component's real loader; the `sharing` sections are equal."""
-    from deviceplugin.config import load_config as load_plugin_config
-    from scheduler.config import load_config as load_scheduler_config
+    from vgpu.deviceplugin.config import load_config as load_plugin_config
+    from vgpu.scheduler.config import load_config as load_scheduler_config
 
     sections = []
     for kind, name, container_name, key in COMPONENT_FILES:
@@ -161,7 +161,7 @@ def test_both_components_load_their_file_with_the_same_sharing_section(tmp_path)
 
 
 def test_sharing_config_names_the_managed_resources(tmp_path):
-    from scheduler.config import load_config as load_scheduler_config
+    from vgpu.scheduler.config import load_config as load_scheduler_config
 
     _, path = shipped_file(*COMPONENT_FILES[0][:3], tmp_path)
     cfg = load_scheduler_config(path, {}).sharing
@@ -173,9 +173,9 @@ def test_sharing_config_names_the_managed_resources(tmp_path):
 
 def test_sim_daemonset_memory_factor_fits_its_simulated_gpus():
     """The sim DaemonSet's GPUs need more than 1 MiB per unit; its flag must be a factor the plugin accepts."""
-    from deviceplugin.backends.sim import MODELS, parse_sim_spec
-    from deviceplugin.config import load_config as load_plugin_config
-    from deviceplugin.config import resolve_memory_factor
+    from vgpu.deviceplugin.backends.sim import MODELS, parse_sim_spec
+    from vgpu.deviceplugin.config import load_config as load_plugin_config
+    from vgpu.deviceplugin.config import resolve_memory_factor
 
     pod = find("DaemonSet", "vgpu-device-plugin-sim")["spec"]["template"]["spec"]
     (c,) = pod["containers"]

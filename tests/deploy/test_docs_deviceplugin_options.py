@@ -1,4 +1,4 @@
-"""docs/deviceplugin-options.md against the code: every option of deviceplugin.config.OPTIONS has its table row
+"""docs/deviceplugin-options.md against the code: every option of vgpu.deviceplugin.config.OPTIONS has its table row
 with the same flag, environment variable and file key, and every `version: v1` example is accepted by the
 plugin's own loader of NVIDIA-layout files."""
 
@@ -8,7 +8,7 @@ import pytest
 import yaml
 from deploy_helpers import DOCS
 
-from deviceplugin.config import OPTIONS, read_options_file
+from vgpu.deviceplugin.config import OPTIONS, read_options_file
 
 PAGE = DOCS / "deviceplugin-options.md"
 

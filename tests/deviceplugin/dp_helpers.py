@@ -17,9 +17,9 @@ from typing import Any
 from kubernetes import client as k8s
 
 from vgpu.kube.client import make_api_client, read_json
-from vgpu.standins.apiserver import ApiServerStandIn
-from vgpu.standins.cluster import free_port
-from vgpu.standins.kubelet import KubeletStandIn
+from vgpu.testbed.apiserver import ApiServerStandIn
+from vgpu.testbed.cluster import free_port
+from vgpu.testbed.kubelet import KubeletStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
 RESOURCES = ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores")

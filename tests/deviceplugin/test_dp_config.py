@@ -2,8 +2,8 @@
 
 import pytest
 
-from deviceplugin.backends.sim import SimBackend, parse_sim_spec
-from deviceplugin.config import load_config, resolve_memory_factor
+from vgpu.deviceplugin.backends.sim import SimBackend, parse_sim_spec
+from vgpu.deviceplugin.config import load_config, resolve_memory_factor
 from vgpu.errors import ConfigError
 
 EIGHT_80GB = [81920] * 8

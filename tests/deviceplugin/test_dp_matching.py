@@ -12,9 +12,9 @@ import time
 import pytest
 from dp_helpers import gpu_container
 
-from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu.kube.client import read_json
-from vgpu.standins.kubelet import AdmissionError
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
+from vgpu.testbed.kubelet import AdmissionError
 
 NUMBER, MEMORY, CORES = "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"
 

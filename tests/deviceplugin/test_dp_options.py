@@ -14,10 +14,10 @@ import pytest
 from dp_helpers import NODE, RESOURCES, ROOT, gpu_container
 from prometheus_client.parser import text_string_to_metric_families
 
-from deviceplugin.backends import GPUInfo
-from deviceplugin.config import OPTIONS, resolve_config
-from deviceplugin.registrar import Registrar
-from deviceplugin.server import DeviceState
+from vgpu.deviceplugin.backends import GPUInfo
+from vgpu.deviceplugin.config import OPTIONS, resolve_config
+from vgpu.deviceplugin.registrar import Registrar
+from vgpu.deviceplugin.server import DeviceState
 from vgpu.errors import ConfigError
 
 BASE = {"node_name": "n1"}

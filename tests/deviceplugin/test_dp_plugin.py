@@ -12,9 +12,9 @@ import pytest
 from dp_helpers import NODE, RESOURCES, gpu_container
 from prometheus_client.parser import text_string_to_metric_families
 
-from proto.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu.kube.client import read_json
-from vgpu.standins.kubelet import AdmissionError
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
+from vgpu.testbed.kubelet import AdmissionError
 
 MAX_U64 = "18446744073709551615"
 
@@ -286,8 +286,8 @@ def test_garbage_collection_keeps_live_pods_dirs(cluster):
     """Directories of pods still on the node survive; those of pods that are gone go once old enough."""
     import os
 
-    from deviceplugin.allocator import Allocator
-    from deviceplugin.pods import NodePods
+    from vgpu.deviceplugin.allocator import Allocator
+    from vgpu.deviceplugin.pods import NodePods
     from vgpu.resources import SharingConfig
 
     live = cluster.create_pod("alive", [gpu_container("c")], "GPU-x,NVIDIA,1,0:")
@@ -312,7 +312,7 @@ def test_garbage_collection_keeps_live_pods_dirs(cluster):
 def test_plugin_installs_the_isolation_library(cluster):
     """At start the plugin puts the built libvgpu.so where its Allocate mounts point, replacing an old copy by
     rename (a container holding the old file keeps it) and leaving an identical one alone."""
-    from isolation.build import BuildError, ensure_built
+    from vgpu.isolation.build import BuildError, ensure_built
 
     try:
         library = ensure_built().libvgpu.read_bytes()

@@ -11,10 +11,10 @@ from typing import Any
 
 from dp_helpers import NODE, gpu_container
 
-from deviceplugin.allocator import Allocator
-from deviceplugin.backends import GPUInfo
-from deviceplugin.pods import NodePods
-from deviceplugin.server import MEMORY, NUMBER, DeviceState, ResourceService
+from vgpu.deviceplugin.allocator import Allocator
+from vgpu.deviceplugin.backends import GPUInfo
+from vgpu.deviceplugin.pods import NodePods
+from vgpu.deviceplugin.server import MEMORY, NUMBER, DeviceState, ResourceService
 from vgpu.resources import SharingConfig
 
 GPUS = [GPUInfo("GPU-aaaa", "NVIDIA A100-PCIE-40GB", 40960, 0), GPUInfo("GPU-bbbb", "NVIDIA A100-PCIE-40GB", 40960, 1)]

@@ -2,33 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
-from vgpu.standins.cluster import Cluster
-
-
-def _missing() -> str | None:
-    for module in ("deviceplugin.cli", "scheduler.cli", "vgpu.standins.kubelet", "vgpu.standins.apiserver"):
-        if importlib.util.find_spec(module) is None:
-            return f"{module} is not in this tree"
-    from vgpu.standins.podrunner import isolation_paths
-
-    lib, sim = isolation_paths()
-    if lib is None or sim is None:
-        return "isolation/build (libvgpu.so, simulated libcuda.so.1) could not be built"
-    return None
+from vgpu.testbed.cluster import Cluster
+from vgpu.testbed.podrunner import isolation_paths
 
 
 @pytest.fixture(scope="session")
 def components() -> None:
-    """Skip when a piece of the system is missing from this tree (never the case in CI)."""
-    why = _missing()
-    if why:
-        pytest.skip(why)
+    """Build libvgpu.so and the simulated driver once; a failed C build fails every end-to-end test."""
+    isolation_paths()
 
 
 def _dump_logs(cluster: Cluster, lines: int = 15) -> str:

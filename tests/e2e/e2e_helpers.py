@@ -10,17 +10,18 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
 from vgpu import keys
 from vgpu.assignment import decode
-from vgpu.demo import scrape, workload_reports
 from vgpu.inventory import decode_volcano
+from vgpu.testbed.demo import scrape, workload_reports
 
-WORKLOAD = ["python3", "-m", "vgpu.standins.workload"]
+WORKLOAD = ["python3", "-m", "vgpu.testbed.workload"]
 TERMINAL = ("Succeeded", "Failed")
 
 
@@ -59,7 +60,7 @@ def inventories(cluster: Any) -> dict[str, list[Any]]:
         value = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_REGISTER)
         try:
             out[node["metadata"]["name"]] = list(decode_volcano(value))
-        except Exception:  # noqa: BLE001 - malformed on purpose in a fault test
+        except Exception:
             continue
     return out
 
@@ -96,7 +97,7 @@ def check_allocations(nodes: list[dict], pods: list[dict]) -> tuple[list[str], l
             for dev in decode_volcano(value):
                 devices[dev.uuid] = dev
                 node_of[dev.uuid] = node["metadata"]["name"]
-        except Exception:  # noqa: BLE001 - a malformed node holds no GPUs for this check
+        except Exception:
             continue
     used: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
     holders: dict[str, list[tuple[str, int]]] = defaultdict(list)
@@ -152,7 +153,7 @@ class Sampler:
                 self.result.samples += 1
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "Sampler":
+    def __enter__(self) -> Sampler:
         self._thread.start()
         return self
 

@@ -9,16 +9,15 @@ equals what the pods hold.
 from __future__ import annotations
 
 import pytest
-
 from burst import IMPOSSIBLE_LABEL, burst_pods, submit
 from e2e_helpers import (
-    Sampler,
     TERMINAL,
+    Sampler,
+    assert_usage_converges,
     phase,
     scheduled_condition,
     settled,
     stuck_allocating,
-    assert_usage_converges,
     wait_until,
 )
 

@@ -15,19 +15,19 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from e2e_helpers import (
-    Sampler,
     TERMINAL,
+    Sampler,
+    assert_usage_converges,
     container,
     inventories,
     phase,
     pod,
     settled,
     stuck_allocating,
-    assert_usage_converges,
     wait_until,
 )
+
 from vgpu import keys
 from vgpu.inventory import decode_volcano
 

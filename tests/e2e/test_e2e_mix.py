@@ -9,19 +9,19 @@ memory the driver reported, where CUDA_ERROR_OUT_OF_MEMORY stopped it).
 from __future__ import annotations
 
 import pytest
-
 from e2e_helpers import (
     TERMINAL,
     WORKLOAD,
+    assert_usage_converges,
     check_allocations,
     container,
     inventories,
     phase,
     pod,
     reports,
-    assert_usage_converges,
     wait_until,
 )
+
 from vgpu import keys
 from vgpu.assignment import decode
 

@@ -12,14 +12,15 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import pytest
 
-from vgpu.standins.apiserver import ApiServerStandIn
-from vgpu.standins.scheduler_driver import (
+from vgpu.testbed.apiserver import ApiServerStandIn
+from vgpu.testbed.scheduler_driver import (
     BUILTIN_CONFIG,
     SchedulerDriver,
     find_deploy_config,
@@ -45,7 +46,7 @@ class ScriptedExtender:
             def log_message(self, *args: Any) -> None:
                 pass
 
-            def do_POST(self) -> None:  # noqa: N802 - http.server API
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.calls.append((self.path, body))
                 if outer.delay:
@@ -132,7 +133,7 @@ def _get(http: httpx.Client, name: str) -> dict:
 
 
 def test_calls_filter_prioritize_bind_with_go_field_names(env):
-    api, ext, make, http = env
+    _api, ext, make, http = env
     ext.filter = lambda b: {"NodeNames": [n for n in b["NodeNames"] if n != "n2"],
                             "FailedNodes": {"n2": "insufficient memory"}, "Error": ""}
     ext.prioritize = lambda b: [{"Host": n, "Score": 9 if n == "n3" else 1} for n in b["NodeNames"]]
@@ -151,7 +152,7 @@ def test_calls_filter_prioritize_bind_with_go_field_names(env):
 
 
 def test_only_nodes_passing_in_tree_fit_reach_the_extender(env):
-    api, ext, make, http = env
+    _api, ext, make, http = env
     make()
     http.post("/api/v1/namespaces/default/pods", json=_pod("big", cpu="2"))
     _wait(lambda: _get(http, "big")["spec"].get("nodeName"))
@@ -159,7 +160,7 @@ def test_only_nodes_passing_in_tree_fit_reach_the_extender(env):
 
 
 def test_single_feasible_node_skips_prioritize(env):
-    api, ext, make, http = env
+    _api, ext, make, http = env
     ext.filter = lambda b: {"NodeNames": ["n1"], "FailedNodes": {"n2": "x", "n3": "y"}}
     make()
     http.post("/api/v1/namespaces/default/pods", json=_pod("one"))
@@ -168,7 +169,7 @@ def test_single_feasible_node_skips_prioritize(env):
 
 
 def test_pod_without_managed_resources_uses_default_binder(env):
-    api, ext, make, http = env
+    _api, ext, make, http = env
     make()
     http.post("/api/v1/namespaces/default/pods", json=_pod("plain", gpu=False))
     assert _wait(lambda: _get(http, "plain")["spec"].get("nodeName"))
@@ -176,7 +177,7 @@ def test_pod_without_managed_resources_uses_default_binder(env):
 
 
 def test_node_names_or_node_list_by_node_cache_capable(env):
-    api, ext, make, http = env
+    _api, ext, make, http = env
     ext.filter = lambda b: {"Nodes": {"items": [n for n in b["Nodes"]["items"]
                                                 if n["metadata"]["name"] == "n2"]}, "FailedNodes": {}}
     make(BUILTIN_CONFIG.replace("nodeCacheCapable: true", "nodeCacheCapable: false"))
@@ -189,7 +190,7 @@ def test_node_names_or_node_list_by_node_cache_capable(env):
 
 
 def test_unschedulable_records_reasons_then_retries_when_room_appears(env):
-    api, ext, make, http = env
+    _api, ext, make, http = env
     room = {"open": False}
     ext.filter = lambda b: ({"NodeNames": b["NodeNames"], "FailedNodes": {}} if room["open"] else
                             {"NodeNames": [], "FailedNodes": {n: "insufficient memory" for n in b["NodeNames"]}})
@@ -212,7 +213,7 @@ def test_unschedulable_records_reasons_then_retries_when_room_appears(env):
 
 
 def test_extender_error_fails_the_cycle_and_is_retried_with_backoff(env):
-    api, ext, make, http = env
+    _api, ext, make, http = env
     answers = iter([{"Error": "cache not ready"}])
     ext.filter = lambda b: next(answers, {"NodeNames": b["NodeNames"], "FailedNodes": {}})
     make()
@@ -224,7 +225,7 @@ def test_extender_error_fails_the_cycle_and_is_retried_with_backoff(env):
 
 
 def test_http_timeout_bounds_every_call(env):
-    api, ext, make, http = env
+    _api, ext, make, http = env
     ext.delay = 2.0
     make(BUILTIN_CONFIG.replace("httpTimeout: 30s", "httpTimeout: 300ms"))
     http.post("/api/v1/namespaces/default/pods", json=_pod("slow"))
@@ -240,7 +241,7 @@ def test_http_timeout_bounds_every_call(env):
 
 
 def test_other_scheduler_names_are_left_alone(env):
-    api, ext, make, http = env
+    _api, ext, make, http = env
     make()
     pod = _pod("other")
     pod["spec"]["schedulerName"] = "default-scheduler"
@@ -260,8 +261,7 @@ def test_parsers():
 
 def test_deploy_configuration_is_the_one_driven():
     path = find_deploy_config()
-    if path is None:
-        pytest.skip("deploy/ holds no KubeSchedulerConfiguration in this tree")
+    assert path is not None, "deploy/ holds no KubeSchedulerConfiguration"
     config = load_scheduler_config(path)
     assert "vgpu-scheduler" in config.scheduler_names
     ext = config.extenders[0]

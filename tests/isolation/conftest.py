@@ -9,19 +9,30 @@ from pathlib import Path
 
 import pytest
 
-from isolation.build import Paths, ensure_built
+from vgpu.isolation.build import ensure_built
+from vgpu.testbed.build import ensure_sim_built
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SRC = Path(__file__).resolve().parents[2] / "isolation" / "src"
 
 
-@pytest.fixture(scope="session")
-def libs() -> Paths:
-    return ensure_built()
+@dataclass(frozen=True)
+class Libs:
+    """libvgpu.so and the test bed's simulated driver, built."""
+
+    libvgpu: Path
+    sim_dir: Path
+    sim_libcuda: Path
 
 
 @pytest.fixture(scope="session")
-def probe(libs: Paths, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def libs() -> Libs:
+    sim = ensure_sim_built()
+    return Libs(ensure_built().libvgpu, sim.sim_dir, sim.sim_libcuda)
+
+
+@pytest.fixture(scope="session")
+def probe(libs: Libs, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/isolation/csrc/probe.c compiled against the simulated libcuda."""
     out = tmp_path_factory.mktemp("bin") / "probe"
     subprocess.run(
@@ -45,7 +56,7 @@ def parse_kv(text: str) -> dict[str, str]:
 class Sim:
     """A private simulated GPU plus a private shared accounting file."""
 
-    libs: Paths
+    libs: Libs
     probe: Path
     state: Path
     cache: Path
@@ -87,5 +98,5 @@ class Sim:
 
 
 @pytest.fixture
-def sim(libs: Paths, probe: Path, tmp_path: Path) -> Sim:
+def sim(libs: Libs, probe: Path, tmp_path: Path) -> Sim:
     return Sim(libs, probe, tmp_path / "sim.state", tmp_path / "vgpu.cache")

@@ -1,25 +1,24 @@
-"""isolation.build.ensure_built: builds on demand, concurrent callers are safe, rebuilds when sources change."""
+"""vgpu.isolation.build.ensure_built: builds on demand, concurrent callers are safe, rebuilds when sources change."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
-from isolation.build import ensure_built
+from vgpu.isolation.build import ensure_built
 
 
 def test_concurrent_builds_into_a_fresh_directory(tmp_path):
     out = tmp_path / "build"
     env = dict(os.environ, VGPU_ISOLATION_BUILD_DIR=str(out))
-    code = "from isolation.build import ensure_built; print(ensure_built().libvgpu)"
+    code = "from vgpu.isolation.build import ensure_built; print(ensure_built().libvgpu)"
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(3)]
     for p in procs:
         stdout, stderr = p.communicate(timeout=120)
         assert p.returncode == 0, stderr
         assert stdout.strip() == str(out / "libvgpu.so")
-    for name in ("libvgpu.so", "simgpu/libcuda.so.1", "simgpu/libnvidia-ml.so.1"):
-        assert (out / name).stat().st_size > 0
+    assert (out / "libvgpu.so").stat().st_size > 0
 
 
 def test_up_to_date_outputs_are_not_rebuilt(libs):

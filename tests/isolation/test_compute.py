@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from isolation.region import Region
+from vgpu.isolation.region import Region
 
 SEC = 1_000_000_000
 WARMUP = 2

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import struct
 
-from isolation import region
-from isolation.region import Region
+from vgpu.isolation import region
+from vgpu.isolation.region import Region
 
 # offsets as listed in the research report, section 3.1
 REGION_V1 = {

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from isolation.region import Region, parse_size
+from vgpu.isolation.region import Region, parse_size
 
 MiB = 1 << 20
 CHUNK = 64 * MiB

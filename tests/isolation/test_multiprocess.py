@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from isolation.region import Region
+from vgpu.isolation.region import Region
 
 MiB = 1 << 20
 

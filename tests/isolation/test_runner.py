@@ -1,4 +1,4 @@
-"""`vgpu run` (isolation.cli / isolation.runner) against the simulated GPU."""
+"""`vgpu run` (vgpu.isolation.cli / vgpu.isolation.runner) against the simulated GPU."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from isolation import cli
+from vgpu.isolation import cli
 
 
 def vgpu(*argv: str) -> int:
@@ -26,7 +26,7 @@ def sim_env(sim, monkeypatch):
 
 
 def test_run_enforces_the_memory_limit(sim_env, capfd):
-    rc = vgpu("run", "--memory", "256Mi", "--cores", "30", "--simulated-gpu", "--", str(sim_env.probe), "chunks",
+    rc = vgpu("run", "--memory", "256Mi", "--cores", "30", "--driver-dir", str(sim_env.libs.sim_dir), "--", str(sim_env.probe), "chunks",
               str(64 << 20))
     out = sim_env.parse(capfd.readouterr().out)
     assert rc == 0
@@ -36,7 +36,7 @@ def test_run_enforces_the_memory_limit(sim_env, capfd):
 def test_run_sets_the_contract_environment(sim_env, capfd, tmp_path):
     cache = tmp_path / "c.cache"
     rc = vgpu("run", "--memory", "4g", "--cores", "30", "--policy", "force", "--cache", str(cache),
-              "--simulated-gpu", "--", "sh", "-c",
+              "--driver-dir", str(sim_env.libs.sim_dir), "--", "sh", "-c",
               'echo "$CUDA_DEVICE_MEMORY_LIMIT_0 $CUDA_DEVICE_SM_LIMIT $GPU_CORE_UTILIZATION_POLICY '
               '$CUDA_DEVICE_MEMORY_SHARED_CACHE $LD_PRELOAD"')
     assert rc == 0

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from isolation.build import Paths
+from vgpu.isolation.build import Paths
 
 GIVEN = "GPU-6c9e5dc0-97da-5a9c-bc1b-a8a290a25129"
 
@@ -15,7 +15,7 @@ def nvml_uuids(libs: Paths, devices: str, tmp_path) -> list[str]:
     env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(libs.sim_dir), "SIMGPU_DEVICES": devices,
            "SIMGPU_STATE": str(tmp_path / "sim.state"), "LD_PRELOAD": str(libs.libvgpu),
            "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(tmp_path / "vgpu.cache"), "PYTHONPATH": ":".join(sys.path)}
-    out = subprocess.run([sys.executable, "-m", "vgpu.standins.workload", "--mib", "0", "--kernels", "0"], env=env,
+    out = subprocess.run([sys.executable, "-m", "vgpu.testbed.workload", "--mib", "0", "--kernels", "0"], env=env,
                          check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout.split("VGPU-WORKLOAD ", 1)[1])["nvml_uuids"]

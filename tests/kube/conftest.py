@@ -9,13 +9,13 @@
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from kubernetes import client as k8s
 
 from vgpu.kube.client import make_api_client
-from vgpu.standins.apiserver import ApiServerProcess, ApiServerStandIn
+from vgpu.testbed.apiserver import ApiServerProcess, ApiServerStandIn
 
 
 @pytest.fixture

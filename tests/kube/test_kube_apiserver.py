@@ -8,7 +8,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from vgpu.kube.client import read_json
-from vgpu.standins.apiserver import ApiServerStandIn, Store
+from vgpu.testbed.apiserver import ApiServerStandIn, Store
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"

@@ -8,7 +8,7 @@ from kubernetes import client as k8s
 
 from vgpu.kube.cache import WatchCache
 from vgpu.kube.client import make_api_client, read_json
-from vgpu.standins.apiserver import Store
+from vgpu.testbed.apiserver import Store
 
 MERGE = "application/merge-patch+json"
 

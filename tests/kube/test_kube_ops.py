@@ -8,11 +8,21 @@ import pytest
 from kubernetes import client as k8s
 
 from vgpu.errors import ConfigError, VGPUError
-from vgpu.kube import (AlreadyExistsError, ConflictError, EventRecorder, LeaderElector, NotFoundError, bind_pod,
-                       make_api_client, patch_node_metadata, patch_pod_metadata, patch_pod_status)
+from vgpu.kube import (
+    AlreadyExistsError,
+    ConflictError,
+    EventRecorder,
+    LeaderElector,
+    NotFoundError,
+    bind_pod,
+    make_api_client,
+    patch_node_metadata,
+    patch_pod_metadata,
+    patch_pod_status,
+)
 from vgpu.kube.client import RateLimitedApiClient, TokenBucket, read_json
 from vgpu.kube.errors import UnavailableError
-from vgpu.standins.apiserver import write_kubeconfig
+from vgpu.testbed.apiserver import write_kubeconfig
 
 
 def mkpod(core: k8s.CoreV1Api, name: str) -> dict:

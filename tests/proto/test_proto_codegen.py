@@ -11,10 +11,10 @@ import grpc
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from proto.deviceplugin.v1beta1 import api_pb2 as dp
-from proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from proto.podresources.v1 import api_pb2 as pr
-from proto.podresources.v1 import api_pb2_grpc as pr_grpc
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as dp
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from vgpu.proto.podresources.v1 import api_pb2 as pr
+from vgpu.proto.podresources.v1 import api_pb2_grpc as pr_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 

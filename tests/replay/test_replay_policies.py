@@ -5,13 +5,13 @@ from collections import Counter
 
 import pytest
 
-from scheduler.fit import GPUUsage, fit
-from scheduler.policies import DEFAULT_NODE_POLICY, NODE_POLICIES, make_policy
-from scheduler.policies.base import NodeContext, PodContext
-from scheduler.policies.frag import TypeTable, _sigmoid_score, pod_type, typical_types
-from scheduler.policies.shares import bestfit_gpu_order, idle_milli
-from scheduler.replay import ShareRequest
 from vgpu.inventory import GPUDevice
+from vgpu.replay.run import ShareRequest
+from vgpu.scheduler.fit import GPUUsage, fit
+from vgpu.scheduler.policies import DEFAULT_NODE_POLICY, NODE_POLICIES, make_policy
+from vgpu.scheduler.policies.base import NodeContext, PodContext
+from vgpu.scheduler.policies.frag import TypeTable, _sigmoid_score, pod_type, typical_types
+from vgpu.scheduler.policies.shares import bestfit_gpu_order, idle_milli
 
 CARD = 16_384_000
 

@@ -9,10 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scheduler.fit import binpack_order, fit
-from scheduler.policies import make_policy
-from scheduler.policies.base import gpu_order_of
-from scheduler.replay import (
+from vgpu.replay.run import (
     Cluster,
     TraceNode,
     TracePod,
@@ -23,6 +20,9 @@ from scheduler.replay import (
     prepare_policy,
     replay,
 )
+from vgpu.scheduler.fit import binpack_order, fit
+from vgpu.scheduler.policies import make_policy
+from vgpu.scheduler.policies.base import gpu_order_of
 
 REPO = Path(__file__).resolve().parents[2]
 

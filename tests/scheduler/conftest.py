@@ -1,13 +1,12 @@
 """Fixtures: the API-server stand-in, a kube client on it, and the extender served over real HTTP."""
 
 import pytest
-
 from sched_helpers import Kube, ServedExtender
 
 
 @pytest.fixture
 def apiserver(tmp_path):
-    from vgpu.standins.apiserver import ApiServerStandIn
+    from vgpu.testbed.apiserver import ApiServerStandIn
 
     server = ApiServerStandIn().start()
     server.write_kubeconfig(tmp_path / "kubeconfig")

@@ -11,7 +11,7 @@ import httpx
 import orjson
 from kubernetes import client as k8s
 
-from vgpu.standins.cluster import free_port
+from vgpu.testbed.cluster import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,9 +69,9 @@ class ServedExtender:
     """SchedulerRuntime + uvicorn in threads of this process, on a free port."""
 
     def __init__(self, kubeconfig: str, **overrides):
-        from scheduler.config import load_config
-        from scheduler.runtime import SchedulerRuntime
-        from scheduler.server import make_uvicorn_server
+        from vgpu.scheduler.config import load_config
+        from vgpu.scheduler.runtime import SchedulerRuntime
+        from vgpu.scheduler.server import make_uvicorn_server
 
         overrides.setdefault("metrics_listen", "")
         self.config = load_config(None, {"kubeconfig": kubeconfig, **overrides})
@@ -110,7 +110,7 @@ class ExtenderProcess:
         self.proc = None
 
     def start(self):
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = dict(os.environ)
         cmd = [sys.executable, "-m", "vgpu.cli", "scheduler", "--kubeconfig", self.kubeconfig,
                "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", "", *self.args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -4,11 +4,11 @@ import subprocess
 import sys
 
 import pytest
-from sched_helpers import REPO
 from sched_builders import container, gpu, node, pod
+from sched_helpers import REPO
 
-from scheduler.config import load_config
 from vgpu.errors import ConfigError
+from vgpu.scheduler.config import load_config
 
 
 def test_config_file_then_flags_override(tmp_path):

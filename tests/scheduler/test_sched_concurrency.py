@@ -9,8 +9,8 @@ import time
 
 import httpx
 import orjson
-from sched_helpers import ExtenderProcess
 from sched_builders import container, gpu, node, pod
+from sched_helpers import ExtenderProcess
 
 from vgpu import keys
 from vgpu.assignment import decode
@@ -123,7 +123,7 @@ def test_concurrent_score_mode_in_process(kube, served):
     ext = served(mode="score")
     outcome = drive(lambda: ext.url, pods, kube, choose=lambda names, rng: rng.choice(names))
     assert len(outcome) == 200 and "gave-up" not in outcome.values()
-    bound, used = check_invariants(kube)
+    bound, _used = check_invariants(kube)
     assert bound == sum(1 for v in outcome.values() if v == "bound") and bound > 40
 
 
@@ -144,5 +144,5 @@ def test_concurrent_decide_mode_with_extender_killed_and_restarted(kube, apiserv
         proc.stop()
     assert restarted.is_set()
     assert len(outcome) == 200 and "gave-up" not in outcome.values()
-    bound, used = check_invariants(kube)
+    bound, _used = check_invariants(kube)
     assert bound == sum(1 for v in outcome.values() if v == "bound") and bound > 40

@@ -6,9 +6,9 @@ import time
 
 import orjson
 import pytest
-from sched_helpers import wait_until
 from prometheus_client import generate_latest
 from sched_builders import container, gpu, node, pod
+from sched_helpers import wait_until
 
 from vgpu import keys
 

@@ -15,10 +15,10 @@ Sources: ../shared/research/volcano-vgpu-plugin.md section 7.5 (items 1-9) and h
 import pytest
 from sched_builders import container, gpu, node, pod
 
-from scheduler.extender import Extender
-from scheduler.ledger import Ledger
-from scheduler.policies import make_policy
 from vgpu import keys
+from vgpu.scheduler.extender import Extender
+from vgpu.scheduler.ledger import Ledger
+from vgpu.scheduler.policies import make_policy
 
 
 def make(nodes, pods=(), node_policy="binpack", gpu_policy="binpack", mode="decide"):
@@ -44,7 +44,7 @@ def volcano_node(*devices):
 
 
 def test_v1_binpack_score():
-    ledger, ext = make(
+    _ledger, ext = make(
         [volcano_node(gpu("GPU-0", memory=30000))],
         [pod("old", node_name="n1", ids="GPU-0,NVIDIA,3000,0:")],
     )
@@ -57,7 +57,7 @@ def test_v1_binpack_score():
 
 def test_v2_spread_score_is_fixed():
     # Volcano HEAD scores 0 because it checks UsedNum == 0 after the increment; we score an idle GPU 100.
-    ledger, ext = make([volcano_node(gpu("GPU-0", memory=30000))], node_policy="spread")
+    _ledger, ext = make([volcano_node(gpu("GPU-0", memory=30000))], node_policy="spread")
     result, score = ext.evaluate(pod("p", container(number=1, memory=1000)), "n1")
     assert result.ok and score == 100
 
@@ -146,7 +146,7 @@ def test_v8_uuid_constraint_fit(annotations, expected):
     ],
 )
 def test_v9_gpu_type(annotations, fits):
-    ledger, ext = make([volcano_node(gpu("GPU-0", type_="NVIDIA"))])
+    _ledger, ext = make([volcano_node(gpu("GPU-0", type_="NVIDIA"))])
     out = ext.filter({"Pod": pod("p", container(number=1, memory=100), annotations=annotations),
                       "NodeNames": ["n1"]})
     assert (out["NodeNames"] == ["n1"]) is fits
@@ -173,14 +173,14 @@ def hami_dev(uuid="dev-0", memory=128, split=100, healthy=True):
 )
 def test_hami_v2_fit_failures(existing, request_, why, unresolvable):
     pods = [pod("old", node_name="n1", ids=existing)] if existing else []
-    ledger, ext = make([volcano_node(hami_dev())], pods)
+    _ledger, ext = make([volcano_node(hami_dev())], pods)
     out = ext.filter({"Pod": pod("p", container(**request_)), "NodeNames": ["n1"]})
     table = out["FailedAndUnresolvableNodes"] if unresolvable else out["FailedNodes"]
     assert out["NodeNames"] == [] and why in table["n1"], out
 
 
 def test_hami_v2_time_slicing_exhausted():
-    ledger, ext = make([volcano_node(hami_dev(split=2))],
+    _ledger, ext = make([volcano_node(hami_dev(split=2))],
                        [pod("a", node_name="n1", ids="dev-0,NVIDIA,10,0:"),
                         pod("b", node_name="n1", ids="dev-0,NVIDIA,10,0:")])
     out = ext.filter({"Pod": pod("p", container(number=1, memory=10)), "NodeNames": ["n1"]})
@@ -188,21 +188,21 @@ def test_hami_v2_time_slicing_exhausted():
 
 
 def test_hami_v2_three_gpus_on_two():
-    ledger, ext = make([volcano_node(hami_dev("dev-0"), hami_dev("dev-1"))])
+    _ledger, ext = make([volcano_node(hami_dev("dev-0"), hami_dev("dev-1"))])
     out = ext.filter({"Pod": pod("p", container(number=3, memory=10)), "NodeNames": ["n1"]})
     assert "needs 3 GPUs, node has 2" in out["FailedAndUnresolvableNodes"]["n1"]
 
 
 def test_hami_v2_unhealthy_is_filtered():
     # Volcano schedules onto unhealthy GPUs (it never reads the flag); we do not.
-    ledger, ext = make([volcano_node(hami_dev(healthy=False))])
+    _ledger, ext = make([volcano_node(hami_dev(healthy=False))])
     out = ext.filter({"Pod": pod("p", container(number=1, memory=10)), "NodeNames": ["n1"]})
     assert "unhealthy" in out["FailedNodes"]["n1"]
 
 
 def test_hami_v3_cores_over_100_rejected():
     # HAMi clamps 120 to 100; the contract rejects it with a reason naming the container and the resource.
-    ledger, ext = make([volcano_node(hami_dev())])
+    _ledger, ext = make([volcano_node(hami_dev())])
     out = ext.filter({"Pod": pod("p", container(name="worker", number=1, cores=120)), "NodeNames": ["n1"]})
     assert out["NodeNames"] == []
     assert "worker" in out["Error"] and "volcano.sh/vgpu-cores" in out["Error"]
@@ -253,5 +253,5 @@ def test_hami_v7_init_container_case():
     p["spec"]["initContainers"] = [container(name="init", number=1, memory=5000, cores=20)]
     out = ext.filter({"Pod": p, "NodeNames": ["node1", "node2"]})
     assert out["NodeNames"] == ["node1"]
-    node_name, grants = placed(ledger, "p")
+    _node_name, grants = placed(ledger, "p")
     assert sorted(g[1] for g in grants) == [4000, 5000]

@@ -2,9 +2,9 @@
 
 from sched_builders import container, gpu, node, pod
 
-from scheduler.extender import Extender
-from scheduler.ledger import Ledger
-from scheduler.policies import make_policy
+from vgpu.scheduler.extender import Extender
+from vgpu.scheduler.ledger import Ledger
+from vgpu.scheduler.policies import make_policy
 
 
 class Recording:
@@ -31,7 +31,7 @@ def setup():
 
 
 def test_running_pods_from_the_watch_are_learned_once():
-    ledger, ext, policy = setup()
+    ledger, _ext, policy = setup()
     running = pod("old", container(number=1, memory=3000), node_name="n1", ids="GPU-0,NVIDIA,3000,0:",
                   phase="Running")
     ledger.on_pod(running)
@@ -59,7 +59,7 @@ def test_a_pod_is_learned_once_across_watch_filter_and_bind():
 
 
 def test_cpu_only_and_invalid_pods_are_not_learned_and_do_not_break_the_watch():
-    ledger, ext, policy = setup()
+    ledger, _ext, policy = setup()
     cpu_only = pod("web", {"name": "web", "image": "nginx", "resources": {"limits": {"cpu": "1"}}})
     invalid = pod("bad", container(number=1, memory=1000, cores=150))
     ledger.on_pod(cpu_only)

@@ -2,11 +2,11 @@
 
 from sched_builders import container, gpu, node, pod
 
-from scheduler.extender import Extender
-from scheduler.ledger import ChargeState, Ledger
-from scheduler.policies import make_policy
 from vgpu import keys
 from vgpu.assignment import DeviceGrant
+from vgpu.scheduler.extender import Extender
+from vgpu.scheduler.ledger import ChargeState, Ledger
+from vgpu.scheduler.policies import make_policy
 
 
 class Clock:

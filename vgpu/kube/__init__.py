@@ -14,6 +14,16 @@ from vgpu.kube.leader import LeaderElector
 from vgpu.kube.patch import patch_node_metadata, patch_pod_metadata, patch_pod_status
 
 __all__ = [
-    "make_api_client", "WatchCache", "patch_pod_metadata", "patch_node_metadata", "patch_pod_status", "bind_pod",
-    "EventRecorder", "LeaderElector", "ApiError", "ConflictError", "AlreadyExistsError", "NotFoundError",
+    "AlreadyExistsError",
+    "ApiError",
+    "ConflictError",
+    "EventRecorder",
+    "LeaderElector",
+    "NotFoundError",
+    "WatchCache",
+    "bind_pod",
+    "make_api_client",
+    "patch_node_metadata",
+    "patch_pod_metadata",
+    "patch_pod_status",
 ]

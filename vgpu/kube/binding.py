@@ -7,7 +7,8 @@ API server checks as a precondition: a pod deleted and re-created under the same
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes import client as k8s
 
@@ -38,5 +39,5 @@ def bind_pod(api_client: k8s.ApiClient, namespace: str, name: str, node: str,
         resp = k8s.CoreV1Api(api_client).create_namespaced_pod_binding(
             name, namespace, body, _preload_content=False, _request_timeout=timeout)
         read_json(resp)
-    except Exception as exc:  # noqa: BLE001 - translated to our error types
+    except Exception as exc:
         raise translate(exc, f"bind pod {namespace}/{name} to node {node}") from exc

@@ -16,7 +16,8 @@ import logging
 import random
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import orjson
 from kubernetes import client as k8s
@@ -24,7 +25,7 @@ from kubernetes import client as k8s
 from vgpu.kube.client import read_json
 from vgpu.kube.errors import GoneError, translate
 
-__all__ = ["WatchCache", "Backoff"]
+__all__ = ["Backoff", "WatchCache"]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class WatchCache:
         """Register handlers; call before start() to see every object's add."""
         self._handlers.append((on_add, on_update, on_delete))
 
-    def start(self) -> "WatchCache":
+    def start(self) -> WatchCache:
         """Start the cache thread."""
         if self._thread is not None:
             raise RuntimeError(f"{self.name} already started")
@@ -121,7 +122,7 @@ class WatchCache:
         if resp is not None:
             try:
                 resp.shutdown()
-            except Exception:  # noqa: BLE001 - best effort interrupt of a blocking read
+            except Exception:
                 pass
         if self._thread is not None:
             self._thread.join(timeout)
@@ -168,7 +169,7 @@ class WatchCache:
                     on_update(old, obj)  # type: ignore[arg-type]
                 elif typ == "delete" and on_delete:
                     on_delete(obj)
-            except Exception:  # noqa: BLE001 - a handler bug must not stop the cache
+            except Exception:
                 log.exception("cache=%s handler failed on %s of %s", self.name, typ, _key_of(self.kind, obj))
 
     def _apply(self, typ: str, obj: Obj) -> None:
@@ -199,7 +200,7 @@ class WatchCache:
     def _relist(self) -> None:
         try:
             doc = read_json(self._call(_request_timeout=(5, 60)))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise translate(exc, f"list {self.kind}") from exc
         self.relists += 1
         fresh = {_key_of(self.kind, o): o for o in doc.get("items") or []}
@@ -234,7 +235,7 @@ class WatchCache:
             resp = self._call(watch=True, resource_version=self.resource_version or None,
                               allow_watch_bookmarks=True, timeout_seconds=self.watch_timeout,
                               _request_timeout=(5, self.watch_timeout + 30))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             err = translate(exc, f"watch {self.kind}")
             if isinstance(err, GoneError):
                 raise _Expired() from exc
@@ -261,7 +262,7 @@ class WatchCache:
             self._resp = None
             try:
                 resp.release_conn()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
 
     def _run(self) -> None:
@@ -278,7 +279,7 @@ class WatchCache:
             except _Expired:
                 log.info("cache=%s watch expired (410) at rv=%s: relisting", self.name, self.resource_version)
                 need_list = True
-            except Exception as exc:  # noqa: BLE001 - any failure: back off and try again
+            except Exception as exc:
                 if self._stop.is_set():
                     break
                 self.errors += 1

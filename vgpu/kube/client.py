@@ -12,7 +12,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 from kubernetes import client as k8s
@@ -20,7 +21,7 @@ from kubernetes import config as k8s_config
 
 from vgpu.errors import ConfigError
 
-__all__ = ["TokenBucket", "RateLimitedApiClient", "make_api_client", "read_json"]
+__all__ = ["RateLimitedApiClient", "TokenBucket", "make_api_client", "read_json"]
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class RateLimitedApiClient(k8s.ApiClient):
         super().__init__(configuration)
         self.rate_limiter = rate_limiter
 
-    def call_api(self, *args: Any, **kwargs: Any) -> Any:  # noqa: D102 - same contract as the base class
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
         self.rate_limiter.acquire()
         return super().call_api(*args, **kwargs)
 

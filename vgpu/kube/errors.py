@@ -12,8 +12,15 @@ import orjson
 
 from vgpu.errors import VGPUError
 
-__all__ = ["ApiError", "ConflictError", "AlreadyExistsError", "NotFoundError", "GoneError", "UnavailableError",
-           "translate"]
+__all__ = [
+    "AlreadyExistsError",
+    "ApiError",
+    "ConflictError",
+    "GoneError",
+    "NotFoundError",
+    "UnavailableError",
+    "translate",
+]
 
 
 class ApiError(VGPUError):

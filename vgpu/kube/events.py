@@ -14,7 +14,7 @@ import logging
 import socket
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client as k8s
@@ -31,7 +31,7 @@ _Key = tuple[str, str, str, str, str, str, str]
 
 
 def _ts(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventRecorder:
@@ -57,7 +57,7 @@ class EventRecorder:
         self._thread = threading.Thread(target=self._run, name=f"events-{component}", daemon=True)
         self._thread.start()
 
-    def event(self, obj: Obj, type: str, reason: str, message: str, kind: str | None = None) -> None:  # noqa: A002
+    def event(self, obj: Obj, type: str, reason: str, message: str, kind: str | None = None) -> None:
         """Record an event about `obj` (API dict); `type` is "Normal" or "Warning". Never raises, never blocks."""
         try:
             meta = obj.get("metadata") or {}
@@ -79,7 +79,7 @@ class EventRecorder:
                     return
                 self._pending[key] = [ref, 1, time.time()]
                 self._cond.notify()
-        except Exception:  # noqa: BLE001 - recording an event must never hurt the caller
+        except Exception:
             log.exception("event recording failed reason=%s", reason)
 
     def normal(self, obj: Obj, reason: str, message: str, kind: str | None = None) -> None:
@@ -120,7 +120,7 @@ class EventRecorder:
                 self._busy = True
             try:
                 self._send(key, ref, n, last)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.failed += 1
                 log.warning("event not recorded reason=%s object=%s/%s error=%s", key[5], ref["namespace"],
                             ref["name"], exc)
@@ -130,7 +130,7 @@ class EventRecorder:
                     self._cond.notify_all()
 
     def _send(self, key: _Key, ref: Obj, n: int, last: float) -> None:
-        kind, ns, name, _uid, type_, reason, message = key
+        _kind, ns, name, _uid, type_, reason, message = key
         event_ns = ns or "default"
         prior = self._sent.get(key)
         if prior is not None and last - prior[3] <= self.aggregate_window:
@@ -143,7 +143,7 @@ class EventRecorder:
                 self._remember(key, (ev_name, ev_ns, count + n, first))
                 self.updated += 1
                 return
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if not isinstance(translate(exc, "patch event"), NotFoundError):
                     raise translate(exc, f"patch event {ev_ns}/{ev_name}") from exc
         now = time.time()
@@ -160,7 +160,7 @@ class EventRecorder:
         try:
             read_json(self._core.create_namespaced_event(event_ns, body, _preload_content=False,
                                                          _request_timeout=10))
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             raise translate(exc, f"create event {event_ns}/{ev_name}") from exc
         self._remember(key, (ev_name, event_ns, n, now))
         self.created += 1

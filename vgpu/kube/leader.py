@@ -17,8 +17,9 @@ import random
 import socket
 import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, Callable
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes import client as k8s
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 def _micro_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -69,7 +70,7 @@ class LeaderElector:
         """True while this elector holds the Lease."""
         return self._leader.is_set()
 
-    def start(self) -> "LeaderElector":
+    def start(self) -> LeaderElector:
         """Start campaigning in a daemon thread."""
         self._thread = threading.Thread(target=self._run, name=f"leader-{self.name}", daemon=True)
         self._thread.start()
@@ -127,7 +128,7 @@ class LeaderElector:
         if cb is not None:
             try:
                 cb()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("leader election callback failed")
 
     def _observe(self, lease: dict[str, Any]) -> None:
@@ -143,17 +144,17 @@ class LeaderElector:
             if holder and self.on_new_leader is not None:
                 try:
                     self.on_new_leader(holder)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     log.exception("leader election callback failed")
 
     def _try_acquire_or_renew(self) -> bool:
         now = _micro_now()
-        duration = max(1, int(round(self.lease_duration)))
+        duration = max(1, round(self.lease_duration))
         try:
             try:
                 lease = read_json(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
                                                                   _request_timeout=self.retry_period * 2))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 err = translate(exc, f"get lease {self.namespace}/{self.name}")
                 if not isinstance(err, NotFoundError):
                     raise err from exc
@@ -185,7 +186,7 @@ class LeaderElector:
         except ApiError as exc:
             log.debug("lease=%s/%s identity=%s attempt failed: %s", self.namespace, self.name, self.identity, exc)
             return False
-        except Exception as exc:  # noqa: BLE001 - conflicts, connection errors: just a failed attempt
+        except Exception as exc:
             log.debug("lease=%s/%s identity=%s attempt failed: %s", self.namespace, self.name, self.identity,
                       translate(exc, "lease"))
             return False
@@ -201,5 +202,5 @@ class LeaderElector:
             read_json(self._api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
                                                          _request_timeout=5))
             log.info("lease=%s/%s identity=%s released", self.namespace, self.name, self.identity)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("lease=%s/%s release failed: %s", self.namespace, self.name, translate(exc, "lease"))

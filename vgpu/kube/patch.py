@@ -7,14 +7,15 @@ answers 409 if the object changed since: that surfaces as ConflictError, so the 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes import client as k8s
 
 from vgpu.kube.client import read_json
 from vgpu.kube.errors import translate
 
-__all__ = ["patch_pod_metadata", "patch_node_metadata", "patch_pod_status", "metadata_patch"]
+__all__ = ["metadata_patch", "patch_node_metadata", "patch_pod_metadata", "patch_pod_status"]
 
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -44,7 +45,7 @@ def patch_pod_metadata(api_client: k8s.ApiClient, namespace: str, name: str,
         resp = k8s.CoreV1Api(api_client).patch_namespaced_pod(
             name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=timeout)
         return read_json(resp)
-    except Exception as exc:  # noqa: BLE001 - translated to our error types
+    except Exception as exc:
         raise translate(exc, f"patch pod {namespace}/{name} metadata") from exc
 
 
@@ -58,7 +59,7 @@ def patch_node_metadata(api_client: k8s.ApiClient, name: str,
         resp = k8s.CoreV1Api(api_client).patch_node(
             name, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=timeout)
         return read_json(resp)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise translate(exc, f"patch node {name} metadata") from exc
 
 
@@ -72,5 +73,5 @@ def patch_pod_status(api_client: k8s.ApiClient, namespace: str, name: str, statu
         resp = k8s.CoreV1Api(api_client).patch_namespaced_pod_status(
             name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=timeout)
         return read_json(resp)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise translate(exc, f"patch pod {namespace}/{name} status") from exc

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from proto.deviceplugin.v1beta1 import api_pb2 as proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in proto/deviceplugin/v1beta1/api_pb2_grpc.py depends on'
+        + ' but the generated code in vgpu/proto/deviceplugin/v1beta1/api_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -39,8 +39,8 @@ class RegistrationStub:
         """
         self.Register = channel.unary_unary(
                 '/v1beta1.Registration/Register',
-                request_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.RegisterRequest.SerializeToString,
-                response_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
+                request_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.RegisterRequest.SerializeToString,
+                response_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
                 _registered_method=True)
 
 
@@ -61,8 +61,8 @@ def add_RegistrationServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
-                    request_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.RegisterRequest.FromString,
-                    response_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
+                    request_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.RegisterRequest.FromString,
+                    response_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -93,8 +93,8 @@ class Registration:
             request,
             target,
             '/v1beta1.Registration/Register',
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.RegisterRequest.SerializeToString,
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.RegisterRequest.SerializeToString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,
@@ -118,28 +118,28 @@ class DevicePluginStub:
         """
         self.GetDevicePluginOptions = channel.unary_unary(
                 '/v1beta1.DevicePlugin/GetDevicePluginOptions',
-                request_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
-                response_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.DevicePluginOptions.FromString,
+                request_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
+                response_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.DevicePluginOptions.FromString,
                 _registered_method=True)
         self.ListAndWatch = channel.unary_stream(
                 '/v1beta1.DevicePlugin/ListAndWatch',
-                request_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
-                response_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.FromString,
+                request_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
+                response_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.FromString,
                 _registered_method=True)
         self.GetPreferredAllocation = channel.unary_unary(
                 '/v1beta1.DevicePlugin/GetPreferredAllocation',
-                request_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.SerializeToString,
-                response_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.FromString,
+                request_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.SerializeToString,
+                response_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.FromString,
                 _registered_method=True)
         self.Allocate = channel.unary_unary(
                 '/v1beta1.DevicePlugin/Allocate',
-                request_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateRequest.SerializeToString,
-                response_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateResponse.FromString,
+                request_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateRequest.SerializeToString,
+                response_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateResponse.FromString,
                 _registered_method=True)
         self.PreStartContainer = channel.unary_unary(
                 '/v1beta1.DevicePlugin/PreStartContainer',
-                request_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.SerializeToString,
-                response_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.FromString,
+                request_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.SerializeToString,
+                response_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.FromString,
                 _registered_method=True)
 
 
@@ -188,28 +188,28 @@ def add_DevicePluginServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetDevicePluginOptions': grpc.unary_unary_rpc_method_handler(
                     servicer.GetDevicePluginOptions,
-                    request_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
-                    response_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.DevicePluginOptions.SerializeToString,
+                    request_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
+                    response_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.DevicePluginOptions.SerializeToString,
             ),
             'ListAndWatch': grpc.unary_stream_rpc_method_handler(
                     servicer.ListAndWatch,
-                    request_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
-                    response_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.SerializeToString,
+                    request_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.FromString,
+                    response_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.SerializeToString,
             ),
             'GetPreferredAllocation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetPreferredAllocation,
-                    request_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.FromString,
-                    response_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.SerializeToString,
+                    request_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.FromString,
+                    response_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.SerializeToString,
             ),
             'Allocate': grpc.unary_unary_rpc_method_handler(
                     servicer.Allocate,
-                    request_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateRequest.FromString,
-                    response_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateResponse.SerializeToString,
+                    request_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateRequest.FromString,
+                    response_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateResponse.SerializeToString,
             ),
             'PreStartContainer': grpc.unary_unary_rpc_method_handler(
                     servicer.PreStartContainer,
-                    request_deserializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.FromString,
-                    response_serializer=proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.SerializeToString,
+                    request_deserializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.FromString,
+                    response_serializer=vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -238,8 +238,8 @@ class DevicePlugin:
             request,
             target,
             '/v1beta1.DevicePlugin/GetDevicePluginOptions',
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.DevicePluginOptions.FromString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.DevicePluginOptions.FromString,
             options,
             channel_credentials,
             insecure,
@@ -265,8 +265,8 @@ class DevicePlugin:
             request,
             target,
             '/v1beta1.DevicePlugin/ListAndWatch',
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.FromString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.Empty.SerializeToString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.ListAndWatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -292,8 +292,8 @@ class DevicePlugin:
             request,
             target,
             '/v1beta1.DevicePlugin/GetPreferredAllocation',
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.SerializeToString,
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.FromString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationRequest.SerializeToString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreferredAllocationResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -319,8 +319,8 @@ class DevicePlugin:
             request,
             target,
             '/v1beta1.DevicePlugin/Allocate',
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateRequest.SerializeToString,
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateResponse.FromString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateRequest.SerializeToString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.AllocateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -346,8 +346,8 @@ class DevicePlugin:
             request,
             target,
             '/v1beta1.DevicePlugin/PreStartContainer',
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.SerializeToString,
-            proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.FromString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerRequest.SerializeToString,
+            vgpu_dot_proto_dot_deviceplugin_dot_v1beta1_dot_api__pb2.PreStartContainerResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,7 +36,7 @@ journal is folded into the snapshot `FILE` (written atomically) from time to tim
 with SIGKILL and restarted and keep its objects and resourceVersions, like etcd. After a restart the watch
 history is empty: a watch resuming from the current resourceVersion continues, an older one gets 410.
 
-Run: `python -m vgpu.standins.apiserver --listen 127.0.0.1:0 --data FILE --kubeconfig-out PATH` prints the URL on
+Run: `python -m vgpu.testbed.apiserver --listen 127.0.0.1:0 --data FILE --kubeconfig-out PATH` prints the URL on
 its first stdout line. From Python: `ApiServerStandIn` (in-process thread) or `ApiServerProcess` (subprocess with
 start / stop / kill / restart on the same port).
 """
@@ -57,16 +57,17 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-__all__ = ["ApiServerStandIn", "ApiServerProcess", "Store", "StatusError", "write_kubeconfig"]
+__all__ = ["ApiServerProcess", "ApiServerStandIn", "StatusError", "Store", "write_kubeconfig"]
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ def _conflict(res: _Resource, name: str, why: str) -> StatusError:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _clone(obj: Any) -> Any:
@@ -193,7 +194,7 @@ def _parse_label_selector(text: str | None) -> list[tuple[str, str, tuple[str, .
 
 
 class _Selector:
-    __slots__ = ("namespace", "fields", "labels")
+    __slots__ = ("fields", "labels", "namespace")
 
     def __init__(self, namespace: str | None, field_selector: str | None, label_selector: str | None) -> None:
         self.namespace = namespace
@@ -210,11 +211,11 @@ class _Selector:
         labels = meta.get("labels") or {}
         for key, op, vals in self.labels:
             have = labels.get(key)
-            if op == "exists" and have is None or op == "!exists" and have is not None:
+            if (op == "exists" and have is None) or (op == "!exists" and have is not None):
                 return False
-            if op == "=" and have != vals[0] or op == "!=" and have == vals[0]:
+            if (op == "=" and have != vals[0]) or (op == "!=" and have == vals[0]):
                 return False
-            if op == "in" and have not in vals or op == "notin" and have in vals:
+            if (op == "in" and have not in vals) or (op == "notin" and have in vals):
                 return False
         return True
 
@@ -690,7 +691,7 @@ _PATH = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<gv>[^/]+))"
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server: "_Server"
+    server: _Server
 
     def setup(self) -> None:
         super().setup()
@@ -770,9 +771,9 @@ class _Handler(BaseHTTPRequestHandler):
         if not res.namespaced and ns is not None:
             raise StatusError(404, "NotFound", f"{res.plural} is cluster-scoped")
         ns = ns or ""
-        if sub is not None and not (sub == "status" and res.has_status or sub == "binding" and res.kind == "Pod"):
+        if sub is not None and not ((sub == "status" and res.has_status) or (sub == "binding" and res.kind == "Pod")):
             raise StatusError(404, "NotFound", f"subresource {sub!r} of {res.plural} is not served")
-        if sub == "binding" and method != "POST" or sub == "status" and method not in ("GET", "PUT", "PATCH"):
+        if (sub == "binding" and method != "POST") or (sub == "status" and method not in ("GET", "PUT", "PATCH")):
             raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {res.plural}/{sub}")
 
         if method == "GET" and name is None:
@@ -912,7 +913,7 @@ class ApiServerStandIn:
         self.kubeconfig = write_kubeconfig(path, self.url)
         return self.kubeconfig
 
-    def start(self) -> "ApiServerStandIn":
+    def start(self) -> ApiServerStandIn:
         """Serve in a daemon thread."""
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="apiserver-standin", daemon=True)
@@ -927,7 +928,7 @@ class ApiServerStandIn:
         if self._thread is not None:
             self._thread.join(5)
 
-    def __enter__(self) -> "ApiServerStandIn":
+    def __enter__(self) -> ApiServerStandIn:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -953,14 +954,12 @@ class ApiServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
-    def start(self, timeout: float = 15.0) -> "ApiServerProcess":
+    def start(self, timeout: float = 15.0) -> ApiServerProcess:
         """Start the process and wait until it serves."""
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("apiserver stand-in already running")
-        repo = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
-        env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cmd = [sys.executable, "-m", "vgpu.standins.apiserver", "--listen", f"{self.host}:{self.port}",
+        cmd = [sys.executable, "-m", "vgpu.testbed.apiserver", "--listen", f"{self.host}:{self.port}",
                "--kubeconfig-out", self.kubeconfig, "--history", str(self.history_size), *self.extra_args]
         if self.data_path is not None:
             cmd += ["--data", str(self.data_path)]
@@ -998,7 +997,7 @@ class ApiServerProcess:
             self.proc.wait()
         self._close_pipe()
 
-    def restart(self, kill: bool = True) -> "ApiServerProcess":
+    def restart(self, kill: bool = True) -> ApiServerProcess:
         """Kill (or stop) and start again on the same port."""
         self.kill() if kill else self.stop()
         return self.start()
@@ -1007,7 +1006,7 @@ class ApiServerProcess:
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
 
-    def __enter__(self) -> "ApiServerProcess":
+    def __enter__(self) -> ApiServerProcess:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:
@@ -1016,7 +1015,7 @@ class ApiServerProcess:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry: serve until SIGTERM / SIGINT."""
-    ap = argparse.ArgumentParser(prog="python -m vgpu.standins.apiserver",
+    ap = argparse.ArgumentParser(prog="python -m vgpu.testbed.apiserver",
                                  description="TEST INFRASTRUCTURE: kube-apiserver stand-in for vgpu-sharing")
     ap.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (port 0 picks a free one)")
     ap.add_argument("--data", default=None, help="snapshot file; objects survive restarts (journal FILE.journal)")

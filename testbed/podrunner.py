@@ -28,28 +28,34 @@ Deleting a pod (or `stop_pod`) kills its process groups.
 from __future__ import annotations
 
 import logging
-import queue
 import os
+import queue
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import orjson
 
-__all__ = ["ContainerAllocation", "PodRunner", "translate_env", "isolation_paths", "sim_devices_env",
-           "map_to_host"]
+__all__ = [
+    "ContainerAllocation",
+    "PodRunner",
+    "isolation_paths",
+    "map_to_host",
+    "sim_devices_env",
+    "translate_env",
+]
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-REPO = Path(__file__).resolve().parents[2]
 
 # SM counts of the simulated models (what NVML would report); unknown cards get 80.
 _SM_COUNTS = {"A100": 108, "H100": 132, "H200": 132, "V100": 80, "T4": 40, "A10": 72, "A30": 56, "L4": 58,
@@ -79,20 +85,13 @@ class ContainerAllocation:
             self.mounts.append((m.container_path, m.host_path, bool(m.read_only)))
 
 
-def isolation_paths() -> tuple[Path | None, Path | None]:
-    """(libvgpu.so, directory of the simulated libcuda.so.1 / libnvidia-ml.so.1), building them if needed."""
-    try:
-        from isolation.build import BuildError, ensure_built
-    except ImportError:
-        return None, None
-    try:
-        built = ensure_built()
-    except BuildError as exc:
-        log.warning("isolation library unavailable: %s", str(exc).splitlines()[0])
-        return None, None
-    lib = built.libvgpu if built.libvgpu.exists() else None
-    sim = built.sim_dir if built.sim_libcuda.exists() else None
-    return lib, sim
+def isolation_paths() -> tuple[Path, Path]:
+    """(libvgpu.so, directory of the simulated libcuda.so.1 / libnvidia-ml.so.1), building them if needed; raises
+    vgpu.isolation.build.BuildError when they cannot be built."""
+    from vgpu.isolation.build import ensure_built
+    from vgpu.testbed.build import ensure_sim_built
+
+    return ensure_built().libvgpu, ensure_sim_built().sim_dir
 
 
 def map_to_host(path: str, mounts: Sequence[tuple[str, str, bool]]) -> str | None:
@@ -102,9 +101,8 @@ def map_to_host(path: str, mounts: Sequence[tuple[str, str, bool]]) -> str | Non
         if not cpath or not hpath:
             continue
         cpath = cpath.rstrip("/") or "/"
-        if path == cpath or path.startswith(cpath + "/"):
-            if best is None or len(cpath) > len(best[0]):
-                best = (cpath, hpath)
+        if (path == cpath or path.startswith(cpath + "/")) and (best is None or len(cpath) > len(best[0])):
+            best = (cpath, hpath)
     if best is None:
         return None
     return best[1].rstrip("/") + path[len(best[0]):] if path != best[0] else best[1]
@@ -152,7 +150,6 @@ def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, sim_dir:
             raise FileNotFoundError(f"mount {cpath}: host path {hpath} does not exist")
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TERM") if k in os.environ}
     env["HOSTNAME"] = str((pod.get("metadata") or {}).get("name") or "")
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"
     for item in container.get("env") or ():
         name = item.get("name")
@@ -197,7 +194,7 @@ def _argv(container: Obj) -> list[str]:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(slots=True)
@@ -252,7 +249,7 @@ class PodRunner:
                 self._core().patch_namespaced_pod_status(meta["name"], meta.get("namespace") or "default",
                                                           {"status": status}, _preload_content=False)
                 return
-            except Exception as exc:  # noqa: BLE001 - API server restarting: retry, then give up on this update
+            except Exception as exc:
                 code = getattr(exc, "status", 0)
                 if code == 404:
                     return
@@ -272,7 +269,7 @@ class PodRunner:
                 devices = decode_volcano(value)
                 self._inventory = {d.uuid: (d.type.removeprefix("NVIDIA-"), d.memory) for d in devices}
                 self._inventory_at = time.monotonic()
-            except Exception as exc:  # noqa: BLE001 - keep the last good inventory
+            except Exception as exc:
                 log.info("node inventory unreadable node=%s error=%s", self.node_name, exc)
         return self._inventory
 
@@ -302,7 +299,7 @@ class PodRunner:
                             self.memory_factor)
         meta = pod.get("metadata") or {}
         log_path = self.logs / f"{meta.get('namespace') or 'default'}_{meta.get('name')}_{container.get('name')}.log"
-        for cpath, hpath, read_only in alloc.mounts:
+        for _cpath, hpath, read_only in alloc.mounts:
             if not read_only and hpath and not Path(hpath).suffix:
                 Path(hpath).mkdir(parents=True, exist_ok=True)  # hostPath DirectoryOrCreate
         exit_file = self._exit_file(meta.get("uid") or "", container.get("name") or "")
@@ -548,7 +545,7 @@ class NodeAgent:
 
         from vgpu.kube.cache import WatchCache
         from vgpu.kube.client import make_api_client
-        from vgpu.standins.kubelet import KubeletStandIn
+        from vgpu.testbed.kubelet import KubeletStandIn
 
         self.node_name = node_name
         self.base = {"cpu": cpu, "memory": memory, "pods": max_pods}
@@ -561,14 +558,14 @@ class NodeAgent:
         self.cache = WatchCache(self.api_client, "pods", field_selector=f"spec.nodeName={node_name}",
                                 on_add=self._on_pod, on_update=lambda _old, new: self._on_pod(new),
                                 on_delete=self._on_delete, name=f"kubelet-pods[{node_name}]")
-        self.queue: "queue.Queue[str | None]" = queue.Queue()
+        self.queue: queue.Queue[str | None] = queue.Queue()
         self.handled: set[str] = set()
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self._published: Obj = {}
         self._known_resources: set[str] = set()
 
-    def start(self) -> "NodeAgent":
+    def start(self) -> NodeAgent:
         """Serve kubelet.sock, sync the pod cache, start admitting and publishing node status."""
         self._ensure_node()
         # a starting kubelet deletes every socket in the device-plugin directory; plugins notice and re-register
@@ -602,16 +599,16 @@ class NodeAgent:
             capacity = (node.get("status") or {}).get("capacity") or {}
             self._known_resources = {n for n in capacity if "/" in n}
             return
-        except Exception:  # noqa: BLE001 - not there yet (or API server starting): create it below
+        except Exception:
             pass
         body = {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": self.node_name, "labels": {"kubernetes.io/hostname": self.node_name}},
                 "status": {"capacity": dict(self.base), "allocatable": dict(self.base)}}
-        for attempt in range(100):
+        for _attempt in range(100):
             try:
                 self.core.create_node(body, _preload_content=False)
                 return
-            except Exception as exc:  # noqa: BLE001 - 409: it exists; else the API server is not up yet
+            except Exception as exc:
                 if getattr(exc, "status", 0) == 409:
                     return
                 time.sleep(0.2)
@@ -637,7 +634,7 @@ class NodeAgent:
             try:
                 self.core.patch_node_status(self.node_name, patch, _preload_content=False)
                 self._published = status
-            except Exception as exc:  # noqa: BLE001 - API server restarting: try again next round
+            except Exception as exc:
                 log.info("node status patch failed node=%s error=%s", self.node_name, str(exc)[:200])
 
     # -- pods
@@ -703,7 +700,7 @@ class NodeAgent:
                             node=self.node_name, reason=reason, message=message)
 
     def _admit_loop(self) -> None:
-        from vgpu.standins.kubelet import AdmissionError
+        from vgpu.testbed.kubelet import AdmissionError
 
         backlog: list[tuple[str, str]] = []
         while not self.stop_event.is_set():
@@ -734,10 +731,9 @@ class NodeAgent:
                 if uid in self.handled:
                     continue
                 self.handled.add(uid)
-            if self.runner.admitted_before(pod):
-                if self.runner.adopt(pod):
-                    self._restore_devices(uid)
-                    continue
+            if self.runner.admitted_before(pod) and self.runner.adopt(pod):
+                self._restore_devices(uid)
+                continue
             if (pod.get("status") or {}).get("phase") == "Running":
                 self._fail(pod, "ContainerLost", "the kubelet stand-in restarted and lost this pod's processes")
                 continue
@@ -757,7 +753,7 @@ class NodeAgent:
                 reason = "UnexpectedAdmissionError" if "UnexpectedAdmissionError" in message else "OutOfDevices"
                 log.info("admission failed pod=%s reason=%s message=%s", key, reason, message)
                 self._fail(pod, reason, message)
-            except Exception as exc:  # noqa: BLE001 - a stand-in bug must not stop admissions
+            except Exception as exc:
                 log.exception("admission crashed pod=%s", key)
                 self._fail(pod, "UnexpectedAdmissionError", f"{type(exc).__name__}: {exc}")
 
@@ -766,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run one node's kubelet stand-in with the pod runner until SIGTERM / SIGINT."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m vgpu.standins.podrunner",
+    ap = argparse.ArgumentParser(prog="python -m vgpu.testbed.podrunner",
                                  description="TEST INFRASTRUCTURE: kubelet stand-in that runs pods as processes")
     ap.add_argument("--node-name", required=True)
     ap.add_argument("--kubelet-dir", required=True, help="device-plugin directory (kubelet.sock is served here)")

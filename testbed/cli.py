@@ -37,6 +37,6 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from vgpu.demo import run_demo
+    from vgpu.testbed.demo import run_demo
 
     return run_demo(args)

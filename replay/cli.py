@@ -62,9 +62,9 @@ class _Progress:
 def _main(args: argparse.Namespace) -> int:
     import json
 
-    from scheduler.policies import NODE_POLICIES
-    from scheduler.replay import run_many, summarise, format_table
     from vgpu.errors import ConfigError
+    from vgpu.replay.run import format_table, run_many, summarise
+    from vgpu.scheduler.policies import NODE_POLICIES
 
     names = [OURS if n == "ours" else n for n in (args.policy or ["fgd", "bestfit", "ours"])]
     for n in names:
@@ -85,7 +85,7 @@ def _main(args: argparse.Namespace) -> int:
     else:
         print(format_table(summarise(results, names)))
     if args.plot:
-        from scheduler.replay import plot_curves
+        from vgpu.replay.run import plot_curves
 
         plot_curves(results, names, args.plot)
     return 0

@@ -3,7 +3,7 @@
 Follows the ATC'23 FGD protocol (`../shared/research/fgd-benchmark.md` sections 2 and 7): per seed the pods are
 sorted by name and shuffled, then inflated to 130 % of the cluster's GPU capacity by appending uniform resamples
 (never deleted); every node gets a random rank that breaks score ties. Each pod goes through kube-scheduler's CPU
-and memory fit (vectorised), then `scheduler.fit.fit` on every remaining node, then the policy's `score`; the best
+and memory fit (vectorised), then `vgpu.scheduler.fit.fit` on every remaining node, then the policy's `score`; the best
 node (lowest rank on ties) takes it, or the pod fails with no retry. Results are the unallocated GPU share when
 arrivals reach 100 % and 130 % of capacity. Called by `vgpu replay` (scheduler/replay_cli.py) and bench/.
 
@@ -24,27 +24,27 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.fit import FitResult, GPUUsage, binpack_order, fit
-from scheduler.policies import make_policy
-from scheduler.policies.base import NodeContext, NodePolicy, PodContext, gpu_order_of
 from vgpu.errors import ConfigError
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
+from vgpu.scheduler.fit import FitResult, GPUUsage, binpack_order, fit
+from vgpu.scheduler.policies import make_policy
+from vgpu.scheduler.policies.base import NodeContext, NodePolicy, PodContext, gpu_order_of
 
 __all__ = [
     "CARD_MIB",
     "MEMORY_UNITS_PER_MIB",
     "SPLIT",
+    "Cluster",
+    "RunResult",
     "ShareRequest",
     "TraceNode",
     "TracePod",
-    "Cluster",
-    "RunResult",
+    "arrival_sequence",
+    "curve",
     "load_nodes",
     "load_pods",
-    "arrival_sequence",
     "replay",
-    "curve",
     "run_one",
 ]
 
@@ -465,7 +465,7 @@ def run_one(nodes: str, pods: str, policy_name: str, seed: int, ratio: float = 1
     start = time.process_time()
     arrived, allocated, where = replay(cluster, trace.pods, sequence, rank, policy, seed)
     seconds = time.process_time() - start
-    top = int(round(100 * ratio))
+    top = round(100 * ratio)
     unalloc = curve(arrived, allocated, cluster.capacity_milli, top=max(top, 130))
     return RunResult(
         policy=policy_name,
@@ -521,7 +521,8 @@ def summarise(results: Sequence[RunResult], policies: Sequence[str]) -> list[dic
             continue
         a100 = np.array([r.unallocated_pct_at_100 for r in mine])
         a130 = np.array([r.unallocated_pct_at_130 for r in mine])
-        sd = (lambda a: float(a.std(ddof=1)) if len(a) > 1 else 0.0)
+        def sd(a):
+            return (float(a.std(ddof=1)) if len(a) > 1 else 0.0)
         rows.append(
             {
                 "policy": name,

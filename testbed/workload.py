@@ -11,7 +11,7 @@ Exit status: 0 when the behaviour matches the expectation (`--expect-oom`: an al
 refused with CUDA_ERROR_OUT_OF_MEMORY and nothing past the limit allocated; otherwise every allocation must succeed),
 3 when an over-limit allocation was NOT refused, 1 on any other CUDA error.
 
-Run: `python -m vgpu.standins.workload --mib 2000 --kernels 50 --hold 5 [--expect-oom]`.
+Run: `python -m vgpu.testbed.workload --mib 2000 --kernels 50 --hold 5 [--expect-oom]`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-__all__ = ["main", "MARKER"]
+__all__ = ["MARKER", "main"]
 
 MARKER = "VGPU-WORKLOAD "
 CUDA_SUCCESS = 0
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry; see the module docstring for the exit status."""
-    ap = argparse.ArgumentParser(prog="python -m vgpu.standins.workload", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m vgpu.testbed.workload", description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024, help="MiB to allocate on each visible device")
     ap.add_argument("--chunk", type=int, default=256, help="MiB per cuMemAlloc call")
     ap.add_argument("--kernels", type=int, default=20, help="kernel launches per device")

@@ -36,12 +36,12 @@ from vgpu.assignment import salvage
 from vgpu.errors import ConfigError
 from vgpu.inventory import decode_volcano
 
-__all__ = ["run_demo", "sample_pods", "load_pods_file", "Snapshot", "render", "evaluate", "workload_reports"]
+__all__ = ["Snapshot", "evaluate", "load_pods_file", "render", "run_demo", "sample_pods", "workload_reports"]
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "demo"
-WORKLOAD = ["python3", "-m", "vgpu.standins.workload"]
+WORKLOAD = ["python3", "-m", "vgpu.testbed.workload"]
 _MARK = "VGPU-WORKLOAD "
 
 
@@ -202,7 +202,7 @@ class Snapshot:
     factor: int = 1  # MiB per memory unit of the annotations
 
     @classmethod
-    def take(cls, cluster: Any, with_metrics: bool = True) -> "Snapshot":
+    def take(cls, cluster: Any, with_metrics: bool = True) -> Snapshot:
         """Read everything once."""
         snap = cls(nodes=cluster.node_objects(), pods=cluster.pods(), reports=workload_reports(cluster.workdir),
                    factor=getattr(cluster, "memory_factor", 1))
@@ -223,7 +223,7 @@ def _inventory(node: dict) -> list[Any]:
     value = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_REGISTER)
     try:
         return list(decode_volcano(value)) if value else []
-    except Exception:  # noqa: BLE001 - a malformed annotation is shown as such
+    except Exception:
         return []
 
 
@@ -233,7 +233,7 @@ def _container_gpu_names(pod: dict) -> list[str]:
 
     try:
         reqs = pod_requests(pod, SharingConfig())
-    except Exception:  # noqa: BLE001 - a pod the request parser refuses still shows
+    except Exception:
         return []
     return [r.container for r in reqs]
 
@@ -375,15 +375,10 @@ def evaluate(snap: Snapshot, submitted: list[dict], running_ok: bool = False) ->
 
 def run_demo(args: argparse.Namespace) -> int:
     """Start the cluster, submit the pods, show the table (or the summary), stop everything; the exit status."""
-    from vgpu.standins.cluster import Cluster
+    from vgpu.testbed.cluster import Cluster
+    from vgpu.testbed.podrunner import isolation_paths
 
-    from vgpu.standins.podrunner import isolation_paths
-
-    lib, sim = isolation_paths()
-    if lib is None or sim is None:
-        print("vgpu demo: the isolation library and the simulated GPU could not be built (needs make and a C "
-              "compiler); run `make -C isolation` to see why", file=sys.stderr)
-        return 2
+    isolation_paths()  # builds libvgpu.so and the simulated driver now, or fails with BuildError
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="vgpu-demo-"))
     if args.workdir and workdir.exists() and any(workdir.iterdir()):
         if not (workdir / "kubeconfig").exists() and not (workdir / "apiserver.json").exists():

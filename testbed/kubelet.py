@@ -21,7 +21,7 @@ Not used by any shipped component. Tests, the e2e harness and the demo start it 
 Hooks: `before_container(pod, container name)` runs before each device-requesting container is allocated
 (tests use it to restart the plugin mid-admission). For running containers: `on_admitted(pod, allocations)` is called after a successful admission with
 `allocations = {container name: [ContainerAllocateResponse, ...]}` (vgpu/standins/podrunner.py turns those into
-processes). Standalone: `python -m vgpu.standins.kubelet --kubelet-dir DIR` serves registrations and prints the
+processes). Standalone: `python -m vgpu.testbed.kubelet --kubelet-dir DIR` serves registrations and prints the
 device counts whenever they change.
 """
 
@@ -41,10 +41,10 @@ from typing import Any
 
 import grpc
 
-from proto.deviceplugin.v1beta1 import api_pb2 as pb
-from proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
-from proto.podresources.v1 import api_pb2 as pr
-from proto.podresources.v1 import api_pb2_grpc as pr_grpc
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
+from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from vgpu.proto.podresources.v1 import api_pb2 as pr
+from vgpu.proto.podresources.v1 import api_pb2_grpc as pr_grpc
 from vgpu.quantity import parse_integer_quantity
 
 __all__ = ["VERSION", "AdmissionError", "AdmittedContainer", "KubeletStandIn", "ResourceState"]

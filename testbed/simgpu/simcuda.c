@@ -11,7 +11,7 @@
  * ahead of now (the driver's queue is full).  Events, stream and context synchronisation follow the timeline.
  */
 #include "simcommon.h"
-#include "../src/vgpu_map.h"
+#include "vgpu_map.h"
 #include <cuda.h>
 #include <ctype.h>
 

@@ -2,10 +2,10 @@
 
 Shared by `vgpu demo` and tests/e2e. `Cluster` starts, each as its own process group with its log under
 `<workdir>/logs/`:
-  * the API-server stand-in (`python -m vgpu.standins.apiserver`, persistent, so it can be killed and restarted);
-  * per node: a kubelet stand-in that runs admitted pods as local processes (`python -m vgpu.standins.podrunner`),
+  * the API-server stand-in (`python -m vgpu.testbed.apiserver`, persistent, so it can be killed and restarted);
+  * per node: a kubelet stand-in that runs admitted pods as local processes (`python -m vgpu.testbed.podrunner`),
     and our real device plugin (`vgpu device-plugin --backend sim`) registered with it over unix sockets;
-  * our real extender (`vgpu scheduler`) and the kube-scheduler stand-in (`python -m vgpu.standins.scheduler_driver`)
+  * our real extender (`vgpu scheduler`) and the kube-scheduler stand-in (`python -m vgpu.testbed.scheduler_driver`)
     reading deploy/'s KubeSchedulerConfiguration.
 Each piece can be killed (SIGKILL to its process group), stopped and restarted on the same ports and paths, which
 is what the fault tests do. `stop()` (also run at interpreter exit) ends every group it started, whatever
@@ -25,19 +25,19 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import httpx
 import orjson
 
-__all__ = ["Proc", "Cluster", "NodeProcs", "free_port", "port_or_free", "memory_factor_for", "REPO"]
+__all__ = ["Cluster", "NodeProcs", "Proc", "free_port", "memory_factor_for", "port_or_free"]
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[2]
-_LIVE: "set[Proc]" = set()
+_LIVE: set[Proc] = set()
 _LIVE_LOCK = threading.Lock()
 
 
@@ -89,8 +89,8 @@ def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
 
 def memory_factor_for(gpus: str) -> int:
     """The smallest power-of-two MiB per memory unit that keeps a node with `gpus` within kubelet's budget."""
-    from deviceplugin.backends.sim import MODELS, parse_sim_spec
-    from deviceplugin.config import MEMORY_ENTRY_BUDGET
+    from vgpu.deviceplugin.backends.sim import MODELS, parse_sim_spec
+    from vgpu.deviceplugin.config import MEMORY_ENTRY_BUDGET
 
     total = sum(MODELS[model][1] * count for model, count in parse_sim_spec(gpus))
     factor = 1
@@ -119,12 +119,11 @@ class Proc:
         self.popen: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
-    def start(self) -> "Proc":
+    def start(self) -> Proc:
         """Start (or start again)."""
         if self.alive:
             return self
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(self.env or {})
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -242,7 +241,7 @@ class Cluster:
         self.scheduler_args = list(scheduler_args)
         self.plugin_args = list(plugin_args)
         self.unschedulable_flush = unschedulable_flush
-        from vgpu.standins.scheduler_driver import find_deploy_config
+        from vgpu.testbed.scheduler_driver import find_deploy_config
 
         config = scheduler_config or find_deploy_config()
         if config is None:
@@ -271,7 +270,7 @@ class Cluster:
         self.memory_factor = memory_factor or max(memory_factor_for(spec) for spec in per_node)
         self.trace = self.workdir / "trace.jsonl"
         self.apiserver = Proc("apiserver", [
-            sys.executable, "-m", "vgpu.standins.apiserver", "--listen", f"127.0.0.1:{self.api_port}",
+            sys.executable, "-m", "vgpu.testbed.apiserver", "--listen", f"127.0.0.1:{self.api_port}",
             "--data", str(self.workdir / "apiserver.json"), "--kubeconfig-out", self.kubeconfig,
             "--history", "200000", "--bookmark-interval", "2"], self.logs / "apiserver.log")
         self.extender = Proc("extender", _vgpu(
@@ -279,7 +278,7 @@ class Cluster:
             "--listen", f"127.0.0.1:{self.extender_port}",
             "--metrics-listen", f"0.0.0.0:{self.scheduler_metrics_port}",
             *self.scheduler_args), self.logs / "extender.log")
-        driver_args = [sys.executable, "-m", "vgpu.standins.scheduler_driver", "--kubeconfig", self.kubeconfig,
+        driver_args = [sys.executable, "-m", "vgpu.testbed.scheduler_driver", "--kubeconfig", self.kubeconfig,
                        "--extender-url", f"http://127.0.0.1:{self.extender_port}", "--trace", str(self.trace),
                        "--unschedulable-flush", str(unschedulable_flush), "--log-level", log_level]
         driver_args += ["--config", self.scheduler_config] if self.scheduler_config else ["--builtin-config"]
@@ -287,7 +286,7 @@ class Cluster:
         for node, node_gpus in zip(self.nodes, per_node):
             node.extra["gpus"] = node_gpus
             node.kubelet = Proc(f"kubelet-{node.name}", [
-                sys.executable, "-m", "vgpu.standins.podrunner", "--node-name", node.name,
+                sys.executable, "-m", "vgpu.testbed.podrunner", "--node-name", node.name,
                 "--kubelet-dir", str(node.kubelet_dir), "--kubeconfig", self.kubeconfig, "--workdir", str(node.dir),
                 "--trace", str(self.trace), "--memory-factor", str(self.memory_factor), "--cpu", node_cpu,
                 "--memory", node_memory, "--log-level", log_level],
@@ -303,7 +302,7 @@ class Cluster:
 
     # -- helpers
     def _sim_control_args(self, node: NodeProcs) -> list[str]:
-        from vgpu.standins import compat
+        from vgpu.testbed import compat
 
         return compat.sim_control_args(node.sim_control)
 
@@ -341,7 +340,7 @@ class Cluster:
     def create_pod(self, pod: dict, namespace: str | None = None) -> dict:
         """Create a pod (retrying while the API server is restarting)."""
         ns = namespace or (pod.get("metadata") or {}).get("namespace") or "default"
-        for attempt in range(50):
+        for _attempt in range(50):
             try:
                 resp = self._http.post(f"/api/v1/namespaces/{ns}/pods", content=orjson.dumps(pod),
                                        headers={"Content-Type": "application/json"})
@@ -419,7 +418,7 @@ class Cluster:
                   procs=[node.kubelet, node.plugin])
 
     def _kubelet_ready(self, node: NodeProcs) -> bool:
-        from vgpu.standins import compat
+        from vgpu.testbed import compat
 
         return compat.kubelet_ready(node.kubelet_dir)
 
@@ -465,7 +464,7 @@ class Cluster:
 
         self.wait("the scheduler driver", ready, timeout, procs=[self.driver])
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         """Start everything, in dependency order (independent pieces in parallel)."""
         try:
             self.start_apiserver()
@@ -506,7 +505,7 @@ class Cluster:
         for proc in order:
             try:
                 proc.stop(timeout=5)
-            except Exception:  # noqa: BLE001 - keep stopping the others
+            except Exception:
                 log.exception("stopping %s", proc.name)
         for node in self.nodes:
             self.kill_orphan_pods(node)
@@ -525,7 +524,7 @@ class Cluster:
                 except (ProcessLookupError, PermissionError, ValueError):
                     pass
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["sim_control_args", "kubelet_ready", "plugin_flags"]
+__all__ = ["kubelet_ready", "plugin_flags", "sim_control_args"]
 
 
 def plugin_flags() -> set[str]:
     """The option strings `vgpu device-plugin` accepts (empty if the command is not installed)."""
     try:
-        from deviceplugin import cli as dp_cli
+        from vgpu.deviceplugin import cli as dp_cli
     except ImportError:
         return set()
     parser = argparse.ArgumentParser()

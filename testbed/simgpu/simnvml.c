@@ -6,7 +6,7 @@
  * per-process utilisation the busy share of each process over the requested window.
  */
 #include "simcommon.h"
-#include "../src/vgpu_nvml.h"
+#include "vgpu_nvml.h"
 
 #define EXPORT __attribute__((visibility("default")))
 

@@ -26,7 +26,7 @@ kube-scheduler's podInitialBackoffSeconds / podMaxBackoffSeconds); unschedulable
 a pod changes in a way that may free room, and at the latest after `unschedulable_flush` seconds. Every call to an
 extender is bounded by its `httpTimeout` (default 5 s). Scheduling cycles are serial, bindings run concurrently.
 
-Run: `python -m vgpu.standins.scheduler_driver --config deploy/scheduler/configmap.yaml --kubeconfig K
+Run: `python -m vgpu.testbed.scheduler_driver --config deploy/scheduler/configmap.yaml --kubeconfig K
 [--extender-url http://127.0.0.1:PORT] [--trace FILE]`; it prints `ready` on stdout once its caches are synced.
 With `--trace`, one JSON line per bound pod records the timing (used by bench/bench_e2e.py).
 """
@@ -45,12 +45,13 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import orjson
@@ -60,17 +61,17 @@ from vgpu.errors import ConfigError
 from vgpu.quantity import parse_quantity
 
 __all__ = [
+    "BUILTIN_CONFIG",
     "ExtenderConfig",
     "Profile",
     "SchedulerConfig",
-    "load_scheduler_config",
-    "parse_scheduler_config",
-    "find_deploy_config",
-    "parse_duration",
-    "pod_resource_requests",
     "SchedulerDriver",
-    "BUILTIN_CONFIG",
+    "find_deploy_config",
+    "load_scheduler_config",
     "main",
+    "parse_duration",
+    "parse_scheduler_config",
+    "pod_resource_requests",
 ]
 
 log = logging.getLogger(__name__)
@@ -192,7 +193,7 @@ class SchedulerConfig:
     percentage_of_nodes_to_score: int = 0
     source: str = ""
 
-    def with_extender_url(self, url: str) -> "SchedulerConfig":
+    def with_extender_url(self, url: str) -> SchedulerConfig:
         """The same configuration with every extender's scheme://host:port replaced by `url` (path kept)."""
         new = []
         base = httpx.URL(url)
@@ -291,7 +292,7 @@ def load_scheduler_config(path: str | Path) -> SchedulerConfig:
 
 def find_deploy_config(root: str | Path | None = None) -> Path | None:
     """The file under deploy/ that holds the KubeSchedulerConfiguration, or None if deploy/ has none yet."""
-    base = Path(root) if root else Path(__file__).resolve().parents[2]
+    base = Path(root) if root else Path(__file__).resolve().parents[1]
     deploy = base / "deploy"
     if not deploy.is_dir():
         return None
@@ -505,7 +506,7 @@ class SchedulerDriver:
         self.percentage = pct[0] if pct else config.percentage_of_nodes_to_score
 
     # -- lifecycle
-    def start(self, sync_timeout: float = 30.0) -> "SchedulerDriver":
+    def start(self, sync_timeout: float = 30.0) -> SchedulerDriver:
         """Start the reflectors and the scheduling loop; wait until both caches are synced."""
         for kind in ("nodes", "pods"):
             thread = threading.Thread(target=self._reflect, args=(kind,), name=f"reflect-{kind}", daemon=True)
@@ -579,7 +580,7 @@ class SchedulerDriver:
                     if typ == "BOOKMARK":
                         continue
                     self._apply(kind, typ, obj)
-            except Exception as exc:  # noqa: BLE001 - any failure of the stream: back off and relist
+            except Exception as exc:
                 if self.stop_event.is_set():
                     return
                 log.info("reflector kind=%s error=%s", kind, str(exc).splitlines()[0][:200] if str(exc) else exc)
@@ -707,7 +708,7 @@ class SchedulerDriver:
                 return
             try:
                 self.schedule_one(key)
-            except Exception:  # noqa: BLE001 - a bug in one cycle must not stop the scheduler
+            except Exception:
                 log.exception("scheduling cycle failed pod=%s", key)
                 with self.lock:
                     self.in_flight.discard(key)
@@ -923,7 +924,7 @@ class SchedulerDriver:
                 self.api.bind(pod, node)
         except _ExtenderError as exc:
             error = str(exc)
-        except Exception as exc:  # noqa: BLE001 - API failure of the default binder
+        except Exception as exc:
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         done = time.time()
         if error:
@@ -978,18 +979,18 @@ class SchedulerDriver:
         if changed and not requeue_only:
             patch = {"status": {"conditions": [{
                 "type": "PodScheduled", "status": "False", "reason": reason, "message": message,
-                "lastProbeTime": None, "lastTransitionTime": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "lastProbeTime": None, "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             }]}}
             try:
                 self.api.patch_status(pod, patch)
-            except Exception as exc:  # noqa: BLE001 - the pod may be gone; the next cycle retries
+            except Exception as exc:
                 log.info("condition patch failed pod=%s error=%s", key, str(exc).splitlines()[0] if str(exc) else exc)
 
     def _event(self, pod: Obj, typ: str, reason: str, message: str, state: _QueuedPod | None = None,
                repeat: bool = False) -> None:
         meta = pod.get("metadata") or {}
         ns = meta.get("namespace") or "default"
-        now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         try:
             if repeat and state is not None and state.event_name and state.event_count:
                 state.event_count += 1
@@ -1008,7 +1009,7 @@ class SchedulerDriver:
             })
             if state is not None:
                 state.event_name, state.event_count = name, 1
-        except Exception as exc:  # noqa: BLE001 - events are best effort, as in kube-scheduler
+        except Exception as exc:
             log.debug("event not recorded pod=%s error=%s", meta.get("name"), exc)
 
     # -- introspection for tests and the demo
@@ -1020,7 +1021,7 @@ class SchedulerDriver:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line entry: schedule until SIGTERM / SIGINT."""
-    ap = argparse.ArgumentParser(prog="python -m vgpu.standins.scheduler_driver",
+    ap = argparse.ArgumentParser(prog="python -m vgpu.testbed.scheduler_driver",
                                  description="TEST INFRASTRUCTURE: kube-scheduler stand-in driving an extender")
     ap.add_argument("--config", default=None,
                     help="KubeSchedulerConfiguration file or ConfigMap manifest (default: found under deploy/)")

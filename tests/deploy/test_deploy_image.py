@@ -1,0 +1,109 @@
+"""The wheels we build: one import package of ours, and a production image without the test bed.
+
+No Docker engine runs here, so the image's content is reproduced from deploy/Dockerfile itself: the build-stage
+COPY lines (filtered by deploy/Dockerfile.dockerignore) are copied into an empty build context and the wheel is
+built from it with pip, as the Dockerfile's `pip wheel` does; the runtime stage installs exactly that wheel.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+IGNORE = ROOT / "deploy" / "Dockerfile.dockerignore"
+
+
+def _ignored(rel: str, patterns: list[str]) -> bool:
+    parts = rel.split("/")
+    for pattern in patterns:
+        if pattern.startswith("**/"):
+            tail = pattern[3:]
+            if any(fnmatch.fnmatch("/".join(parts[i:i + tail.count("/") + 1]), tail) for i in range(len(parts))):
+                return True
+        elif any(fnmatch.fnmatch("/".join(parts[:i]), pattern) for i in range(1, len(parts) + 1)):
+            return True
+    return False
+
+
+def _build_stage_sources() -> list[str]:
+    """Sources of the COPY lines of the first stage (not --from another stage)."""
+    sources: list[str] = []
+    stage = 0
+    for line in DOCKERFILE.read_text().splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0].upper() == "FROM":
+            stage += 1
+        elif words[0].upper() == "COPY" and stage == 1 and not any(w.startswith("--from") for w in words):
+            sources += words[1:-1]
+    return sources
+
+
+def _wheel(source: Path, out: Path) -> zipfile.ZipFile:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(source)], check=True, capture_output=True, timeout=600)
+    (wheel,) = out.glob("vgpu_sharing-*.whl")
+    return zipfile.ZipFile(wheel)
+
+
+def _top_level(names: list[str]) -> set[str]:
+    return {n.split("/", 1)[0] for n in names if ".dist-info/" not in n}
+
+
+@pytest.fixture(scope="module")
+def image_wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    patterns = [ln.strip() for ln in IGNORE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    context = tmp_path_factory.mktemp("context")
+    for source in _build_stage_sources():
+        origin = ROOT / source
+        assert origin.exists(), f"Dockerfile copies {source}, which is not in the repository"
+        if origin.is_file():
+            shutil.copy2(origin, context / source)
+            continue
+        for path in origin.rglob("*"):
+            rel = path.relative_to(ROOT).as_posix()
+            if path.is_file() and not _ignored(rel, patterns):
+                (context / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, context / rel)
+    return _wheel(context, tmp_path_factory.mktemp("image-wheel"))
+
+
+def test_the_dockerfile_copies_every_shipped_folder_and_not_the_test_bed():
+    sources = _build_stage_sources()
+    assert {"vgpu", "scheduler", "deviceplugin", "isolation", "proto", "replay", "setup.py"} <= set(sources)
+    assert "testbed" not in sources and "tests" not in sources
+
+
+def test_the_image_holds_one_import_package_without_the_test_bed_or_the_simulated_driver(image_wheel):
+    names = image_wheel.namelist()
+    assert _top_level(names) == {"vgpu"}
+    assert not [n for n in names if n.startswith("vgpu/testbed/")]
+    assert not [n for n in names if "simgpu" in n or n.endswith(("libcuda.so.1", "libnvidia-ml.so.1"))]
+    assert "vgpu/isolation/build/libvgpu.so" in names
+    entry_points = image_wheel.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    assert "vgpu = vgpu.cli:main" in entry_points
+    assert "vgpu.subcommands" not in entry_points  # no `vgpu demo` in production
+
+
+def test_the_full_wheel_holds_exactly_one_top_level_import_package(tmp_path):
+    checkout = tmp_path / "checkout"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+    for rel in tracked.splitlines():
+        if (ROOT / rel).is_file():
+            (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, checkout / rel)
+    with _wheel(checkout, tmp_path / "wheel") as wheel:
+        names = wheel.namelist()
+    assert _top_level(names) == {"vgpu"}
+    for package in ("scheduler", "deviceplugin", "isolation", "proto", "replay", "testbed", "kube"):
+        assert f"vgpu/{package}/__init__.py" in names
+    assert "vgpu/testbed/build/simgpu/libcuda.so.1" in names
