@@ -94,7 +94,8 @@ def build(pods: int, mode: str, policy: str):
         ledger.on_pod({"metadata": {"name": name, "namespace": namespace, "uid": uid, "annotations": annotations},
                        "spec": {"nodeName": node}, "status": {"phase": "Pending"}})
 
-    ext = Extender(ledger, make_policy(policy), "binpack", mode, binder=binder)  # before the watch, as vgpu scheduler
+    # before the watch, as vgpu scheduler does
+    ext = Extender(ledger, make_policy(policy), gpu_policy="binpack", mode=mode, binder=binder)
     for node in make_nodes():
         ledger.on_node(node)
     for p in running_pods(pods, random.Random(1)):

@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/replay_table.py default.json gpushare20.json ...   (trace name = file stem)
 
-Rows per policy come from `vgpu.replay.run.summarise`; when a file holds both `fgd` and `fragaware`, a row with the
+Rows per policy come from `vgpu.replay.report.summarise`; when a file holds both `fgd` and `fragaware`, a row with the
 paired difference (ours - fgd, same seeds) follows.
 """
 
@@ -10,9 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-from vgpu.replay.run import RunResult, summarise  # noqa: E402
+from vgpu.replay.report import summarise
+from vgpu.replay.run import RunResult
 
 HEADER = (
     "| trace | policy | seeds | unalloc % @100 mean ± sd (median) | unalloc % @130 mean ± sd (median) "

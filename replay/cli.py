@@ -1,6 +1,6 @@
 """`vgpu replay`: replay the openb GPU-sharing trace through our fit and node policies and compare them.
 
-Registered by vgpu/cli.py; the work is in scheduler/replay.py (imported inside the command).
+Registered by vgpu/cli.py; the work is in replay/run.py and replay/report.py (imported inside the command).
 """
 
 import argparse
@@ -63,7 +63,8 @@ def _main(args: argparse.Namespace) -> int:
     import json
 
     from vgpu.errors import ConfigError
-    from vgpu.replay.run import format_table, run_many, summarise
+    from vgpu.replay.report import format_table, summarise
+    from vgpu.replay.run import run_many
     from vgpu.scheduler.policies import NODE_POLICIES
 
     names = [OURS if n == "ours" else n for n in (args.policy or ["fgd", "bestfit", "ours"])]
@@ -85,7 +86,7 @@ def _main(args: argparse.Namespace) -> int:
     else:
         print(format_table(summarise(results, names)))
     if args.plot:
-        from vgpu.replay.run import plot_curves
+        from vgpu.replay.report import plot_curves
 
         plot_curves(results, names, args.plot)
     return 0

@@ -4,18 +4,15 @@ No HTTP here: `vgpu.scheduler.server` decodes the JSON into dicts, calls these m
 Argument dicts use kube-scheduler's Go field names in any capitalisation (`Pod`, `NodeNames`, `Nodes`, ...);
 results use the exact capitalised names of k8s.io/kube-scheduler/extender/v1.
 
-Hot path: /filter looks up each candidate node in the ledger and reuses the fit result cached for the node's
-current generation and the pod's request shape, so a call costs O(candidates) dict lookups plus one real fit per
-node whose usage changed since the last pod of that shape. Nothing here walks the pods of the cluster.
+Hot path: /filter resolves each candidate node in the ledger and hands them to `scheduler.placement.Placement`,
+the node-selection loop the trace replay uses too: fit results and scores are memoised per GPU state, context
+class and request shape, so a call costs O(candidates) lookups plus one real fit per state not seen before for
+that shape (stale scores of a learning policy are refreshed within a budget; see placement). Nothing here walks
+the pods of the cluster.
 
-Node-policy scores are cached with the fit result. A policy whose scores change without any node changing (one
-that learns the workload through `observe`) exposes an integer attribute `epoch` and increments it when its
-scores change; cached fits and scores from an older epoch are recomputed (in decide mode at most `REFRESH_BUDGET`
-nodes per request in node order, then the best-ranked stale ones until a current score is the best, at most
-`RESCORE_LIMIT`). Without `epoch` scores are treated as a pure function of the node's
-devices, usage and the request. `observe` is called once per vGPU pod, when the pod watch
-first shows it or at its first /filter, whichever comes first: a restarted extender learns the workload from the
-pods already running instead of starting from nothing.
+The node policy's `observe` is called once per vGPU pod, when the pod watch first shows it or at its first
+/filter, whichever comes first: a restarted extender learns the workload from the pods already running instead of
+starting from nothing.
 
 Bind sends one `pods/binding` carrying the contract's annotations (through the injected `binder`); there is no
 node lock, because the device plugin identifies the pod from the assignment itself.
@@ -23,7 +20,6 @@ node lock, because the device plugin identifies the pod from the assignment itse
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
 import time
@@ -35,11 +31,13 @@ from typing import Any
 from vgpu import keys
 from vgpu.assignment import Assignment, encode, salvage
 from vgpu.errors import ConfigError, VGPUError
-from vgpu.requests import ContainerRequest, Selectors, pod_cpu_memory, pod_requests, pod_selectors
-from vgpu.scheduler.fit import GPU_ORDERS, FitResult, GPUOrder, fit
-from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger, NodeState
+from vgpu.requests import ContainerRequest, pod_cpu_memory, pod_requests, pod_selectors
+from vgpu.scheduler.fit import GPU_ORDERS, FitResult, fit
+from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger
+from vgpu.scheduler.nodestate import NodeState
+from vgpu.scheduler.placement import Placement, PodShape
 from vgpu.scheduler.policies import NodePolicy
-from vgpu.scheduler.policies.base import PodContext, gpu_order_of
+from vgpu.scheduler.policies.base import PodContext
 
 __all__ = [
     "MAX_PRIORITY",
@@ -57,12 +55,6 @@ log = logging.getLogger(__name__)
 
 MODES = ("decide", "score")
 MAX_PRIORITY = 10
-# Decide mode, after a change of learned target: stale cached scores recomputed per /filter in node order, at most
-# REFRESH_BUDGET; then the best-ranked stale nodes are rescored until the best is a current score, at most
-# RESCORE_LIMIT. The rest keep their earlier score until a change of the node or a later request refreshes them, so
-# a change of target never stalls one request.
-REFRESH_BUDGET = 2
-RESCORE_LIMIT = 4
 
 
 class InvalidArgs(VGPUError):
@@ -98,24 +90,11 @@ class _PodInfo:
     namespace: str
     name: str
     uid: str
-    requests: tuple[ContainerRequest, ...]
-    selectors: Selectors
-    context: PodContext  # CPU and memory requests, for node policies that use node context
+    shape: PodShape  # requests, selectors and context (CPU and memory requests) as placement reads them
 
-
-@dataclass(slots=True)
-class _Entry:
-    """What a node's cache keeps per request shape for one generation."""
-
-    result: FitResult
-    fit_epoch: int
-    score: float = 0.0
-    epoch: int = -1
-
-
-def _better(score: float, name: str, best: tuple[float, str] | None) -> bool:
-    """Does node `name` with `score` beat `best` (higher score, then lower name)?"""
-    return best is None or score > best[0] or (score == best[0] and name < best[1])
+    @property
+    def requests(self) -> tuple[ContainerRequest, ...]:
+        return self.shape.requests
 
 
 def _pod_ref(pod: Mapping[str, Any]) -> dict[str, str]:
@@ -134,6 +113,7 @@ class Extender:
         self,
         ledger: Ledger,
         policy: NodePolicy,
+        *,
         gpu_policy: str = "binpack",
         mode: str = "score",
         binder: Binder | None = None,
@@ -150,42 +130,21 @@ class Extender:
         self.ledger = ledger
         self.config = ledger.config
         self.policy = policy
-        self.gpu_policy = gpu_policy
-        self.order: GPUOrder = gpu_order_of(policy, None, None, GPU_ORDERS[gpu_policy])
-        # Policies that declare context classes also use node context (free CPU and memory) in score and GPU order.
-        self.contextual = getattr(policy, "context_bins", None) is not None
-        ledger.context_in_cache = self.contextual
         self.mode = mode
+        self.placement = Placement(policy, gpu_policy=gpu_policy, decide=mode == "decide")
         self.binder = binder
         self.lookup = lookup or (lambda ns, name: None)
         self.fetch = fetch or self.lookup
         self.events = events or _no_events
         self.ready = ready or (lambda: "")
         self.clock = clock
-        self._signatures: dict[tuple[Any, ...], int] = {}
         self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()  # pods learned from, by UID
         self._seen_max = 20000
         self._seen_lock = threading.Lock()
         self._observe_lock = threading.Lock()
-        self._next_sig = 0
-        self.refresh_budget = REFRESH_BUDGET
         ledger.pod_listeners.append(self.observe_pod)
 
     # ------------------------------------------------------------------ helpers
-
-    def _signature(self, info: _PodInfo) -> int:
-        key = (info.requests, info.selectors, info.context.cpu if self.contextual else 0)
-        sig = self._signatures.get(key)
-        if sig is None:
-            with self._seen_lock:
-                if len(self._signatures) > 100_000:
-                    self._signatures.clear()
-                    with self.ledger.lock:
-                        for state in self.ledger.nodes.values():
-                            state.cache = {}
-                self._next_sig += 1
-                sig = self._signatures.setdefault(key, self._next_sig)
-        return sig
 
     def _pod_info(self, pod: Any) -> _PodInfo:
         if not isinstance(pod, Mapping):
@@ -193,11 +152,13 @@ class Extender:
         ref = _pod_ref(pod)
         requests, selectors = pod_requests(pod, self.config), pod_selectors(pod)
         cpu, memory = pod_cpu_memory(pod)
-        info = _PodInfo(ref["namespace"], ref["name"], ref["uid"], requests, selectors,
-                        PodContext(cpu=cpu, memory=memory, selectors=selectors))
+        context = PodContext(cpu=cpu, memory=memory, selectors=selectors)
+        with self.ledger.lock:  # placement is serialised by the ledger's lock
+            shape = self.placement.shape(requests, selectors, context)
+        info = _PodInfo(ref["namespace"], ref["name"], ref["uid"], shape)
         key = info.uid or f"{info.namespace}/{info.name}"
-        if self._remember(key, info) and info.requests:
-            self._observe(info.requests, info.context)
+        if self._remember(key, info) and requests:
+            self._observe(requests, context)
         return info
 
     def _remember(self, key: str, info: _PodInfo | None) -> bool:
@@ -233,23 +194,6 @@ class Extender:
             cpu, memory = pod_cpu_memory(pod)
             self._observe(requests, PodContext(cpu=cpu, memory=memory, selectors=pod_selectors(pod)))
 
-    def _entry(self, state: NodeState, sig: int, info: _PodInfo, epoch: int, want_score: bool) -> _Entry:
-        entry = state.cache.get(sig)
-        node = self.ledger.context(state) if self.contextual else None
-        if entry is None or entry.fit_epoch != epoch:  # a learning policy's GPU order may have changed too
-            order = self.order if node is None else gpu_order_of(self.policy, node, info.context, self.order)
-            entry = _Entry(fit(state.devices, state.usage, info.requests, info.selectors, order), epoch)
-            state.cache[sig] = entry
-        if want_score and entry.result.ok and entry.epoch != epoch:
-            if node is None:
-                score = self.policy.score(state.devices, state.usage, info.requests, entry.result)
-            else:
-                score = self.policy.score(state.devices, state.usage, info.requests, entry.result, node=node,
-                                          pod=info.context)
-            entry.score = float(score)
-            entry.epoch = epoch
-        return entry
-
     @staticmethod
     def _candidates(args: dict[str, Any]) -> tuple[list[str], dict[str, Mapping[str, Any]] | None]:
         names = args.get("nodenames")
@@ -271,22 +215,44 @@ class Extender:
             raise InvalidArgs("NodeNames must be a list of strings")
         return names, None
 
-    def _state(self, name: str, objects: dict[str, Mapping[str, Any]] | None) -> NodeState | None:
-        state = self.ledger.nodes.get(name)
-        if state is None and objects is not None:
-            return self.ledger.detached(objects[name])
-        return state
+    def _resolve(self, names: list[Any], objects: dict[str, Mapping[str, Any]] | None,
+                 unresolvable: dict[str, str]) -> tuple[list[NodeState], list[int]]:
+        """The ledger's states of the candidate nodes that can take vGPU pods, and their positions in `names`;
+        the others are added to `unresolvable`. Nodes the ledger does not know, given whole in `objects`, are
+        ranked after the known ones, in name order. Callers hold the ledger's lock."""
+        self.ledger.rank_nodes()
+        nodes_get = self.ledger.nodes.get
+        states: list[NodeState] = []
+        positions: list[int] = []
+        detached: list[NodeState] = []
+        for position, name in enumerate(names):
+            try:
+                state = nodes_get(name)
+            except TypeError:
+                raise InvalidArgs("NodeNames must be a list of strings") from None
+            if state is None:
+                if objects is None:
+                    unresolvable[str(name)] = NODE_UNKNOWN
+                    continue
+                state = self.ledger.detached(objects[name])
+                detached.append(state)
+            if state.error:
+                unresolvable[name] = state.error
+                continue
+            states.append(state)
+            positions.append(position)
+        for rank, state in enumerate(sorted(detached, key=lambda s: s.name), start=len(self.ledger.nodes)):
+            state.rank = rank
+        return states, positions
 
     def evaluate(self, pod: Mapping[str, Any], node: str) -> tuple[FitResult, float]:
         """Fit and node-policy score of `pod` on one known node, without reserving (for tools and tests)."""
         info = self._pod_info(pod)
-        sig = self._signature(info)
         with self.ledger.lock:
             state = self.ledger.nodes.get(node)
             if state is None or state.error:
                 return FitResult(ok=False, reason=state.error if state else NODE_UNKNOWN, unresolvable=True), 0.0
-            entry = self._entry(state, sig, info, int(getattr(self.policy, "epoch", 0)), True)
-            return entry.result, entry.score
+            return self.placement.evaluate(state, info.shape)
 
     # ------------------------------------------------------------------ verbs
 
@@ -306,86 +272,28 @@ class Extender:
             return self._filter_result(names, objects, [], {}, {}, error=str(exc))
         if not info.requests:
             return self._filter_result(names, objects, names, {}, {})
-        sig = self._signature(info)
-        decide = self.mode == "decide"
-        epoch = int(getattr(self.policy, "epoch", 0))
-        feasible: list[str] = []
-        failed: dict[str, str] = {}
-        unresolvable: dict[str, str] = {}
-        best: tuple[float, str] | None = None
-        best_entry: _Entry | None = None
-        stale: list[tuple[float, str, int, NodeState]] = []  # (-score, name, seq, node): earlier-target scores
-        refresh = self.refresh_budget
         ledger = self.ledger
         ledger.expire()
+        unresolvable: dict[str, str] = {}
         with ledger.lock:
             uid = info.uid or f"{info.namespace}/{info.name}"
             mine = ledger.charges.get(uid)
             if mine is not None and mine.state == ChargeState.ASSUMED:
                 ledger.release(uid)  # a retry: the earlier decision no longer holds
-            nodes_get = ledger.nodes.get
-            add_feasible = feasible.append
-            for name in names:
-                try:
-                    state = nodes_get(name)
-                except TypeError:
-                    raise InvalidArgs("NodeNames must be a list of strings") from None
-                if state is None:
-                    if objects is None:
-                        unresolvable[str(name)] = NODE_UNKNOWN
-                        continue
-                    state = ledger.detached(objects[name])
-                if state.error:
-                    unresolvable[name] = state.error
-                    continue
-                entry = state.cache.get(sig)
-                if entry is None:
-                    entry = self._entry(state, sig, info, epoch, decide)
-                elif decide and entry.epoch != epoch and (entry.epoch < 0 or refresh > 0):
-                    refresh -= entry.epoch >= 0
-                    entry = self._entry(state, sig, info, epoch, decide)
-                result = entry.result
-                if result.ok:
-                    add_feasible(name)
-                    if not decide:
-                        continue
-                    if entry.epoch != epoch:
-                        if best is None or entry.score >= best[0]:  # else a current score already beats it
-                            stale.append((-entry.score, name, len(stale), state))
-                    elif _better(entry.score, name, best):
-                        best = (entry.score, name)
-                        best_entry = entry
-                elif result.unresolvable:
-                    unresolvable[name] = result.reason
-                else:
-                    failed[name] = result.reason
-            if stale:  # a node ranked on an earlier target's score wins only once rescored with the current one
-                heapq.heapify(stale)  # best earlier score first, then name
-                rescored = 0
-                while stale:
-                    negated, name, _, state = heapq.heappop(stale)
-                    if best is not None and (rescored >= RESCORE_LIMIT or not _better(-negated, name, best)):
-                        break
-                    rescored += 1
-                    entry = self._entry(state, sig, info, epoch, decide)
-                    if not entry.result.ok:  # a greedy multi-container fit may fail in the new GPU order
-                        feasible.remove(name)
-                        (unresolvable if entry.result.unresolvable else failed)[name] = entry.result.reason
-                    elif _better(entry.score, name, best):
-                        best = (entry.score, name)
-                        best_entry = entry
-            if decide and best is not None and best_entry is not None:
-                if best[1] in ledger.nodes:
-                    ledger.reserve(uid, info.namespace, info.name, best[1], best_entry.result.assignment)
-                feasible = [best[1]]
+            states, _ = self._resolve(names, objects, unresolvable)
+            choice = self.placement.choose(states, info.shape)
+            unresolvable.update(choice.unresolvable)
+            if choice.best is not None and choice.result is not None and choice.best.name in ledger.nodes:
+                ledger.reserve(uid, info.namespace, info.name, choice.best.name, choice.result.assignment)
+        feasible = [state.name for state in choice.feasible]
         if not feasible:
             self.events(
                 {"namespace": info.namespace, "name": info.name, "uid": info.uid},
                 "Warning",
                 "FilteringFailed",
-                _failure_message(len(names), failed, unresolvable),
+                _failure_message(len(names), choice.failed, unresolvable),
             )
-        return self._filter_result(names, objects, feasible, failed, unresolvable)
+        return self._filter_result(names, objects, feasible, choice.failed, unresolvable)
 
     @staticmethod
     def _filter_result(
@@ -415,29 +323,11 @@ class Extender:
         info = self._pod_info(args.get("pod"))
         if not info.requests:
             return [{"Host": n, "Score": 0} for n in names]
-        sig = self._signature(info)
-        epoch = int(getattr(self.policy, "epoch", 0))
-        scores: list[float | None] = []
-        add = scores.append
+        scores: list[float | None] = [None] * len(names)
         with self.ledger.lock:
-            nodes_get = self.ledger.nodes.get
-            for name in names:
-                try:
-                    state = nodes_get(name)
-                except TypeError:
-                    raise InvalidArgs("NodeNames must be a list of strings") from None
-                if state is None:
-                    state = self._state(name, objects) if objects is not None else None
-                    if state is None:
-                        add(None)
-                        continue
-                if state.error:
-                    add(None)
-                    continue
-                entry = state.cache.get(sig)
-                if entry is None or entry.epoch != epoch:
-                    entry = self._entry(state, sig, info, epoch, True)
-                add(entry.score if entry.result.ok else None)
+            states, positions = self._resolve(names, objects, {})
+            for position, score in zip(positions, self.placement.scores(states, info.shape)):
+                scores[position] = score
         values = [s for s in scores if s is not None]
         if not values:
             return [{"Host": n, "Score": 0} for n in names]
@@ -492,8 +382,7 @@ class Extender:
                     return self._bind_failed(ref, node, NODE_UNKNOWN)
                 if state.error:
                     return self._bind_failed(ref, node, state.error)
-                sig = self._signature(info)
-                result = self._entry(state, sig, info, int(getattr(self.policy, "epoch", 0)), False).result
+                result, _ = self.placement.evaluate(state, info.shape, want_score=False)
                 if not result.ok:
                     return self._bind_failed(ref, node, f"pod no longer fits on {node}: {result.reason}")
                 assignment = result.assignment
@@ -578,7 +467,8 @@ class Extender:
                     state = self.ledger.nodes.get(node)
                     if state is None:
                         continue
-                    result = fit(state.devices, usage, info.requests, info.selectors, self.order)
+                    order = self.policy.gpu_order(None, info.shape.context) or self.placement.default_order
+                    result = fit(state.devices, usage, info.requests, info.shape.selectors, order)
                 if not result.ok:
                     continue
             out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": int(v.get("numpdbviolations") or 0)}

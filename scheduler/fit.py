@@ -13,7 +13,9 @@ from vgpu.assignment import Assignment, DeviceGrant
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
 
-__all__ = ["GPU_ORDERS", "FitResult", "GPUOrder", "GPUUsage", "Reason", "binpack_order", "fit", "spread_order"]
+__all__ = [
+    "GPU_ORDERS", "FitResult", "GPUOrder", "GPUUsage", "Reason", "binpack_order", "fit", "grants_on", "spread_order",
+]
 
 
 @dataclass(slots=True)
@@ -139,11 +141,23 @@ def _summary(container: str, count: int, total: int, rejected: dict[str, int]) -
     return f"container {container!r} needs {count} GPU(s): {total - sum(rejected.values())}/{total} fit{detail}"
 
 
+_NO_SELECTORS = Selectors()
+
+
+def grants_on(devices: Sequence[GPUDevice], requests: Sequence[ContainerRequest],
+              placement: Sequence[Sequence[int]]) -> Assignment:
+    """The grants of a placement (GPU indices per requesting container) on these devices."""
+    return tuple(
+        tuple(DeviceGrant(devices[i].uuid, request.memory_on(devices[i].memory), request.cores) for i in indices)
+        for request, indices in zip(requests, placement)
+    )
+
+
 def fit(
     devices: Sequence[GPUDevice],
     usage: Sequence[GPUUsage],
     requests: Sequence[ContainerRequest],
-    selectors: Selectors = Selectors(),
+    selectors: Selectors = _NO_SELECTORS,
     order: GPUOrder = binpack_order,
 ) -> FitResult:
     """Place every requesting container of a pod on this node's GPUs, or say why not.
@@ -160,7 +174,6 @@ def fit(
         if device.type not in type_ok:
             type_ok[device.type] = _type_ok(device.type, selectors)
     placement: list[tuple[int, ...]] = []
-    grants: list[tuple[DeviceGrant, ...]] = []
     for request in requests:
         if request.count > len(devices):
             return FitResult(
@@ -189,13 +202,9 @@ def fit(
                 unresolvable=static_ok < request.count,
             )
         chosen = order(devices, tentative, request, candidates)[: request.count]
-        segment = []
         for i in chosen:
-            memory = request.memory_on(devices[i].memory)
             used = tentative[i]
             tentative[i] = taken = GPUUsage(used.shares, used.memory, used.cores)
-            taken.add(memory, request.cores)
-            segment.append(DeviceGrant(devices[i].uuid, memory, request.cores))
+            taken.add(request.memory_on(devices[i].memory), request.cores)
         placement.append(tuple(chosen))
-        grants.append(tuple(segment))
-    return FitResult(ok=True, placement=tuple(placement), assignment=tuple(grants))
+    return FitResult(ok=True, placement=tuple(placement), assignment=grants_on(devices, requests, placement))

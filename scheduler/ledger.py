@@ -6,8 +6,10 @@ Read by the extender on every /filter, /prioritize, /bind and /preempt, by the m
 `vgpu inspect`.
 
 Accounting is incremental: a pod event changes only the counters of the GPUs named in its `vgpu-ids-new`, so no
-request ever walks the pods of the cluster. Every change to a node's devices or usage bumps that node's
-`generation` and empties its per-node cache, which the extender uses to remember fit results per request shape.
+request ever walks the pods of the cluster. Every change to a node's devices or usage goes through
+`NodeState.charge` / `set_devices`, which mark the node changed for the placement memo (scheduler.placement). The
+CPU and memory that bound pods request are kept per node (kube-scheduler's arithmetic) for policies that read
+node context.
 
 A charge comes from one of two places:
 - a pod seen by the watch with `vgpu-ids-new` that is bound (`spec.nodeName`) or assumed (`vgpu-node`), not yet
@@ -28,7 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -40,14 +42,13 @@ from vgpu.quantity import parse_integer_quantity, parse_quantity
 from vgpu.requests import pod_cpu_memory
 from vgpu.resources import HAMI_NAMES, SharingConfig
 from vgpu.scheduler.fit import GPUUsage
-from vgpu.scheduler.policies.base import NodeContext
+from vgpu.scheduler.nodestate import Grant, NodeState, flat_grants
 
 __all__ = [
     "NODE_UNKNOWN",
     "Charge",
     "ChargeState",
     "Ledger",
-    "NodeState",
     "pod_key",
 ]
 
@@ -72,32 +73,10 @@ class Charge:
     namespace: str
     name: str
     node: str
-    grants: tuple[tuple[str, int, int], ...]
+    grants: tuple[Grant, ...]
     assignment: Assignment
     state: str
     expires: float = 0.0
-
-
-@dataclass(slots=True)
-class NodeState:
-    """One node as the scheduler sees it.
-
-    `error` is non-empty when the node cannot take vGPU pods (annotation absent or malformed, no allocatable
-    GPUs); `devices` is then empty. `cache` maps a request-signature id to whatever the extender wants to keep
-    for this generation; it is replaced by an empty dict whenever the generation changes.
-    """
-
-    name: str
-    devices: tuple[GPUDevice, ...] = ()
-    error: str = ""
-    usage: list[GPUUsage] = field(default_factory=list)
-    index: dict[str, int] = field(default_factory=dict)
-    generation: int = 0
-    cache: dict[int, Any] = field(default_factory=dict)
-    raw: tuple[str | None, str | None, str | None] = (None, None, None)
-    obj: Mapping[str, Any] | None = None
-    cpu_allocatable: int | None = None  # milli; None when the node does not say
-    memory_allocatable: int | None = None  # MiB
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -107,11 +86,6 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     if uid:
         return str(uid)
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
-
-
-def _flatten(assignment: Assignment) -> tuple[tuple[str, int, int], ...]:
-    # MIG entries look like GPU-xxxx[group-pos]; they charge the physical GPU.
-    return tuple((g.uuid.split("[", 1)[0], g.memory, g.cores) for segment in assignment for g in segment)
 
 
 def _allocatable_cpu_memory(allocatable: Mapping[str, Any]) -> tuple[int | None, int | None]:
@@ -159,13 +133,10 @@ class Ledger:
         self._by_node: dict[str, set[str]] = {}
         self._expiry: list[tuple[float, str]] = []
         self._number_names = tuple(n.number for n in self.config.name_sets())
-        self.listeners: list[Callable[[str], None]] = []  # called with a node name when its state changed
         self.pod_listeners: list[Callable[[Mapping[str, Any]], None]] = []  # called with every watched pod
         self._compute: dict[str, tuple[str, int, int]] = {}  # pod -> (node, CPU milli, memory MiB) it takes
         self._requested: dict[str, list[int]] = {}  # node -> [CPU milli, memory MiB] its pods take
-        # Whether a change of a node's CPU or memory (not of its GPUs) empties its cache: only when a node policy
-        # scores with node context (the extender sets it); otherwise cached fits stay valid.
-        self.context_in_cache = False
+        self._ranked = True  # whether NodeState.rank is every node's position in name order
 
     # ------------------------------------------------------------------ nodes
 
@@ -190,22 +161,16 @@ class Ledger:
             devices, error = self._decode_node(node, volcano, hami)
             if state is None:
                 state = NodeState(name=name)
+                state.cpu_requested, state.memory_requested = self._requested.get(name, (0, 0))
                 self.nodes[name] = state
+                self._ranked = False
             state.raw = raw
             state.obj = node
-            cpu_memory = _allocatable_cpu_memory(allocatable)
+            state.cpu_allocatable, state.memory_allocatable = _allocatable_cpu_memory(allocatable)
             if devices != state.devices or error != state.error:
                 if error:
                     log.info("node unschedulable node=%s reason=%r", name, error)
-                state.devices = devices
-                state.error = error
-                state.index = {d.uuid: i for i, d in enumerate(devices)}
-                state.cpu_allocatable, state.memory_allocatable = cpu_memory
-                self._rebuild(state)
-            elif cpu_memory != (state.cpu_allocatable, state.memory_allocatable):
-                state.cpu_allocatable, state.memory_allocatable = cpu_memory
-                if self.context_in_cache:
-                    self._bump(state)
+                self._rebuild(state, devices, error)
 
     def _decode_node(
         self, node: Mapping[str, Any], volcano: Any, hami: Any
@@ -231,13 +196,9 @@ class Ledger:
         annotations = meta.get("annotations") or {}
         volcano = annotations.get(keys.NODE_REGISTER)
         hami = annotations.get(keys.HAMI_NODE_REGISTER) if volcano is None else None
-        devices, error = self._decode_node(node, volcano, hami)
-        state = NodeState(name=name, devices=devices, error=error, obj=node)
-        state.index = {d.uuid: i for i, d in enumerate(devices)}
-        state.usage = [GPUUsage() for _ in devices]
+        state = NodeState(name=name, obj=node)
         with self.lock:
-            for uid in self._by_node.get(name, ()):
-                self._apply(state, self.charges[uid].grants, +1)
+            self._rebuild(state, *self._decode_node(node, volcano, hami))
         return state
 
     def on_node_delete(self, node: Mapping[str, Any]) -> None:
@@ -245,38 +206,21 @@ class Ledger:
         name = (node.get("metadata") or {}).get("name")
         with self.lock:
             if self.nodes.pop(name, None) is not None:
-                self._notify(name)
+                self._ranked = False
 
-    def node(self, name: str) -> NodeState | None:
-        """The state of one node, or None (callers hold `lock` while they use it)."""
-        return self.nodes.get(name)
+    def rank_nodes(self) -> None:
+        """Number the nodes in name order (`NodeState.rank`: placement gives equal scores to the lower name), if a
+        node came or went since the last call; callers hold `lock`."""
+        if not self._ranked:
+            for rank, name in enumerate(sorted(self.nodes)):
+                self.nodes[name].rank = rank
+            self._ranked = True
 
-    def _rebuild(self, state: NodeState) -> None:
-        state.usage = [GPUUsage() for _ in state.devices]
+    def _rebuild(self, state: NodeState, devices: tuple[GPUDevice, ...], error: str) -> None:
+        """New devices for a node: its usage is recounted from the charges on it."""
+        state.set_devices(devices, error)
         for uid in self._by_node.get(state.name, ()):
-            self._apply(state, self.charges[uid].grants, +1)
-        self._bump(state)
-
-    def _bump(self, state: NodeState) -> None:
-        state.generation += 1
-        state.cache = {}
-        self._notify(state.name)
-
-    def _notify(self, node_name: str) -> None:
-        for listener in self.listeners:
-            listener(node_name)
-
-    @staticmethod
-    def _apply(state: NodeState, grants: tuple[tuple[str, int, int], ...], sign: int) -> None:
-        for uuid, memory, cores in grants:
-            i = state.index.get(uuid)
-            if i is None:
-                continue
-            used = state.usage[i]
-            if sign > 0:
-                used.add(memory, cores)
-            else:
-                used.sub(memory, cores)
+            state.charge(self.charges[uid].grants)
 
     # ------------------------------------------------------------------ charges
 
@@ -285,8 +229,7 @@ class Ledger:
         self._by_node.setdefault(charge.node, set()).add(charge.uid)
         state = self.nodes.get(charge.node)
         if state is not None:
-            self._apply(state, charge.grants, +1)
-            self._bump(state)
+            state.charge(charge.grants)
         if charge.expires:
             heapq.heappush(self._expiry, (charge.expires, charge.uid))
 
@@ -301,8 +244,7 @@ class Ledger:
                 del self._by_node[charge.node]
         state = self.nodes.get(charge.node)
         if state is not None:
-            self._apply(state, charge.grants, -1)
-            self._bump(state)
+            state.charge(charge.grants, -1)
         return charge
 
     def on_pod(self, pod: Mapping[str, Any]) -> None:
@@ -329,7 +271,7 @@ class Ledger:
                     self._remove(uid)
                 return
             assignment = salvage(ids)
-            grants = _flatten(assignment)
+            grants = flat_grants(assignment)
             if (
                 current is not None
                 and current.node == node
@@ -372,23 +314,15 @@ class Ledger:
             totals = self._requested.setdefault(node, [0, 0])
             totals[0] += sign * cpu
             totals[1] += sign * memory
+            state = self.nodes.get(node)
+            if state is not None:
+                state.cpu_requested, state.memory_requested = totals
             if totals == [0, 0]:
                 del self._requested[node]
-            state = self.nodes.get(node)
-            if state is not None and self.context_in_cache:
-                self._bump(state)
         if taken is None:
             self._compute.pop(uid, None)
         else:
             self._compute[uid] = taken
-
-    def context(self, state: NodeState) -> NodeContext | None:
-        """Free and allocatable CPU and memory of a node for the node policies; None when it has no allocatable."""
-        if state.cpu_allocatable is None or state.memory_allocatable is None:
-            return None
-        cpu, memory = self._requested.get(state.name, (0, 0))
-        return NodeContext(cpu_free=state.cpu_allocatable - cpu, memory_free=state.memory_allocatable - memory,
-                           cpu_total=state.cpu_allocatable, memory_total=state.memory_allocatable)
 
     def reserve(self, uid: str, namespace: str, name: str, node: str, assignment: Assignment) -> Charge:
         """Charge an assumed placement (replacing any previous charge of this pod) with the assume TTL."""
@@ -399,7 +333,7 @@ class Ledger:
                 namespace=namespace,
                 name=name,
                 node=node,
-                grants=_flatten(assignment),
+                grants=flat_grants(assignment),
                 assignment=assignment,
                 state=ChargeState.ASSUMED,
                 expires=self.clock() + self.assume_ttl,
@@ -421,10 +355,10 @@ class Ledger:
             charge = self.charges.get(uid)
             if charge is None or charge.state == ChargeState.OBSERVED:
                 return
-            if assignment is not None and _flatten(assignment) != charge.grants:
+            if assignment is not None and flat_grants(assignment) != charge.grants:
                 self._remove(uid)
                 charge = Charge(
-                    charge.uid, charge.namespace, charge.name, charge.node, _flatten(assignment), assignment,
+                    charge.uid, charge.namespace, charge.name, charge.node, flat_grants(assignment), assignment,
                     ChargeState.BOUND,
                 )
                 charge.expires = self.clock() + self.bound_ttl

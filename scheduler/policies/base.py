@@ -1,60 +1,67 @@
 """The node-policy interface and its registry.
 
-The extender calls `make_policy(name)` once, then `.score` for every feasible node of a pod and `.observe` once
-for every vGPU pod it sees (in the pod watch or at /filter). The trace replay (`vgpu.replay.run`) calls the same
-objects. Both pass the optional node context (free CPU and memory) and pod context (CPU and memory requests) to
-policies that declare `context_bins`, such as `fgd` and `fragaware`, whenever the node reports its allocatable
-CPU and memory; every policy must also work without them.
+Placement (`scheduler.placement`, used by the extender and the trace replay) builds a policy with
+`make_policy(name)`, calls `observe` once for every vGPU pod it sees (in the pod watch or at /filter), then `score`
+for every node a pod fits on, with the GPU order of `gpu_order`. Every member a policy may have is declared on
+`NodePolicy` with its default; a policy overrides what it needs.
 """
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, NamedTuple
+
+import numpy as np
 
 from vgpu.errors import ConfigError
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
 from vgpu.scheduler.fit import FitResult, GPUOrder, GPUUsage
 
-__all__ = ["NODE_POLICIES", "NodeContext", "NodePolicy", "PodContext", "gpu_order_of", "make_policy", "register"]
+__all__ = ["NODE_POLICIES", "NodeContext", "NodePolicy", "PodContext", "make_policy", "register"]
 
 
-@dataclass(frozen=True, slots=True)
-class NodeContext:
-    """Optional node facts beyond its GPUs: free and allocatable CPU (milli) and memory (MiB), and the model."""
+class NodeContext(NamedTuple):
+    """Node facts beyond its GPUs: free and allocatable CPU (milli) and memory (MiB)."""
 
     cpu_free: int
     memory_free: int
     cpu_total: int = 0
     memory_total: int = 0
-    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class PodContext:
-    """Optional pod facts beyond its GPU requests: CPU (milli) and memory (MiB) requests and GPU selectors."""
+    """Pod facts beyond its GPU requests: CPU (milli) and memory (MiB) requests and GPU selectors."""
 
     cpu: int = 0
     memory: int = 0
-    selectors: Selectors = Selectors()
+    selectors: Selectors = field(default_factory=Selectors)
 
 
-class NodePolicy(Protocol):
+class NodePolicy(ABC):
     """Scores a feasible placement of a pod on a node; higher is better.
 
-    Optional members a policy may add (callers use `getattr` with a default):
-    - `gpu_order_for(node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None`: a GPU order that
-      depends on the node context (`gpu_order` is then the order used without context);
-    - `context_bins(cpu_free, memory_free, pod) -> numpy int array`: for arrays of node free CPU / memory, a
-      class per node such that two nodes with the same GPU state and class get the same score for this pod, and
-      the same GPU order for every pod with the same GPU requests and class (the replay memoises on it). Without
-      it the score must not depend on the node context at all.
+    Contract: `score` depends on a node only through its GPUs' state (memory, type, health, split, mode and usage,
+    not their UUIDs) and, for a policy with `uses_node_context`, the class `context_bins` gives the node; placement
+    shares results between nodes on that basis. `epoch` changes whenever the scores of unchanged nodes change (a
+    policy that learns the workload), so that placement recomputes them.
     """
 
-    name: str
-    # The GPU order this policy wants inside a node, or None to use the configured --gpu-policy.
-    gpu_order: GPUOrder | None
+    name: ClassVar[str] = ""
+    # How placement breaks equal scores: "rank" (lower rank, then name) or "random" (uniform among the best).
+    tie_break: ClassVar[Literal["rank", "random"]] = "rank"
+    # Whether `score` or `gpu_order` reads the node context (free CPU and memory); see `context_bins`.
+    uses_node_context: ClassVar[bool] = False
+    # Whether the GPU order `gpu_order` gives depends on the node context (else fits are shared across classes).
+    gpu_order_uses_context: ClassVar[bool] = False
 
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    @abstractmethod
     def score(
         self,
         devices: Sequence[GPUDevice],
@@ -64,23 +71,39 @@ class NodePolicy(Protocol):
         node: NodeContext | None = None,
         pod: PodContext | None = None,
     ) -> float:
-        """Score placing `requests` on this node as `result` says (usage is the state before)."""
-        ...
+        """Score placing `requests` on this node as `result` says (`usage` is the state before)."""
+
+    def gpu_order(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None:
+        """The GPU order this policy wants inside a node (given its context), or None for the configured one."""
+        return None
+
+    def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
+        """For arrays of node free CPU and memory, a class per node such that nodes with the same GPU state and
+        class get the same score and GPU order for this pod. Policies without node context: one class."""
+        return np.zeros(len(cpu_free), dtype=np.int64)
 
     def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
         """Learn from a pod the scheduler has seen (policies that learn the workload online)."""
-        ...
+        return None
+
+    def seed(self, seed: int) -> None:
+        """Reseed any randomness (the replay seeds each run)."""
+        return None
+
+    def set_workload(self, pods: Iterable[tuple[Sequence[ContainerRequest], PodContext]]) -> None:
+        """Be told the whole workload in advance (the replay's oracle; only FGD uses it)."""
+        return None
 
 
 NODE_POLICIES: dict[str, Callable[[], NodePolicy]] = {}
 
 
-def register(name: str) -> Callable[[Callable[[], NodePolicy]], Callable[[], NodePolicy]]:
-    """Class decorator adding a policy factory to NODE_POLICIES under `name`."""
+def register(name: str) -> Callable[[type[NodePolicy]], type[NodePolicy]]:
+    """Class decorator adding a policy to NODE_POLICIES under `name`."""
 
-    def add(factory: Callable[[], NodePolicy]) -> Callable[[], NodePolicy]:
-        NODE_POLICIES[name] = factory
-        return factory
+    def add(cls: type[NodePolicy]) -> type[NodePolicy]:
+        NODE_POLICIES[name] = cls
+        return cls
 
     return add
 
@@ -92,12 +115,3 @@ def make_policy(name: str) -> NodePolicy:
     except KeyError:
         known = ", ".join(sorted(NODE_POLICIES))
         raise ConfigError(f"--node-policy: unknown policy {name!r} (known: {known})") from None
-
-
-def gpu_order_of(
-    policy: NodePolicy, node: NodeContext | None, pod: PodContext | None, default: GPUOrder
-) -> GPUOrder:
-    """The GPU order `policy` wants for this node (context-aware when it offers one), else `default`."""
-    order_for = getattr(policy, "gpu_order_for", None)
-    order = order_for(node, pod) if order_for is not None else policy.gpu_order
-    return order if order is not None else default

@@ -12,8 +12,8 @@ import numpy as np
 
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest
-from vgpu.scheduler.fit import FitResult, GPUUsage
-from vgpu.scheduler.policies.base import NodeContext, PodContext, register
+from vgpu.scheduler.fit import FitResult, GPUOrder, GPUUsage
+from vgpu.scheduler.policies.base import NodeContext, NodePolicy, PodContext, register
 from vgpu.scheduler.policies.shares import MILLI, bestfit_gpu_order, idle_milli, placed_milli
 
 __all__ = ["MAX_SPEC_CPU", "MAX_SPEC_GPU", "BestFit", "DotProd", "Packing", "RandomFit"]
@@ -29,47 +29,52 @@ def _cpu_terms(node: NodeContext | None, pod: PodContext | None) -> tuple[int, i
     return node.cpu_free, (pod.cpu if pod else 0)
 
 
-def _exact_cpu_bins(cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
-    return cpu_free.astype(np.int64)
+class _CPUAware(NodePolicy):
+    """A baseline whose score reads the node's free CPU: one context class per free-CPU value."""
 
+    uses_node_context = True
 
-class _Stateless:
-    def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
-        return None
+    def gpu_order(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None:
+        return bestfit_gpu_order
+
+    def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
+        return cpu_free.astype(np.int64)
 
 
 @register("random")
-class RandomFit(_Stateless):
+class RandomFit(NodePolicy):
     """Random-fit: every feasible node scores the same and the winner is drawn uniformly (`tie_break`)."""
 
     name = "random"
-    # The replay draws uniformly among the best nodes instead of taking the lowest rank; kube-scheduler does the
-    # same for equal scores, so in the extender a constant score is random-fit.
-    tie_break = "random"
+    tie_break = "random"  # placement draws uniformly among the best nodes, as kube-scheduler does on equal scores
 
     def __init__(self) -> None:
+        super().__init__()
         self._rng = _random.Random(0)
 
     def seed(self, seed: int) -> None:
         """Reseed the GPU choice."""
         self._rng = _random.Random(seed)
 
-    def gpu_order(self, devices, usage, request, candidates):
+    def _shuffled(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request: ContainerRequest,
+                  candidates: list[int]) -> list[int]:
         shuffled = list(candidates)
         self._rng.shuffle(shuffled)
         return shuffled
 
-    def score(self, devices, usage, requests, result, node=None, pod=None) -> float:
+    def gpu_order(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None:
+        return self._shuffled
+
+    def score(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], requests: Sequence[ContainerRequest],
+              result: FitResult, node: NodeContext | None = None, pod: PodContext | None = None) -> float:
         return 0.0
 
 
 @register("bestfit")
-class BestFit(_Stateless):
+class BestFit(_CPUAware):
     """Least leftover CPU and GPU share after placement wins: int((1 - s) * 100)."""
 
     name = "bestfit"
-    gpu_order = staticmethod(bestfit_gpu_order)
-    context_bins = staticmethod(_exact_cpu_bins)
 
     def score(
         self,
@@ -88,14 +93,13 @@ class BestFit(_Stateless):
 
 
 @register("dotprod")
-class DotProd(_Stateless):
+class DotProd(_CPUAware):
     """Tetris-like: the smallest dot product of node free vector and pod request vector wins."""
 
     name = "dotprod"
-    gpu_order = staticmethod(bestfit_gpu_order)
-    context_bins = staticmethod(_exact_cpu_bins)
 
-    def score(self, devices, usage, requests, result, node=None, pod=None) -> float:
+    def score(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], requests: Sequence[ContainerRequest],
+              result: FitResult, node: NodeContext | None = None, pod: PodContext | None = None) -> float:
         cpu_free, cpu_req = _cpu_terms(node, pod)
         gpu_left = sum(idle_milli(d, u) for d, u in zip(devices, usage))
         taken = placed_milli(devices, requests, result)
@@ -106,13 +110,16 @@ class DotProd(_Stateless):
 
 
 @register("packing")
-class Packing(_Stateless):
+class Packing(NodePolicy):
     """GPU packing: shared GPUs (tightest first), then free GPUs of used nodes, then small empty nodes."""
 
     name = "packing"
-    gpu_order = staticmethod(bestfit_gpu_order)
 
-    def score(self, devices, usage, requests, result, node=None, pod=None) -> float:
+    def gpu_order(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None:
+        return bestfit_gpu_order
+
+    def score(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], requests: Sequence[ContainerRequest],
+              result: FitResult, node: NodeContext | None = None, pod: PodContext | None = None) -> float:
         if not requests:
             return 0.0
         idle = [idle_milli(d, u) for d, u in zip(devices, usage)]

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest
 from vgpu.scheduler.fit import FitResult, GPUUsage
-from vgpu.scheduler.policies.base import NodeContext, PodContext, register
+from vgpu.scheduler.policies.base import NodeContext, NodePolicy, PodContext, register
 
 __all__ = ["Binpack", "Spread"]
 
@@ -26,11 +26,10 @@ def _after(usage: Sequence[GPUUsage], result: FitResult) -> dict[int, tuple[int,
 
 
 @register("binpack")
-class Binpack:
+class Binpack(NodePolicy):
     """Prefer nodes whose chosen GPUs end up fullest in memory."""
 
     name = "binpack"
-    gpu_order = None
 
     def score(
         self,
@@ -43,16 +42,12 @@ class Binpack:
     ) -> float:
         return float(sum(100.0 * memory / devices[i].memory for i, (_, memory) in _after(usage, result).items()))
 
-    def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
-        return None
-
 
 @register("spread")
-class Spread:
+class Spread(NodePolicy):
     """Prefer nodes where the pod lands on GPUs that were idle."""
 
     name = "spread"
-    gpu_order = None
 
     def score(
         self,
@@ -64,6 +59,3 @@ class Spread:
         pod: PodContext | None = None,
     ) -> float:
         return float(sum(100.0 for shares, _ in _after(usage, result).values() if shares == 0))
-
-    def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
-        return None

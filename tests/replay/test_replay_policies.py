@@ -6,12 +6,14 @@ from collections import Counter
 import pytest
 
 from vgpu.inventory import GPUDevice
-from vgpu.replay.run import ShareRequest
+from vgpu.replay.trace import ShareRequest
 from vgpu.scheduler.fit import GPUUsage, fit
 from vgpu.scheduler.policies import DEFAULT_NODE_POLICY, NODE_POLICIES, make_policy
 from vgpu.scheduler.policies.base import NodeContext, PodContext
-from vgpu.scheduler.policies.frag import TypeTable, _sigmoid_score, pod_type, typical_types
+from vgpu.scheduler.policies.frag import _sigmoid_score
+from vgpu.scheduler.policies.fragtable import TypeTable
 from vgpu.scheduler.policies.shares import bestfit_gpu_order, idle_milli
+from vgpu.scheduler.policies.workload import pod_type, typical_types
 
 CARD = 16_384_000
 
@@ -40,7 +42,7 @@ def test_policies_work_without_node_context_as_the_extender_calls_them(name):
     policy = make_policy(name)
     devices, usage, reqs = gpus(2), used(0, 600), (share(300),)
     policy.observe(reqs)
-    result = fit(devices, usage, reqs, order=policy.gpu_order or bestfit_gpu_order)
+    result = fit(devices, usage, reqs, order=policy.gpu_order(None, None) or bestfit_gpu_order)
     assert result.ok
     assert isinstance(policy.score(devices, usage, reqs, result), float)
 
@@ -52,7 +54,8 @@ def test_sigmoid_score_matches_the_simulator_quantisation():
 
 def test_fragment_measure_hand_checked():
     # types: half 1-GPU 500-milli pods (CPU 4000), half CPU-only pods
-    table = TypeTable([((4000, (share(500),), pod_type((share(500),), None)[2]), 0.5), ((1000, (), pod_type((), None)[2]), 0.5)])
+    table = TypeTable([((4000, (share(500),), pod_type((share(500),), None)[2]), 0.5),
+                       ((1000, (), pod_type((), None)[2]), 0.5)])
     devices, usage = gpus(2), used(0, 600)  # free 1000 and 400
     # 500-type: node can host it; the 400-free GPU is a fragment -> 400. CPU-only: all idle 1400 is fragment.
     assert table.fragment(devices, usage, cpu_free=8000) == pytest.approx(0.5 * 400 + 0.5 * 1400)
@@ -82,12 +85,13 @@ def test_fgd_prefers_the_placement_that_fragments_least_and_picks_the_first_best
     devices = gpus(3)
     usage = used(500, 0, 500)  # GPUs 0 and 2 half full
     node = NodeContext(cpu_free=10_000, memory_free=10_000)
-    order = fgd.gpu_order_for(node, PodContext(cpu=0))
+    order = fgd.gpu_order(node, PodContext(cpu=0))
     assert order(devices, usage, share(500), [0, 1, 2]) == [0, 2, 1]
     empty, half = used(0, 0), used(500, 0)
     r_empty = fit(gpus(2), empty, (share(500),), order=order)
     r_half = fit(gpus(2), half, (share(500),), order=order)
-    assert fgd.score(gpus(2), half, (share(500),), r_half, node=node) > fgd.score(gpus(2), empty, (share(500),), r_empty, node=node)
+    assert fgd.score(gpus(2), half, (share(500),), r_half, node=node) > fgd.score(gpus(2), empty, (share(500),),
+                                                                                r_empty, node=node)
 
 
 def test_fragaware_learns_the_workload_from_observed_pods():
@@ -99,7 +103,8 @@ def test_fragaware_learns_the_workload_from_observed_pods():
     version = ours.epoch
     ours.observe((share(250),), PodContext(cpu=2000))  # 5 pods: no rebuild until 8
     assert ours.epoch == version
-    assert not hasattr(ours, "set_workload")  # no oracle
+    ours.set_workload([((share(900),), PodContext(cpu=100))] * 50)  # no oracle: being told the workload is ignored
+    assert ours.epoch == version and [t for t, _ in ours.table.types] == [pod_type((share(250),), PodContext(cpu=2000))]
 
 
 def test_fragaware_keeps_its_table_while_the_workload_does_not_drift():
@@ -164,9 +169,9 @@ def test_random_policy_draws_ties_uniformly_and_reseeds():
     policy = make_policy("random")
     assert policy.tie_break == "random"
     policy.seed(1)
-    a = [policy.gpu_order(gpus(8), used(*[0] * 8), share(100), list(range(8))) for _ in range(3)]
+    a = [policy.gpu_order(None, None)(gpus(8), used(*[0] * 8), share(100), list(range(8))) for _ in range(3)]
     policy.seed(1)
-    b = [policy.gpu_order(gpus(8), used(*[0] * 8), share(100), list(range(8))) for _ in range(3)]
+    b = [policy.gpu_order(None, None)(gpus(8), used(*[0] * 8), share(100), list(range(8))) for _ in range(3)]
     assert a == b and len({tuple(x) for x in a}) > 1
 
 
@@ -197,6 +202,6 @@ def test_fragaware_score_is_the_same_whatever_the_gpu_order_computed_before_it()
         both = fit(devices, state, (small, large), order=lambda d, u, r, c: sorted(c))
         assert both.ok and both.placement == ((0,), (0,))
         ours, fresh = _learned_fragaware(), _learned_fragaware()
-        assert fit(devices, state, (large,), order=ours.gpu_order_for(node, pod)).ok  # ranks GPU 0 and GPU 1
+        assert fit(devices, state, (large,), order=ours.gpu_order(node, pod)).ok  # ranks GPU 0 and GPU 1
         assert ours.score(devices, state, (small, large), both, node=node, pod=pod) == fresh.score(
             devices, state, (small, large), both, node=node, pod=pod)

@@ -9,20 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vgpu.replay.run import (
-    Cluster,
-    TraceNode,
-    TracePod,
-    arrival_sequence,
-    curve,
-    load_nodes,
-    load_pods,
-    prepare_policy,
-    replay,
-)
+from vgpu.replay.arrivals import arrival_sequence
+from vgpu.replay.cluster import ReplayCluster
+from vgpu.replay.run import curve, prepare_policy, replay
+from vgpu.replay.trace import TraceNode, TracePod, load_nodes, load_pods
 from vgpu.scheduler.fit import binpack_order, fit
 from vgpu.scheduler.policies import make_policy
-from vgpu.scheduler.policies.base import gpu_order_of
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,7 +59,7 @@ def test_same_seed_same_sequence_and_ranks_for_every_policy():
 
 
 def test_ties_go_to_the_lowest_rank_and_bestfit_packs_hand_checked():
-    cluster = Cluster([node("a"), node("b")])
+    cluster = ReplayCluster([node("a"), node("b")])
     pods = [pod("x", milli=600), pod("y", milli=400), pod("z", milli=600), pod("w", milli=600)]
     rank = np.array([1, 0])  # node b wins ties
     arrived, allocated, where = replay(cluster, pods, [0, 1, 2, 3], rank, make_policy("bestfit"))
@@ -81,7 +73,7 @@ def test_ties_go_to_the_lowest_rank_and_bestfit_packs_hand_checked():
 
 
 def test_kube_scheduler_cpu_and_memory_fit_comes_first():
-    cluster = Cluster([node("a", cpu=4000, memory=8192), node("b", gpus=0, cpu=64000)])
+    cluster = ReplayCluster([node("a", cpu=4000, memory=8192), node("b", gpus=0, cpu=64000)])
     pods = [
         pod("hungry", cpu=5000),  # GPU free on a, but CPU does not fit there; b has no GPU
         pod("fat", memory=9000),  # memory does not fit on a
@@ -93,7 +85,7 @@ def test_kube_scheduler_cpu_and_memory_fit_comes_first():
 
 
 def test_milli_shares_are_exact_so_333_333_334_fill_one_gpu():
-    cluster = Cluster([node("a", model="G2")])
+    cluster = ReplayCluster([node("a", model="G2")])
     pods = [pod("p", milli=333), pod("q", milli=333), pod("r", milli=334), pod("s", milli=50)]
     _, allocated, where = replay(cluster, pods, [0, 1, 2, 3], np.array([0]), make_policy("fragaware"))
     assert where.tolist() == [0, 0, 0, -1]
@@ -112,27 +104,27 @@ def test_curve_takes_the_mean_of_events_at_each_percent_with_a_window_fallback()
 
 
 def _plain_replay(cluster, pods, sequence, rank, policy):
-    """Every node through fit and score, no memo: the reference for the memoised loop."""
-    cluster.reset()
+    """Every node through fit and score on its own, no memo, no stale score: the reference for placement's loop."""
+    cluster.reset(rank)
     where = []
     for j in sequence:
         p = pods[j]
         reqs, sel, ctxp = p.requests(), p.selectors(), p.context()
         policy.observe(reqs, ctxp)
         best, chosen = None, -1
-        for n in range(len(cluster.nodes)):
+        for n, state in enumerate(cluster.states):
             if cluster.cpu_free[n] < p.cpu or cluster.mem_free[n] < p.memory:
                 continue
-            ctx = cluster.context(n)
-            order = gpu_order_of(policy, ctx, ctxp, binpack_order)
-            res = fit(cluster.devices[n], cluster.usage[n], reqs, sel, order)
+            ctx = state.context()
+            order = policy.gpu_order(ctx, ctxp) or binpack_order
+            res = fit(state.devices, state.usage, reqs, sel, order)
             if not res.ok:
                 continue
-            s = policy.score(cluster.devices[n], cluster.usage[n], reqs, res, node=ctx, pod=ctxp)
+            s = policy.score(state.devices, state.usage, reqs, res, node=ctx, pod=ctxp)
             if best is None or s > best or (s == best and rank[n] < rank[chosen]):
                 best, chosen, chosen_res = s, n, res
         if chosen >= 0:
-            cluster.place(chosen, p, chosen_res)
+            cluster.place(chosen, p.cpu, p.memory, chosen_res)
         where.append(chosen)
     return where
 
@@ -151,9 +143,10 @@ def test_memoised_replay_matches_plain_loop(name):
             pods.append(pod(f"m{i}", gpus=int(rng.choice([1, 2])), milli=1000, cpu=2000))
         else:
             pods.append(pod(f"s{i}", milli=int(rng.choice([100, 250, 500, 730])), cpu=int(rng.choice([500, 2000]))))
-    cluster = Cluster(nodes)
+    cluster = ReplayCluster(nodes)
     seq, rank = arrival_sequence(pods, cluster.capacity_milli, len(nodes), seed=4)
-    _, _, where = replay(cluster, pods, seq, rank, prepare_policy(name, pods, 4))
+    # with no budget on stale scores, placement's memo must agree with evaluating every node on its own
+    _, _, where = replay(cluster, pods, seq, rank, prepare_policy(name, pods, 4), refresh_budget=10**9)
     assert where.tolist() == _plain_replay(cluster, pods, seq, rank, prepare_policy(name, pods, 4))
 
 
@@ -183,8 +176,10 @@ def test_cli_json_on_a_synthetic_trace(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     results = json.loads(out.stdout)["results"]
-    assert [(r["policy"], r["seed"]) for r in results] == [("fgd", 42), ("fragaware", 42), ("fgd", 43), ("fragaware", 43)]
-    assert set(results[0]) == {"policy", "seed", "unallocated_pct_at_100", "unallocated_pct_at_130", "failed_pods", "seconds"}
+    assert [(r["policy"], r["seed"]) for r in results] == [("fgd", 42), ("fragaware", 42), ("fgd", 43),
+                                                           ("fragaware", 43)]
+    assert set(results[0]) == {"policy", "seed", "unallocated_pct_at_100", "unallocated_pct_at_130", "failed_pods",
+                               "seconds"}
     assert (tmp_path / "c.png").stat().st_size > 0
     assert "[" in out.stderr  # progress bar
 

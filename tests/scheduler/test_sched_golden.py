@@ -27,7 +27,7 @@ def make(nodes, pods=(), node_policy="binpack", gpu_policy="binpack", mode="deci
         ledger.on_node(n)
     for p in pods:
         ledger.on_pod(p)
-    return ledger, Extender(ledger, make_policy(node_policy), gpu_policy, mode)
+    return ledger, Extender(ledger, make_policy(node_policy), gpu_policy=gpu_policy, mode=mode)
 
 
 def placed(ledger, name):

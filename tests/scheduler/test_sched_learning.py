@@ -4,16 +4,16 @@ from sched_builders import container, gpu, node, pod
 
 from vgpu.scheduler.extender import Extender
 from vgpu.scheduler.ledger import Ledger
-from vgpu.scheduler.policies import make_policy
+from vgpu.scheduler.policies import NodePolicy, make_policy
 
 
-class Recording:
-    """A node policy (the NodePolicy protocol) that records what it is asked to learn from."""
+class Recording(NodePolicy):
+    """A node policy that records what it is asked to learn from."""
 
     name = "recording"
-    gpu_order = None
 
     def __init__(self):
+        super().__init__()
         self.seen = []
 
     def score(self, devices, usage, requests, result, node=None, pod=None):
@@ -25,7 +25,7 @@ class Recording:
 
 def setup():
     ledger, policy = Ledger(), Recording()
-    ext = Extender(ledger, policy, "binpack", "decide", binder=lambda *args: None)
+    ext = Extender(ledger, policy, gpu_policy="binpack", mode="decide", binder=lambda *args: None)
     ledger.on_node(node("n1", [gpu("GPU-0", memory=30000)]))
     return ledger, ext, policy
 
@@ -72,7 +72,7 @@ def test_cpu_only_and_invalid_pods_are_not_learned_and_do_not_break_the_watch():
 def test_fragaware_starts_from_the_running_workload():
     ledger = Ledger()
     policy = make_policy("fragaware")
-    Extender(ledger, policy, "binpack", "decide")
+    Extender(ledger, policy, gpu_policy="binpack", mode="decide")
     ledger.on_node(node("n1", [gpu("GPU-0", memory=30000)]))
     for i in range(4):
         ledger.on_pod(pod(f"r{i}", container(number=1, memory=3000), node_name="n1",
@@ -93,31 +93,32 @@ def _cpu_container(name="main", cpu="1", **gpu_limits):
 
 def test_ledger_tracks_the_cpu_and_memory_that_bound_pods_take():
     ledger = Ledger()
-    ledger.context_in_cache = True  # as the extender sets it for a policy that scores with node context
     ledger.on_node(_with_capacity(node("n1", [gpu("GPU-0")]), "16", "64Gi"))
     state = ledger.nodes["n1"]
     web = pod("web", _cpu_container(cpu="1500m"), node_name="n1", phase="Running")
     pending = pod("pending", _cpu_container(cpu="4"))  # not bound: takes nothing yet
     for p in (web, web, pending):
         ledger.on_pod(p)
-    ctx = ledger.context(state)
+    ctx = state.context()
     assert (ctx.cpu_free, ctx.cpu_total) == (14_500, 16_000)
     assert (ctx.memory_free, ctx.memory_total) == (65_536 - 1024, 65_536)
-    generation = state.generation
     done = pod("web", _cpu_container(cpu="1500m"), uid=web["metadata"]["uid"], node_name="n1", phase="Succeeded")
     ledger.on_pod(done)
-    assert ledger.context(state).cpu_free == 16_000 and state.generation > generation
+    assert state.context().cpu_free == 16_000
     ledger.on_pod(pod("batch", _cpu_container(cpu="2"), node_name="n1", phase="Running"))
     ledger.on_pod_delete(pod("batch", uid="gone"))  # another pod's delete changes nothing
-    assert ledger.context(state).cpu_free == 14_000
+    assert state.context().cpu_free == 14_000
+    ledger.on_pod(pod("early", _cpu_container(cpu="1"), node_name="n3", phase="Running"))  # before its node
+    ledger.on_node(_with_capacity(node("n3", [gpu("GPU-3")]), "8"))
+    assert ledger.nodes["n3"].context().cpu_free == 7_000
     ledger.on_node(node("n2", [gpu("GPU-1")]))  # no memory allocatable: no node context
-    assert ledger.context(ledger.nodes["n2"]) is None
+    assert ledger.nodes["n2"].context() is None
 
 
 def _cpu_tie_cluster(policy_name):
     ledger = Ledger()
     policy = make_policy(policy_name)
-    ext = Extender(ledger, policy, "binpack", "decide")
+    ext = Extender(ledger, policy, gpu_policy="binpack", mode="decide")
     for name, cpu in (("n1", "24"), ("n2", "15")):
         ledger.on_node(_with_capacity(node(name, [gpu(f"{name}-0", memory=30000), gpu(f"{name}-1", memory=30000)]),
                                       cpu))
@@ -134,32 +135,34 @@ def test_fragaware_in_the_extender_breaks_ties_with_the_nodes_free_cpu():
     assert _cpu_tie_cluster("fragaware").filter({"Pod": small, "NodeNames": ["n1", "n2"]})["NodeNames"] == ["n2"]
 
 
-class Shifting:
+# Placement shares results between nodes whose GPUs are in the same state, so each node of these tests has its own
+# card size, by which the policy below tells them apart (a score may depend on the GPUs' state, not their UUIDs).
+MEMORY = {"n1": 30000, "n2": 30100, "n3": 30200, "n4": 30300}
+NODE_OF = {memory: name for name, memory in MEMORY.items()}
+
+
+class Shifting(NodePolicy):
     """A learning node policy whose preferred node flips when its target (epoch) changes."""
 
     name = "shifting"
-    gpu_order = None
     prefs = {0: {"n1": 3, "n2": 2, "n3": 1}, 1: {"n1": 1, "n2": 2, "n3": 3}}
 
     def __init__(self):
-        self.epoch = 0
+        super().__init__()
         self.calls = []
 
     def score(self, devices, usage, requests, result, node=None, pod=None):
-        name = devices[0].uuid.split("-")[0]
+        name = NODE_OF[devices[0].memory]
         self.calls.append((self.epoch, name))
         return self.prefs[self.epoch][name]
-
-    def observe(self, requests, pod=None):
-        return None
 
 
 def _three_nodes(budget):
     ledger, policy = Ledger(), Shifting()
-    ext = Extender(ledger, policy, "binpack", "decide")
-    ext.refresh_budget = budget
+    ext = Extender(ledger, policy, gpu_policy="binpack", mode="decide")
+    ext.placement.refresh_budget = budget
     for n in ("n1", "n2", "n3"):
-        ledger.on_node(node(n, [gpu(f"{n}-0", memory=30000)]))
+        ledger.on_node(node(n, [gpu(f"{n}-0", memory=MEMORY[n])]))
     return ext, policy
 
 
@@ -190,11 +193,11 @@ def test_decide_mode_rescores_a_stale_winner_before_placing():
 def test_decide_mode_rescores_stale_nodes_best_first_until_a_current_score_wins():
     ledger, policy = Ledger(), Shifting()
     policy.prefs = {0: {"n1": 1, "n2": 1, "n3": 9, "n4": 8}, 1: {"n1": 2, "n2": 2, "n3": 0, "n4": 7}}
-    ext = Extender(ledger, policy, "binpack", "decide")
-    ext.refresh_budget = 2
+    ext = Extender(ledger, policy, gpu_policy="binpack", mode="decide")
+    ext.placement.refresh_budget = 2
     names = ["n1", "n2", "n3", "n4"]
     for n in names:
-        ledger.on_node(node(n, [gpu(f"{n}-0", memory=30000)]))
+        ledger.on_node(node(n, [gpu(f"{n}-0", memory=MEMORY[n])]))
     probe = pod("probe", container(number=1, memory=1000))
     for n in names:  # scores cached on the first target, nothing reserved
         assert ext.evaluate(probe, n)[0].ok

@@ -128,16 +128,23 @@ def test_decide_mode_reservation_counts_for_next_pod_and_refilter_replaces_it():
     assert usage(ledger, "n1") == [(1, 600, 0)]
 
 
-def test_generation_cache_is_invalidated_by_usage_change():
+def test_placement_results_are_shared_by_nodes_in_one_state_and_redone_when_usage_changes():
     ledger = Ledger()
-    ledger.on_node(node("n1", [gpu("GPU-a", memory=1000)]))
+    for name, uuid in (("n1", "GPU-a"), ("n2", "GPU-b"), ("n3", "GPU-c")):
+        ledger.on_node(node(name, [gpu(uuid, memory=1000)]))
     ext = Extender(ledger, make_policy("binpack"), mode="score")
-    args = {"Pod": pod("p", container(number=1, memory=600)), "NodeNames": ["n1"]}
-    assert ext.filter(args)["NodeNames"] == ["n1"]
-    assert ledger.nodes["n1"].cache  # remembered for this generation
+    args = {"Pod": pod("p", container(number=1, memory=600)), "NodeNames": ["n1", "n2", "n3"]}
+    assert ext.filter(args)["NodeNames"] == ["n1", "n2", "n3"]
+    assert ext.placement.evaluations == 1  # three empty 1000-unit GPUs: one fit
+    assert ext.filter(args)["NodeNames"] == ["n1", "n2", "n3"]
+    assert ext.placement.evaluations == 1  # nothing changed: remembered
     ledger.on_pod(pod("other", node_name="n1", ids="GPU-a,NVIDIA,500,0:"))
-    assert not ledger.nodes["n1"].cache
-    assert ext.filter(args)["NodeNames"] == []
+    out = ext.filter(args)
+    assert out["NodeNames"] == ["n2", "n3"] and "insufficient memory" in out["FailedNodes"]["n1"]
+    assert ext.placement.evaluations == 2  # only n1's new state is fitted
+    pinned = pod("pinned", container(number=1, memory=100))
+    pinned["metadata"]["annotations"] = {"volcano.sh/vgpu-use-gpuuuid": "GPU-c"}
+    assert ext.filter({"Pod": pinned, "NodeNames": ["n2", "n3"]})["NodeNames"] == ["n3"]  # per node: UUIDs differ
 
 
 def test_preempt_keeps_nodes_where_victims_free_enough():

@@ -1,0 +1,242 @@
+"""Fragmentation of a node for a target workload, computed from memoised per-GPU vectors.
+
+For each pod type m of the target, the free GPU share (milli-GPU) a node cannot give to m: all of it when the node
+cannot host m (GPU type, too few fitting GPUs, too little free CPU), otherwise the free share of the GPUs too small
+for m; F_n(M) = sum_m p_m F_n(m). A GPU "fits" a type when its free memory, free cores and free slots all cover the
+type's request. `TypeTable` holds the target as arrays and reads F off per-type sums of per-GPU vectors (`GPUSums`),
+so ranking the GPUs of a node for one container costs a few small vector operations per distinct GPU state.
+"""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from vgpu.inventory import GPUDevice
+from vgpu.scheduler.fit import GPUUsage
+from vgpu.scheduler.policies.shares import idle_milli, request_milli
+from vgpu.scheduler.policies.workload import REFERENCE_CARD, PodType
+
+__all__ = ["MEMO_LIMIT", "GPUSums", "TypeTable", "gpu_raw"]
+
+MEMO_LIMIT = 100_000  # per-GPU vectors kept before the memo starts over (bounds a long-running extender's memory)
+
+
+def gpu_raw(device: GPUDevice, used: GPUUsage) -> tuple:
+    """One GPU's state as the memo key of its vectors (the frag policies' GPU order builds the state after a
+    placement from it field by field)."""
+    return (device.memory, device.type, device.healthy, device.split, used.shares, used.memory, used.cores)
+
+
+class GPUSums:
+    """A node's GPUs summed per target type: how many GPUs fit the type, their idle share, and the node's idle
+    share (all exact integers), plus each GPU's own vectors so that a change of one GPU is two vector updates."""
+
+    __slots__ = ("count", "idle", "known", "raws", "usable", "vectors")
+
+    def __init__(self, count: np.ndarray, usable: np.ndarray, idle: int, vectors: list, raws: tuple = ()) -> None:
+        self.count = count
+        self.usable = usable
+        self.idle = idle
+        self.vectors = vectors
+        self.raws = raws  # per GPU (memory, type, healthy, split, shares, memory used, cores used), when memoised
+        self.known: dict[tuple, float] = {}  # (table, free CPU) -> F, for memoised sums
+
+
+class TypeTable:
+    """A target workload as arrays, with per-card request columns and per-GPU fit vectors.
+
+    F is additive over a node's GPUs except for the thresholds (enough fitting GPUs, enough CPU), so a node is
+    summed once from memoised per-GPU vectors (`sums`), a placement on one GPU updates the sums (`moved`), and F
+    is read off the sums (`f`, `f_rows`). Every sum over GPUs is of integers, so F does not depend on the order
+    GPUs are added in, and the weighted sum over types is one dot product per row, so one node state gets the same
+    F bits whether it is evaluated alone or in a batch of moves.
+
+    With `cpu_capacity` the node's free CPU limits how much of its idle GPU share a type can use (as many pods
+    of the type as the CPU can feed, each taking its GPU demand), instead of only whether one pod fits; free CPU
+    is then counted in steps of `cpu_quantum` milli (rounded down).
+    """
+
+    def __init__(
+        self, types: Sequence[tuple[PodType, float]], cpu_capacity: bool = False, cpu_quantum: int = 1000
+    ) -> None:
+        self.types = list(types)
+        self.cpu_capacity = cpu_capacity
+        self.cpu_quantum = cpu_quantum
+        self.p = np.array([w for _, w in types], dtype=np.float64)
+        self.cpu = np.array([t[0] for t, _ in types], dtype=np.int64)
+        self.count = np.array([sum(r.count for r in t[1]) for t, _ in types], dtype=np.int64)
+        self.gpu = self.count > 0
+        # A type with several GPU containers is approximated by its largest request on `count` GPUs.
+        self._reqs = [max(t[1], key=lambda r: request_milli(r, REFERENCE_CARD)) if t[1] else None for t, _ in types]
+        self.demand = np.array(
+            [c * request_milli(r, REFERENCE_CARD) if r else 0 for c, r in zip(self.count.tolist(), self._reqs)],
+            dtype=np.float64,
+        )
+        self._sels = [t[2] for t, _ in types]
+        self.cpu_levels = np.unique(self.cpu)
+        self._zeros = np.zeros(len(self.types), dtype=np.float64)
+        self._columns: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._vectors: dict[tuple, tuple[np.ndarray, np.ndarray, int]] = {}  # one GPU's device and usage -> vectors
+        self._cpu_parts: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # CPU class -> its part of F
+        self._cpu_terms: dict[int | None, tuple[np.ndarray, np.ndarray | None]] = {}  # free CPU -> its part of F
+        self._sums: dict[tuple, GPUSums] = {}  # a node's GPU states, in order -> their sums
+
+    def __len__(self) -> int:
+        return len(self.types)
+
+    def known_vector(self, raw: tuple) -> tuple | None:
+        """The memoised vectors of one GPU state (`gpu_raw`), or None."""
+        return self._vectors.get(raw)
+
+    def with_cpu_capacity(self) -> "TypeTable":
+        """The same target with CPU as a capacity, sharing this table's per-GPU caches (they do not depend on
+        CPU), so a node's sums serve both tables."""
+        fed = TypeTable(self.types, cpu_capacity=True, cpu_quantum=self.cpu_quantum)
+        fed._columns, fed._vectors, fed._sums = self._columns, self._vectors, self._sums
+        return fed
+
+    def cpu_class(self, cpu_free: int | None) -> int:
+        """The CPU part of F: free CPU in quanta with `cpu_capacity` (-1: unlimited), else how many distinct type
+        CPU requests fit in `cpu_free` (None: unlimited)."""
+        if self.cpu_capacity:
+            return -1 if cpu_free is None else int(cpu_free) // self.cpu_quantum
+        if cpu_free is None:
+            return len(self.cpu_levels)
+        return int(np.searchsorted(self.cpu_levels, cpu_free, side="right"))
+
+    def _card_columns(self, card: tuple[int, str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        cols = self._columns.get(card)
+        if cols is None:
+            memory, kind = card
+            device = GPUDevice(uuid="column", split=1, memory=memory, type=kind)
+            need_mem = np.array([r.memory_on(memory) if r else 0 for r in self._reqs], dtype=np.int64)
+            need_cores = np.array([r.cores if r else 0 for r in self._reqs], dtype=np.int64)
+            allowed = np.array([s.type_allowed(device.type) for s in self._sels], dtype=bool)
+            cols = (need_mem, need_cores, allowed)
+            self._columns[card] = cols
+        return cols
+
+    def vector(self, device: GPUDevice, used: GPUUsage, raw: tuple | None = None) -> tuple:
+        """Per type, whether this GPU fits one container of it and then its idle share; the GPU's idle share; the
+        two vectors stacked."""
+        if raw is None:
+            raw = gpu_raw(device, used)
+        vector = self._vectors.get(raw)
+        if vector is None:
+            idle = idle_milli(device, used)
+            if used.shares < device.split and device.healthy:
+                need_mem, need_cores, allowed = self._card_columns((device.memory, device.type))
+                fits = (device.memory - used.memory >= need_mem) & (100 - used.cores >= need_cores) & allowed
+                if used.shares:
+                    fits &= need_cores < 100  # an exclusive container needs an empty GPU
+                one = fits.astype(np.float64)
+            else:
+                one = self._zeros
+            vector = (one, one * idle, idle, np.stack((one, one * idle)))
+            if len(self._vectors) >= MEMO_LIMIT:
+                self._vectors.clear()
+            self._vectors[raw] = vector
+        return vector
+
+    def sums(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage]) -> GPUSums:
+        """The node's GPUs summed per type (memoised per node state; never modified by the caller)."""
+        raws = tuple(map(gpu_raw, devices, usage))
+        found = self._sums.get(raws)
+        if found is None:
+            vectors = [self.vector(d, u, raw) for d, u, raw in zip(devices, usage, raws)]
+            if vectors:
+                total = np.add.reduce([v[3] for v in vectors])
+                found = GPUSums(total[0], total[1], sum(v[2] for v in vectors), vectors, raws)
+            else:
+                found = GPUSums(self._zeros, self._zeros, 0, vectors, raws)
+            if len(self._sums) >= MEMO_LIMIT // 10:
+                self._sums.clear()
+            self._sums[raws] = found
+        return found
+
+    def moved(self, sums: GPUSums, index: int, device: GPUDevice, used: GPUUsage) -> GPUSums:
+        """`sums` with GPU `index` (`device`) at usage `used` instead."""
+        old_one, old_idle_fit, old_idle, _ = sums.vectors[index]
+        vector = self.vector(device, used)
+        one, idle_fit, idle, _ = vector
+        vectors = list(sums.vectors)
+        vectors[index] = vector
+        return GPUSums(sums.count + (one - old_one), sums.usable + (idle_fit - old_idle_fit),
+                       sums.idle - old_idle + idle, vectors)
+
+    def moves(self, sums: GPUSums, moves: Sequence[tuple[int, tuple]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """Rows of per-type counts, usable shares and idle shares: one row per (GPU index, its new vector) move,
+        each applied to `sums` alone."""
+        old = [sums.vectors[i] for i, _ in moves]
+        new = [v for _, v in moves]
+        change = np.array([v[3] for v in new]) - np.array([v[3] for v in old])
+        return (sums.count + change[:, 0], sums.usable + change[:, 1],
+                [sums.idle - o[2] + n[2] for o, n in zip(old, new)])
+
+    def _terms(self, cpu_free: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per type, whether a GPU type can be hosted at this free CPU, and the GPU share the CPU can feed."""
+        terms = self._cpu_terms.get(cpu_free)
+        if terms is None:
+            if len(self._cpu_terms) >= MEMO_LIMIT:
+                self._cpu_terms.clear()
+            cpu_ok, feed = self._cpu_part(self.cpu_class(cpu_free))
+            terms = self._cpu_terms[cpu_free] = (self.gpu & cpu_ok, feed)
+        return terms
+
+    def f(self, sums: GPUSums, cpu_free: int | None) -> float:
+        """F_n(M) in milli-GPU of a node with these sums and free CPU (None: unlimited)."""
+        if sums.idle == 0 or not len(self.types):
+            return 0.0
+        key = (id(self), cpu_free)
+        value = sums.known.get(key)
+        if value is None:
+            hostable, feed = self._terms(cpu_free)
+            usable = sums.usable if feed is None else np.minimum(sums.usable, feed)
+            per_type = np.where((sums.count >= self.count) & hostable, sums.idle - usable, float(sums.idle))
+            value = sums.known[key] = float(self.p @ per_type)
+        return value
+
+    def f_rows(self, count: np.ndarray, usable: np.ndarray, idle: Sequence[int], cpu_free: int | None) -> list[float]:
+        """`f` of each row of per-type counts, usable shares and idle share (`moves`), at free CPU `cpu_free`."""
+        if not len(self.types):
+            return [0.0] * len(idle)
+        hostable, feed = self._terms(cpu_free)
+        if feed is not None:
+            usable = np.minimum(usable, feed)
+        column = np.array(idle, dtype=np.float64)[:, None]
+        per_type = np.where((count >= self.count) & hostable, column - usable, column)
+        p = self.p
+        return [float(p @ row) if i else 0.0 for row, i in zip(per_type, idle)]
+
+    def fragment(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], cpu_free: int | None) -> float:
+        """F_n(M) in milli-GPU for a node with these GPUs, usage and free CPU (None: unlimited)."""
+        return self.f(self.sums(devices, usage), cpu_free)
+
+    def _cpu_part(self, cls: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Per type, whether the CPU class covers one pod, and the GPU share the CPU can feed (None: no bound)."""
+        part = self._cpu_parts.get(cls)
+        if part is None:
+            feed = None
+            if not self.cpu_capacity:
+                cpu_ok = self.cpu <= (self.cpu_levels[cls - 1] if cls > 0 else -1)
+            elif cls < 0:
+                cpu_ok = np.ones(len(self.cpu), dtype=bool)
+            else:
+                cpu_free = cls * self.cpu_quantum
+                cpu_ok = self.cpu <= cpu_free
+                feedable = np.where(self.cpu > 0, cpu_free // np.maximum(self.cpu, 1), np.iinfo(np.int64).max)
+                feed = feedable * self.demand
+            part = self._cpu_parts[cls] = (cpu_ok, feed)
+        return part
+
+    def bins(self, cpu_free: np.ndarray, cpu_request: int) -> np.ndarray:
+        """Vectorised CPU classes before and after taking `cpu_request`, as one integer per node."""
+        if self.cpu_capacity:
+            q = self.cpu_quantum
+            return (cpu_free // q).astype(np.int64) * (1 << 24) + (cpu_free - cpu_request) // q
+        n = len(self.cpu_levels) + 1
+        before = np.searchsorted(self.cpu_levels, cpu_free, side="right")
+        after = np.searchsorted(self.cpu_levels, cpu_free - cpu_request, side="right")
+        return before.astype(np.int64) * n + after
+
+
