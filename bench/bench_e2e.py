@@ -1,6 +1,6 @@
 """End-to-end burst figures: pods/s from submission to running, and the time from bind to Allocate answered.
 
-Starts the cluster in a box of vgpu/standins/cluster.py (API-server, kubelet and kube-scheduler stand-ins around the
+Starts the cluster in a box of testbed/cluster.py (API-server, kubelet and kube-scheduler stand-ins around the
 real extender and device plugins, every piece a process), submits a burst of short pods (the shapes of
 tests/e2e/burst.py) and reads the timestamps the scheduler driver (bind answered) and the kubelet stand-ins
 (every Allocate of the pod answered, process started) append to the cluster's trace file. Prints figures; never
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 from burst import burst_pods, submit  # noqa: E402
 from e2e_helpers import TERMINAL, container, phase, pod  # noqa: E402
 
-from vgpu.testbed.cluster import Cluster  # noqa: E402
+from vgpu.testbed.cluster import LocalCluster  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -56,7 +56,7 @@ def main() -> int:
     args = ap.parse_args()
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench-e2e-"))
-    cluster = Cluster(workdir, nodes=args.nodes, gpus=args.gpus, metrics_port=0, scheduler_metrics_port=0)
+    cluster = LocalCluster(workdir, nodes=args.nodes, gpus=args.gpus, metrics_port=0, scheduler_metrics_port=0)
     t0 = time.monotonic()
     cluster.start()
     startup = time.monotonic() - t0

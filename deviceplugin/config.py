@@ -28,12 +28,11 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from vgpu.configfile import read_yaml_mapping, validated
 from vgpu.errors import ConfigError
 from vgpu.resources import HAMI_NAMES, SharingConfig
 
@@ -309,20 +308,6 @@ def parse_value(option: Option, raw: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def _read_yaml(path: str, label: str) -> dict[str, Any]:
-    try:
-        loaded = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"{label} {path}: {exc.strerror or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{label} {path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"{label} {path}: expected a mapping at the top level")
-    return loaded
-
-
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in data.items():
@@ -337,7 +322,7 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def read_options_file(path: str) -> dict[str, Any]:
     """A config file in the NVIDIA plugin's layout -> {PluginConfig field: value}; raises ConfigError."""
     label = "--config-file"
-    data = _read_yaml(path, label)
+    data = read_yaml_mapping(path, label)
     version = data.get("version", "v1")
     if version != "v1":
         raise ConfigError(f"{label} {path}: version: unknown value {version!r} (expected v1)")
@@ -373,18 +358,9 @@ def _set(data: dict[str, Any], field_path: str, value: Any) -> None:
     target[parts[-1]] = value
 
 
-def _validate(data: dict[str, Any], where: str) -> PluginConfig:
-    try:
-        return PluginConfig.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(str(part) for part in first["loc"]) or "config"
-        raise ConfigError(f"{key}: {first['msg']} (from {where})") from None
-
-
 def _read_component_file(path: str) -> dict[str, Any]:
     """The `--config` file; values of options in the table go through the same parser as flags."""
-    data = _read_yaml(path, "--config")
+    data = read_yaml_mapping(path, "--config")
     by_field = {o.field: o for o in OPTIONS}
     for key, value in list(data.items()):
         option = by_field.get(key)
@@ -399,7 +375,7 @@ def load_config(path: str | None, overrides: dict[str, Any] | None = None) -> Pl
     for key, value in (overrides or {}).items():
         if value is not None:
             _set(data, key, value)
-    return _validate(data, path or "flags")
+    return validated(PluginConfig, data, path or "flags")
 
 
 def resolve_config(
@@ -426,7 +402,7 @@ def resolve_config(
             continue
         option = by_field[field_name]
         _set(data, field_name, parse_value(option, raw, option.flag))
-    config = _validate(data, config_path or "flags and environment")
+    config = validated(PluginConfig, data, config_path or "flags and environment")
     check_consistency(config)
     return config
 

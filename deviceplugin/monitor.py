@@ -45,6 +45,7 @@ class NodeCollector(Collector):
         backend: GPUBackend,
         state: DeviceState,
         containers_root: Path,
+        *,
         pods_by_uid: Callable[[], dict[str, dict[str, Any]]] | None = None,
         now: Callable[[], float] = time.time,
         backend_up: bool = True,

@@ -83,6 +83,7 @@ class Registrar:
         api_client: k8s.ApiClient,
         node_name: str,
         state: DeviceState,
+        *,
         split: int,
         factor: int,
         mode: str = keys.MODE_HAMI_CORE,

@@ -22,9 +22,11 @@ from pathlib import Path
 
 import grpc
 
-from vgpu.deviceplugin.allocator import Allocation, AllocationError, Allocator
+from vgpu.deviceplugin.allocator import Allocator
 from vgpu.deviceplugin.backends import GPUBackend, GPUInfo, HealthEvent
 from vgpu.deviceplugin.config import CORE_DEVICES_PER_GPU
+from vgpu.deviceplugin.matching import AllocationError
+from vgpu.deviceplugin.response import Allocation
 from vgpu.errors import VGPUError
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
@@ -300,6 +302,7 @@ class DevicePluginManager:
         backend: GPUBackend,
         state: DeviceState,
         resource_names: dict[str, str],
+        *,
         split_count: int,
         memory_factor: int,
         allocator: Allocator | None,

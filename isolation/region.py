@@ -67,7 +67,7 @@ def parse_size(text: str) -> int:
 
 
 @dataclass(slots=True, frozen=True)
-class DeviceState:
+class RegionDevice:
     """One device of the container as the region sees it."""
 
     index: int
@@ -101,7 +101,7 @@ class RegionSnapshot:
     path: str
     major: int
     minor: int
-    devices: tuple[DeviceState, ...]
+    devices: tuple[RegionDevice, ...]
     processes: tuple[ProcessUsage, ...]
     utilization_switch: int
     recent_kernel: int
@@ -204,12 +204,12 @@ class Region:
             return int(self._x.used[dev])
         return sum(p.used[dev] for p in self.processes() if dev < len(p.used))
 
-    def devices(self) -> list[DeviceState]:
+    def devices(self) -> list[RegionDevice]:
         """Per-device limits and usage."""
         procs = self.processes()
         out = []
         for d in range(self.device_count):
-            out.append(DeviceState(
+            out.append(RegionDevice(
                 index=d, uuid=ffi.string(self._r.uuids[d]).decode(errors="replace"),
                 limit=int(self._r.limit[d]), sm_limit=int(self._r.sm_limit[d]),
                 used=self.used(d), sm_util=sum(p.sm_util[d] for p in procs),

@@ -5,13 +5,11 @@ Called by vgpu.scheduler.cli. Keys are the snake_case field names below; unknown
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from vgpu.errors import ConfigError
+from vgpu.configfile import read_yaml_mapping, validated
 from vgpu.resources import SCHEDULER_NAME, SharingConfig
 from vgpu.scheduler.policies import DEFAULT_NODE_POLICY
 
@@ -52,25 +50,6 @@ class SchedulerConfig(BaseModel):
 
 def load_config(path: str | None, overrides: dict[str, Any]) -> SchedulerConfig:
     """Read `path` (YAML mapping; None = defaults) and apply the non-None `overrides` (from flags)."""
-    data: dict[str, Any] = {}
-    if path:
-        try:
-            text = Path(path).read_text()
-        except OSError as exc:
-            raise ConfigError(f"--config {path}: {exc.strerror or exc}") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--config {path}: not valid YAML: {exc}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--config {path}: expected a mapping at the top level")
-        data.update(loaded)
+    data: dict[str, Any] = read_yaml_mapping(path, "--config") if path else {}
     data.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return SchedulerConfig.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "(config)"
-        raise ConfigError(f"scheduler config {where}: {first['msg']}") from None
+    return validated(SchedulerConfig, data, path or "flags")

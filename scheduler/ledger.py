@@ -119,6 +119,7 @@ class Ledger:
     def __init__(
         self,
         config: SharingConfig | None = None,
+        *,
         assume_ttl: float = 30.0,
         bound_ttl: float = 600.0,
         clock: Callable[[], float] = time.monotonic,

@@ -1,4 +1,4 @@
-"""Subcommand `vgpu demo`: a cluster in a box (see vgpu/demo.py). Discovered by vgpu/cli.py."""
+"""Subcommand `vgpu demo`: a cluster in a box (see testbed/demo.py). Discovered by vgpu/cli.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """TEST INFRASTRUCTURE: a whole cluster in a box, as real processes on this machine.
 
-Shared by `vgpu demo` and tests/e2e. `Cluster` starts, each as its own process group with its log under
+Shared by `vgpu demo` and tests/e2e. `LocalCluster` starts, each as its own process group with its log under
 `<workdir>/logs/`:
   * the API-server stand-in (`python -m vgpu.testbed.apiserver`, persistent, so it can be killed and restarted);
   * per node: a kubelet stand-in that runs admitted pods as local processes (`python -m vgpu.testbed.podrunner`),
@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import orjson
 
-__all__ = ["Cluster", "NodeProcs", "Proc", "free_port", "memory_factor_for", "port_or_free"]
+__all__ = ["LocalCluster", "NodeProcs", "Proc", "free_port", "memory_factor_for", "port_or_free"]
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +223,7 @@ class NodeProcs:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class Cluster:
+class LocalCluster:
     """The API server, N GPU nodes, the extender and the scheduling driver; see the module docstring."""
 
     def __init__(self, workdir: str | os.PathLike[str], nodes: int = 3, gpus: str | list[str] = "4xA100-40GB",
@@ -464,7 +464,7 @@ class Cluster:
 
         self.wait("the scheduler driver", ready, timeout, procs=[self.driver])
 
-    def start(self) -> Cluster:
+    def start(self) -> LocalCluster:
         """Start everything, in dependency order (independent pieces in parallel)."""
         try:
             self.start_apiserver()
@@ -524,7 +524,7 @@ class Cluster:
                 except (ProcessLookupError, PermissionError, ValueError):
                     pass
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -1,6 +1,6 @@
 """TEST INFRASTRUCTURE: thin adapters between the e2e harness and the components' command lines / stand-ins.
 
-The harness (vgpu/standins/cluster.py) starts our real components unmodified; the few places where it must know
+The harness (testbed/cluster.py) starts our real components unmodified; the few places where it must know
 how a component spells a flag or where a stand-in puts a socket are collected here so that a change in one of
 them is a one-line change.
 """

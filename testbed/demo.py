@@ -1,6 +1,6 @@
 """`vgpu demo`: a GPU-sharing cluster in a box, with sample pods and a live table.
 
-Starts the harness of vgpu/standins/cluster.py (API-server, kubelet and kube-scheduler stand-ins around our real
+Starts the harness of testbed/cluster.py (API-server, kubelet and kube-scheduler stand-ins around our real
 extender and device plugins, all as local processes over simulated GPUs), submits sample pods (or the pods of
 `--pods FILE`), and shows nodes, GPUs and pods refreshing in the terminal: what each GPU has allocated, what each
 container uses against its limit (read from the device plugins' real :9394 metrics), and where a limit was hit.
@@ -375,7 +375,7 @@ def evaluate(snap: Snapshot, submitted: list[dict], running_ok: bool = False) ->
 
 def run_demo(args: argparse.Namespace) -> int:
     """Start the cluster, submit the pods, show the table (or the summary), stop everything; the exit status."""
-    from vgpu.testbed.cluster import Cluster
+    from vgpu.testbed.cluster import LocalCluster
     from vgpu.testbed.podrunner import isolation_paths
 
     isolation_paths()  # builds libvgpu.so and the simulated driver now, or fails with BuildError
@@ -389,7 +389,7 @@ def run_demo(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     out = sys.stdout
     interactive = not args.headless and out.isatty()
-    cluster = Cluster(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO")
+    cluster = LocalCluster(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO")
     stopping = {"signal": 0}
 
     def on_signal(signum: int, _frame: Any) -> None:

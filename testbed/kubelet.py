@@ -20,7 +20,7 @@ Not used by any shipped component. Tests, the e2e harness and the demo start it 
 
 Hooks: `before_container(pod, container name)` runs before each device-requesting container is allocated
 (tests use it to restart the plugin mid-admission). For running containers: `on_admitted(pod, allocations)` is called after a successful admission with
-`allocations = {container name: [ContainerAllocateResponse, ...]}` (vgpu/standins/podrunner.py turns those into
+`allocations = {container name: [ContainerAllocateResponse, ...]}` (testbed/podrunner.py turns those into
 processes). Standalone: `python -m vgpu.testbed.kubelet --kubelet-dir DIR` serves registrations and prints the
 device counts whenever they change.
 """

@@ -15,7 +15,7 @@ process sees through its environment instead, faithfully to what the container w
     CUDA_DISABLE_CONTROL) means no preload, as in a real container. A read-only mount whose host file is missing
     fails the container's start (StartError), as a container runtime refuses to bind-mount it;
   * the GPU: `NVIDIA_VISIBLE_DEVICES` selects, from the node's published inventory, the simulated devices the
-    process's `libcuda.so.1` (isolation/build/simgpu, first in `LD_LIBRARY_PATH`) exposes, in that order and
+    process's `libcuda.so.1` (testbed/build/simgpu, first in `LD_LIBRARY_PATH`) exposes, in that order and
     under the UUIDs the device plugin advertised (NVML and cuDeviceGetUuid report them).
     Processes on one node that hold the same single GPU share one simulated device state file, so they contend
     for its memory and its kernel timeline as processes on one real GPU do.
@@ -529,7 +529,7 @@ def _terminated(name: str, ctr: Obj, code: int, reason: str, message: str, start
 class NodeAgent:
     """TEST INFRASTRUCTURE: the kubelet of one simulated node, as one process.
 
-    Wraps the device-manager stand-in (vgpu/standins/kubelet.py, `KubeletStandIn`) with what kubelet's sync loop
+    Wraps the device-manager stand-in (testbed/kubelet.py, `KubeletStandIn`) with what kubelet's sync loop
     does around it: it watches the pods bound to this node, admits each new one (GetPreferredAllocation + Allocate
     per container, through `KubeletStandIn.admit`), hands the answers to the `PodRunner`, fails a pod that cannot be
     admitted with `UnexpectedAdmissionError` (as kubelet does), frees the devices of pods that ended or were deleted,

@@ -58,7 +58,7 @@ import orjson
 import yaml
 
 from vgpu.errors import ConfigError
-from vgpu.quantity import parse_quantity
+from vgpu.requests import pod_resource_requests, resource_amount
 
 __all__ = [
     "BUILTIN_CONFIG",
@@ -71,7 +71,6 @@ __all__ = [
     "main",
     "parse_duration",
     "parse_scheduler_config",
-    "pod_resource_requests",
 ]
 
 log = logging.getLogger(__name__)
@@ -316,37 +315,6 @@ def find_deploy_config(root: str | Path | None = None) -> Path | None:
 # ---------------------------------------------------------------------------------------------- resource fit
 
 _BASE_RESOURCES = ("cpu", "memory", "ephemeral-storage")
-
-
-def _amount(name: str, raw: Any) -> Fraction:
-    try:
-        value = parse_quantity(raw)
-    except ValueError:
-        return Fraction(0)
-    return value * 1000 if name == "cpu" else value
-
-
-def _container_requests(ctr: Obj) -> dict[str, Fraction]:
-    res = (ctr or {}).get("resources") or {}
-    requests = dict(res.get("limits") or {})  # the API server defaults requests to limits
-    requests.update(res.get("requests") or {})
-    return {name: _amount(name, raw) for name, raw in requests.items()}
-
-
-def pod_resource_requests(pod: Obj) -> dict[str, Fraction]:
-    """The effective requests of a pod (cpu in millicores): max(sum(containers), each init container) + overhead."""
-    spec = pod.get("spec") or {}
-    total: dict[str, Fraction] = {}
-    for ctr in spec.get("containers") or ():
-        for name, value in _container_requests(ctr).items():
-            total[name] = total.get(name, Fraction(0)) + value
-    for ctr in spec.get("initContainers") or ():
-        for name, value in _container_requests(ctr).items():
-            if value > total.get(name, Fraction(0)):
-                total[name] = value
-    for name, raw in (spec.get("overhead") or {}).items():
-        total[name] = total.get(name, Fraction(0)) + _amount(name, raw)
-    return total
 
 
 def _tolerates(tolerations: list[Obj], taint: Obj) -> bool:
@@ -764,7 +732,7 @@ class SchedulerDriver:
         if any(labels.get(k) != v for k, v in selector.items()):
             reasons.append("node(s) didn't match Pod's node affinity/selector")
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        max_pods = _amount("pods", allocatable.get("pods", DEFAULT_MAX_PODS))
+        max_pods = resource_amount("pods", allocatable.get("pods", DEFAULT_MAX_PODS))
         if used.get("pods", Fraction(0)) + 1 > max_pods:
             reasons.append("Too many pods")
         for name, value in self._requests(pod).items():
@@ -772,7 +740,7 @@ class SchedulerDriver:
                 continue
             if name not in _BASE_RESOURCES and "/" not in name:
                 continue
-            have = _amount(name, allocatable[name]) if name in allocatable else Fraction(0)
+            have = resource_amount(name, allocatable[name]) if name in allocatable else Fraction(0)
             if value > have - used.get(name, Fraction(0)):
                 reasons.append(f"Insufficient {name}")
         return reasons
@@ -783,7 +751,7 @@ class SchedulerDriver:
         requests = pod_resource_requests(pod)
         scores = []
         for name in ("cpu", "memory"):
-            have = _amount(name, allocatable.get(name, 0))
+            have = resource_amount(name, allocatable.get(name, 0))
             if have <= 0:
                 continue
             left = have - used.get(name, Fraction(0)) - requests.get(name, Fraction(0))

@@ -1,7 +1,7 @@
 """TEST INFRASTRUCTURE: the sample GPU workload that `vgpu demo` and tests/e2e run inside their pods.
 
 A small CUDA driver-API program written with ctypes against `libcuda.so.1` (the simulated driver under
-isolation/build/simgpu when run by the pod runner, with libvgpu.so preloaded). On every visible device it creates a
+testbed/build/simgpu when run by the pod runner, with libvgpu.so preloaded). On every visible device it creates a
 context, reads `cuMemGetInfo`, allocates `--mib` MiB in `--chunk` MiB steps, launches `--kernels` kernels, holds
 the memory for `--hold` seconds (or until `--release-file` exists) and frees it. It prints one JSON line (prefix `VGPU-WORKLOAD `) with what it saw:
 the GPU env it was given, per device the total memory the driver reported, how much it allocated and where

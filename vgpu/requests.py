@@ -25,7 +25,9 @@ __all__ = [
     "gpu_containers",
     "pod_cpu_memory",
     "pod_requests",
+    "pod_resource_requests",
     "pod_selectors",
+    "resource_amount",
 ]
 
 MAX_GPUS_PER_CONTAINER = 64
@@ -107,40 +109,53 @@ def gpu_containers(pod: Mapping[str, Any]) -> list[tuple[dict[str, Any], bool]]:
     return ordered
 
 
-def _compute(container: Mapping[str, Any]) -> tuple[int, int]:
-    """A container's CPU (milli) and memory (MiB) requests, rounded up; limits stand in for absent requests (as the
-    API server defaults them); values that do not parse count as 0."""
+def resource_amount(name: str, raw: Any) -> Fraction:
+    """A resource quantity as kube-scheduler counts it: CPU in milli, the rest in its own unit; 0 when it does not
+    parse."""
+    try:
+        value = parse_quantity(raw)
+    except ValueError:
+        return Fraction(0)
+    return value * 1000 if name == "cpu" else value
+
+
+def _container_requests(container: Mapping[str, Any]) -> dict[str, Fraction]:
     resources = container.get("resources") or {}
-    requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
-    out = []
-    for name, scale in (("cpu", 1000), ("memory", Fraction(1, 2**20))):
-        raw = requests.get(name, limits.get(name))
-        try:
-            value = parse_quantity(raw) if raw is not None else Fraction(0)
-        except ValueError:
-            value = Fraction(0)
-        out.append(max(0, math.ceil(value * scale)))
-    return out[0], out[1]
+    if not isinstance(resources, Mapping):
+        return {}
+    requests = dict(resources.get("limits") or {})  # the API server defaults absent requests to the limits
+    requests.update(resources.get("requests") or {})
+    return {str(name): resource_amount(str(name), raw) for name, raw in requests.items()}
+
+
+def pod_resource_requests(pod: Mapping[str, Any]) -> dict[str, Fraction]:
+    """kube-scheduler's view of what a pod takes from its node, per resource (CPU in milli, the rest in its own
+    unit): the larger of the sum over its containers and each init container, plus the pod overhead. Values that do
+    not parse count as 0."""
+    spec = pod.get("spec") or {}
+    total: dict[str, Fraction] = {}
+    for container in spec.get("containers") or ():
+        if isinstance(container, Mapping):
+            for name, value in _container_requests(container).items():
+                total[name] = total.get(name, Fraction(0)) + value
+    for container in spec.get("initContainers") or ():
+        if isinstance(container, Mapping):
+            for name, value in _container_requests(container).items():
+                if value > total.get(name, Fraction(0)):
+                    total[name] = value
+    overhead = spec.get("overhead")
+    if isinstance(overhead, Mapping):
+        for name, raw in overhead.items():
+            total[str(name)] = total.get(str(name), Fraction(0)) + resource_amount(str(name), raw)
+    return total
 
 
 def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """kube-scheduler's view of what a pod takes from its node: CPU in milli and memory in MiB, each the larger of
-    the sum over its containers and its largest init container, plus the pod overhead."""
-    spec = pod.get("spec") or {}
-    total = [0, 0]
-    for container in spec.get("containers") or ():
-        if isinstance(container, dict):
-            for i, v in enumerate(_compute(container)):
-                total[i] += v
-    for container in spec.get("initContainers") or ():
-        if isinstance(container, dict):
-            for i, v in enumerate(_compute(container)):
-                total[i] = max(total[i], v)
-    overhead = spec.get("overhead")
-    if isinstance(overhead, dict):
-        for i, v in enumerate(_compute({"resources": {"requests": overhead}})):
-            total[i] += v
-    return total[0], total[1]
+    """The CPU (milli) and memory (MiB) a pod takes from its node (`pod_resource_requests`), rounded up."""
+    total = pod_resource_requests(pod)
+    cpu = math.ceil(total.get("cpu", Fraction(0)))
+    memory = math.ceil(total.get("memory", Fraction(0)) / 2**20)
+    return max(0, cpu), max(0, memory)
 
 
 def _lookup(resources: Mapping[str, Any], names: tuple[ResourceNames, ...], attr: str) -> tuple[str, Any]:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from vgpu.deviceplugin.config import PluginConfig
 
-__all__ = ["GPUBackend", "GPUInfo", "GPUUsage", "HealthEvent", "make_backend"]
+__all__ = ["GPUBackend", "GPUInfo", "GPUReading", "HealthEvent", "make_backend"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +46,7 @@ class HealthEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class GPUUsage:
+class GPUReading:
     """Current usage of one GPU."""
 
     memory_used_bytes: int
@@ -68,7 +68,7 @@ class GPUBackend(Protocol):
         """Block up to `timeout` seconds; return health changes since the last call (may be empty)."""
         ...
 
-    def usage(self) -> dict[str, GPUUsage]:
+    def usage(self) -> dict[str, GPUReading]:
         """Usage per GPU UUID; GPUs that cannot be read are left out."""
         ...
 

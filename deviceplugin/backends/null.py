@@ -2,7 +2,7 @@
 
 import time
 
-from vgpu.deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
+from vgpu.deviceplugin.backends import GPUInfo, GPUReading, HealthEvent
 
 __all__ = ["NullBackend"]
 
@@ -21,7 +21,7 @@ class NullBackend:
         time.sleep(timeout)
         return []
 
-    def usage(self) -> dict[str, GPUUsage]:
+    def usage(self) -> dict[str, GPUReading]:
         """Nothing to report."""
         return {}
 

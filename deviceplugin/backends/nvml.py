@@ -15,7 +15,7 @@ import os
 import threading
 import time
 
-from vgpu.deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
+from vgpu.deviceplugin.backends import GPUInfo, GPUReading, HealthEvent
 
 __all__ = ["NVMLBackend", "find_nvml_library"]
 
@@ -180,9 +180,9 @@ class NVMLBackend:
             if now - self._last_xid.get(gpu.uuid, -1e18) >= self._recovery:
                 self._change(gpu.uuid, True, "recovered", events)
 
-    def usage(self) -> dict[str, GPUUsage]:
+    def usage(self) -> dict[str, GPUReading]:
         """Memory used and utilisation per GPU; unreadable GPUs are left out."""
-        result: dict[str, GPUUsage] = {}
+        result: dict[str, GPUReading] = {}
         if self._nvml is None:
             return result
         nv = self._nvml
@@ -194,7 +194,7 @@ class NVMLBackend:
                     util = int(nv.nvmlDeviceGetUtilizationRates(handle).gpu)
                 except Exception:
                     util = 0
-                result[gpu.uuid] = GPUUsage(int(memory.used), util)
+                result[gpu.uuid] = GPUReading(int(memory.used), util)
             except Exception as exc:
                 log.debug("event=usage_unreadable uuid=%s error=%s", gpu.uuid, exc)
                 continue

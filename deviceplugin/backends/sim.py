@@ -24,7 +24,7 @@ import threading
 import uuid as uuidlib
 from dataclasses import dataclass
 
-from vgpu.deviceplugin.backends import GPUInfo, GPUUsage, HealthEvent
+from vgpu.deviceplugin.backends import GPUInfo, GPUReading, HealthEvent
 from vgpu.errors import ConfigError
 
 __all__ = ["MODELS", "SimBackend", "parse_sim_spec", "parse_sim_spec_full"]
@@ -209,11 +209,11 @@ class SimBackend:
             except queue.Empty:
                 waited += step
 
-    def usage(self) -> dict[str, GPUUsage]:
+    def usage(self) -> dict[str, GPUReading]:
         """Usage as set by `set_usage`; lost GPUs are left out."""
         with self._lock:
             return {
-                uid: GPUUsage(s.memory_used_mib * 1024 * 1024, s.utilization)
+                uid: GPUReading(s.memory_used_mib * 1024 * 1024, s.utilization)
                 for uid, s in self._state.items()
                 if not s.lost
             }

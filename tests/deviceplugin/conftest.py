@@ -1,4 +1,4 @@
-"""Fixtures of the device-plugin tests: `cluster` (dp_helpers.Cluster) is torn down after each test."""
+"""Fixtures of the device-plugin tests: `cluster` (dp_helpers.PluginBed) is torn down after each test."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from dp_helpers import Cluster
+from dp_helpers import PluginBed
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
+def cluster(tmp_path: Path) -> Iterator[PluginBed]:
+    c = PluginBed(tmp_path)
     try:
         yield c
     finally:

@@ -1,7 +1,7 @@
 """Helpers of the device-plugin tests: the real `vgpu device-plugin` process against the kubelet stand-in and the
 API-server stand-in (a module of its own, not conftest, so that its names never clash with other test folders).
 
-`Cluster` gives a fresh API server (in-process stand-in), a Node object, a kubelet stand-in on a temporary
+`PluginBed` gives a fresh API server (in-process stand-in), a Node object, a kubelet stand-in on a temporary
 device-plugin directory and `cluster.start_plugin(...)` which runs the plugin as a subprocess with the sim backend.
 """
 
@@ -26,7 +26,7 @@ RESOURCES = ("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgp
 NODE = "node-a"
 
 
-class Cluster:
+class PluginBed:
     """One node's worth of peers for the plugin."""
 
     def __init__(self, tmp: Path) -> None:

@@ -274,7 +274,7 @@ def test_node_labels_written_and_patched_only_on_change(cluster):
         "volcano.sh/vgpu.mode": "hami-core"}
     # in-process registrar against the same API server: no patch when nothing changed, one when a label drifted
     state = DeviceState([GPUInfo("GPU-x", "Tesla T4", 15360, 0), GPUInfo("GPU-y", "Tesla T4", 15360, 1)])
-    registrar = Registrar(cluster.api, NODE, state, 10, 1, labels=True)
+    registrar = Registrar(cluster.api, NODE, state, split=10, factor=1, labels=True)
     cluster.proc.terminate()
     cluster.proc.wait(10)
     assert registrar.sync() is True  # different UUIDs: the inventory annotation changes

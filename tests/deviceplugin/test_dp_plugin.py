@@ -287,14 +287,15 @@ def test_garbage_collection_keeps_live_pods_dirs(cluster):
     import os
 
     from vgpu.deviceplugin.allocator import Allocator
+    from vgpu.deviceplugin.host import HostFiles
     from vgpu.deviceplugin.pods import NodePods
     from vgpu.resources import SharingConfig
 
     live = cluster.create_pod("alive", [gpu_container("c")], "GPU-x,NVIDIA,1,0:")
     pods = NodePods(cluster.api, NODE).start()
     try:
-        allocator = Allocator(NODE, SharingConfig(), pods, str(cluster.hook), str(cluster.lock))
-        root = allocator.containers_root
+        allocator = Allocator(NODE, SharingConfig(), pods, HostFiles(cluster.hook, str(cluster.lock)))
+        root = allocator.host.containers_root
         keep = root / f"{live['metadata']['uid']}_c"
         gone = root / "00000000-dead-beef-0000-000000000000_c"
         young = root / "11111111-dead-beef-0000-000000000000_c"

@@ -1,4 +1,4 @@
-"""Fixtures of the end-to-end tests: whole clusters in a box (vgpu/standins/cluster.py) as real processes."""
+"""Fixtures of the end-to-end tests: whole clusters in a box (testbed/cluster.py) as real processes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu.testbed.cluster import Cluster
+from vgpu.testbed.cluster import LocalCluster
 from vgpu.testbed.podrunner import isolation_paths
 
 
@@ -17,7 +17,7 @@ def components() -> None:
     isolation_paths()
 
 
-def _dump_logs(cluster: Cluster, lines: int = 15) -> str:
+def _dump_logs(cluster: LocalCluster, lines: int = 15) -> str:
     parts = []
     for proc in cluster.processes():
         parts.append(f"==== {proc.name} ({'alive' if proc.alive else 'dead'})\n{proc.tail(lines)}")
@@ -26,14 +26,14 @@ def _dump_logs(cluster: Cluster, lines: int = 15) -> str:
 
 @pytest.fixture(scope="module")
 def make_cluster(tmp_path_factory: pytest.TempPathFactory, components: None,
-                 request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
+                 request: pytest.FixtureRequest) -> Iterator[Callable[..., LocalCluster]]:
     """Start clusters for a test module; every one is stopped when the module ends, whatever happened."""
-    started: list[Cluster] = []
+    started: list[LocalCluster] = []
 
-    def make(**kwargs: object) -> Cluster:
+    def make(**kwargs: object) -> LocalCluster:
         workdir = Path(tmp_path_factory.mktemp("cluster"))
         # metrics on free ports (tests never take :9394 / :9395)
-        cluster = Cluster(workdir, metrics_port=0, scheduler_metrics_port=0, **kwargs)  # type: ignore[arg-type]
+        cluster = LocalCluster(workdir, metrics_port=0, scheduler_metrics_port=0, **kwargs)  # type: ignore[arg-type]
         started.append(cluster)
         cluster.start()
         return cluster

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from vgpu.requests import pod_resource_requests
 from vgpu.testbed.apiserver import ApiServerStandIn
 from vgpu.testbed.scheduler_driver import (
     BUILTIN_CONFIG,
@@ -27,7 +28,6 @@ from vgpu.testbed.scheduler_driver import (
     load_scheduler_config,
     parse_duration,
     parse_scheduler_config,
-    pod_resource_requests,
 )
 
 

@@ -70,7 +70,7 @@ def _rv_of(obj: Obj) -> str:
 class WatchCache:
     """A list-then-watch cache of `kind` ("pods" or "nodes"); keys are "ns/name" for pods, "name" for nodes."""
 
-    def __init__(self, api_client: k8s.ApiClient, kind: str = "pods", field_selector: str | None = None,
+    def __init__(self, api_client: k8s.ApiClient, kind: str = "pods", *, field_selector: str | None = None,
                  label_selector: str | None = None, namespace: str | None = None,
                  on_add: AddHandler | None = None, on_update: UpdateHandler | None = None,
                  on_delete: DeleteHandler | None = None, watch_timeout: int = 300,

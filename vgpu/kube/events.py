@@ -37,7 +37,7 @@ def _ts(t: float) -> str:
 class EventRecorder:
     """Records events about pods and nodes for `component` (the Event's source.component)."""
 
-    def __init__(self, api_client: k8s.ApiClient, component: str, host: str | None = None,
+    def __init__(self, api_client: k8s.ApiClient, component: str, *, host: str | None = None,
                  max_queue: int = 1000, cache_size: int = 4096, aggregate_window: float = 600.0) -> None:
         self.component = component
         self.host = host or socket.gethostname()

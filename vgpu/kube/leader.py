@@ -39,7 +39,7 @@ def _micro_now() -> str:
 class LeaderElector:
     """Campaigns for Lease `namespace/name` as `identity` in a thread; `is_leader` tells the current state."""
 
-    def __init__(self, api_client: k8s.ApiClient, name: str, namespace: str = "kube-system",
+    def __init__(self, api_client: k8s.ApiClient, name: str, namespace: str = "kube-system", *,
                  identity: str | None = None, lease_duration: float = 15.0, renew_deadline: float = 10.0,
                  retry_period: float = 2.0, on_started_leading: Callable[[], None] | None = None,
                  on_stopped_leading: Callable[[], None] | None = None,

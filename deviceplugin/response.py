@@ -1,0 +1,135 @@
+"""The container's part of an Allocate response: environment, mounts, device specs and annotations.
+
+The response is the contract's (../shared/compat/CONTRACT.md, "Device plugin"), byte-compatible with
+volcano-vgpu-device-plugin under the default options; the NVIDIA device-plugin options (device list strategy,
+device ID strategy, pass-device-specs) change how the GPUs are named to the container runtime
+(docs/deviceplugin-options.md). Pure: no I/O (host set-up is deviceplugin.host).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid as uuidlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vgpu.assignment import Assignment, DeviceGrant
+
+__all__ = [
+    "CACHE_CONTAINER_DIR",
+    "CDI_ANNOTATION",
+    "DISABLE_CONTROL_ENV",
+    "LIBVGPU_CONTAINER_PATH",
+    "LOCK_CONTAINER_DIR",
+    "PRELOAD_CONTAINER_PATH",
+    "Allocation",
+    "ContainerGrant",
+    "ResponseOptions",
+    "build_allocation",
+]
+
+LIBVGPU_CONTAINER_PATH = "/usr/local/vgpu/libvgpu.so"
+CACHE_CONTAINER_DIR = "/tmp/vgpu"
+LOCK_CONTAINER_DIR = "/tmp/vgpulock"
+PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
+DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
+VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
+CDI_ANNOTATION = "cdi.k8s.io/vgpu-sharing"
+CDI_KIND = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseOptions:
+    """How granted GPUs are named to the container runtime (NVIDIA device-plugin options)."""
+
+    device_list_strategy: tuple[str, ...] = ("envvar",)
+    device_id_strategy: str = "uuid"
+    pass_device_specs: bool = False
+    driver_root: str = "/"
+    # GPU UUID -> (NVML index, minor number); needed by the index strategy and the device specs
+    gpu_numbers: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerGrant:
+    """What one container gets: the container and its segment of the assignment."""
+
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+    segment_index: int
+    grants: tuple[DeviceGrant, ...]
+    segments: Assignment
+    last: bool
+    disable_control: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """The container's share of an Allocate response."""
+
+    grant: ContainerGrant
+    envs: dict[str, str]
+    mounts: list[tuple[str, str, bool]]  # (container path, host path, read-only)
+    devices: list[tuple[str, str, str]] = field(default_factory=list)  # (container path, host path, permissions)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+def _device_id(uuid: str, options: ResponseOptions) -> str:
+    if options.device_id_strategy == "index":
+        numbers = options.gpu_numbers.get(uuid)
+        if numbers is not None:
+            return str(numbers[0])
+    return uuid
+
+
+def build_allocation(grant: ContainerGrant, *, options: ResponseOptions, memory_factor: int, vgpu_root: Path,
+                     cache_dir: Path, lock_dir: str, core_policy: str | None = None) -> Allocation:
+    """Env, mounts, device specs and annotations for one container, per the contract and the options.
+
+    `vgpu_root` is $HOOK_PATH/vgpu on the host, `cache_dir` the container's own accounting directory there."""
+    envs: dict[str, str] = {}
+    uuids: list[str] = []
+    for g in grant.grants:
+        if g.uuid not in uuids:
+            uuids.append(g.uuid)
+    ids = [_device_id(u, options) for u in uuids]
+    strategies = options.device_list_strategy
+    annotations: dict[str, str] = {}
+    extra_mounts: list[tuple[str, str, bool]] = []
+    if "envvar" in strategies:
+        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(ids)
+    if "volume-mounts" in strategies:
+        envs["NVIDIA_VISIBLE_DEVICES"] = VOLUME_MOUNTS_ROOT
+        extra_mounts = [(f"{VOLUME_MOUNTS_ROOT}/{i}", "/dev/null", True) for i in ids]
+    if "cdi-annotations" in strategies:
+        annotations[CDI_ANNOTATION] = ",".join(f"{CDI_KIND}={i}" for i in ids)
+    for i, g in enumerate(grant.grants):
+        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{g.memory * memory_factor}m"
+    envs["CUDA_DEVICE_SM_LIMIT"] = str(grant.grants[0].cores if grant.grants else 0)
+    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CACHE_CONTAINER_DIR}/{uuidlib.uuid4()}.cache"
+    if core_policy:
+        envs["GPU_CORE_UTILIZATION_POLICY"] = core_policy
+    mounts = [
+        (LIBVGPU_CONTAINER_PATH, str(vgpu_root / "libvgpu.so"), True),
+        (CACHE_CONTAINER_DIR, str(cache_dir), False),
+        (LOCK_CONTAINER_DIR, lock_dir, False),
+    ]
+    if not grant.disable_control:
+        mounts.append((PRELOAD_CONTAINER_PATH, str(vgpu_root / "ld.so.preload"), True))
+    mounts.extend(extra_mounts)
+    devices: list[tuple[str, str, str]] = []
+    if options.pass_device_specs:
+        root = options.driver_root
+
+        def host(path: str) -> str:
+            return os.path.normpath(os.path.join(root, path.lstrip("/")))
+
+        for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
+            devices.append((path, host(path), "rw"))
+        for u in uuids:
+            minor = options.gpu_numbers.get(u, (0, 0))[1]
+            devices.append((f"/dev/nvidia{minor}", host(f"/dev/nvidia{minor}"), "rw"))
+    return Allocation(grant, envs, mounts, devices, annotations)

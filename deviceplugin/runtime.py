@@ -1,0 +1,154 @@
+"""Wiring of a running device plugin: GPU backend, pod cache, allocator, gRPC services, node registrar and monitor.
+
+Built from a resolved `PluginConfig` by `vgpu device-plugin` (deviceplugin.cli, which only parses and dispatches).
+`DevicePluginRuntime.start()` starts everything, `stop()` stops it; with `--fail-on-init-error=false` a backend
+that cannot start leaves only the metrics endpoint up, exporting `vgpu_device_plugin_backend_up 0`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from vgpu.deviceplugin.allocator import Allocator
+from vgpu.deviceplugin.backends import GPUBackend, HealthEvent, make_backend
+from vgpu.deviceplugin.config import WHOLE_GPU_RESOURCE, PluginConfig, resolve_memory_factor
+from vgpu.deviceplugin.host import HostFiles
+from vgpu.deviceplugin.matching import CORES as KIND_CORES
+from vgpu.deviceplugin.matching import GPUS
+from vgpu.deviceplugin.matching import MEMORY as KIND_MEMORY
+from vgpu.deviceplugin.monitor import NodeCollector, serve_metrics
+from vgpu.deviceplugin.podresources import KubeletPods, default_socket
+from vgpu.deviceplugin.pods import NodePods
+from vgpu.deviceplugin.registrar import Registrar
+from vgpu.deviceplugin.response import ResponseOptions
+from vgpu.deviceplugin.server import CORES, MEMORY, NUMBER, WHOLE, DevicePluginManager, DeviceState
+from vgpu.errors import ConfigError, VGPUError
+from vgpu.isolation.build import paths as isolation_paths
+from vgpu.kube.client import make_api_client
+from vgpu.kube.events import EventRecorder
+
+__all__ = ["BackendUnavailable", "DevicePluginRuntime", "health_filter"]
+
+log = logging.getLogger(__name__)
+
+
+class BackendUnavailable(VGPUError):
+    """The GPU backend could not start and --fail-on-init-error is true (the process exits with status 1)."""
+
+
+def health_filter(config: PluginConfig) -> Callable[[HealthEvent], bool] | None:
+    """Which health events count, per --disable-healthchecks (None: all of them)."""
+    off_all, off_xids, _ = config.healthchecks()
+    if not off_all and not off_xids:
+        return None
+
+    def keep(event: HealthEvent) -> bool:
+        return not off_all and event.xid is None
+
+    return keep
+
+
+class DevicePluginRuntime:
+    """Everything `vgpu device-plugin` runs, built from a PluginConfig."""
+
+    def __init__(self, config: PluginConfig, backend: GPUBackend | None = None) -> None:
+        self.config = config
+        self.backend = backend or make_backend(config)
+        self.started: list[Any] = []  # objects with stop()/close()/shutdown(), in start order
+        self.metrics_server: Any = None
+
+    def start(self) -> DevicePluginRuntime:
+        """Start serving; raises BackendUnavailable or ConfigError when the node cannot be served."""
+        config, backend = self.config, self.backend
+        if backend.init_error:
+            if config.fail_on_init_error:
+                raise BackendUnavailable(
+                    f"GPU backend {config.backend} failed to start: {backend.init_error} "
+                    "(set --fail-on-init-error=false to stay up without GPUs)")
+            log.error("event=backend_init_failed backend=%s error=%s: staying up and advertising nothing "
+                      "(--fail-on-init-error=false)", config.backend, backend.init_error)
+            if config.metrics_listen:
+                collector = NodeCollector(backend, DeviceState([]), HostFiles(config.hook_path, config.lock_dir)
+                                          .containers_root, backend_up=False)
+                self._serve_metrics(collector)
+            return self
+        gpus = backend.devices()
+        for gpu in gpus:
+            if gpu.mig_enabled:
+                raise ConfigError(
+                    f"--mig-strategy: none: GPU {gpu.uuid} (index {gpu.nvml_index}) has MIG mode enabled, which "
+                    f"this plugin does not support; disable it (nvidia-smi -i {gpu.nvml_index} -mig 0) or keep the "
+                    "node off the vgpu-sharing device plugin"
+                )
+        factor = resolve_memory_factor(config, [g.memory_mib for g in gpus])
+        sharing = config.sharing_for(factor)
+        log.info("event=start node=%s gpus=%d factor=%d backend=%s", config.node_name, len(gpus), factor,
+                 config.backend)
+
+        api = make_api_client(config.kubeconfig, qps=config.kube_qps, burst=config.kube_burst)
+        recorder = EventRecorder(api, "vgpu-device-plugin", host=config.node_name)
+        pods = NodePods(api, config.node_name).start()
+        self.started += [recorder, pods]
+        state = DeviceState(gpus)
+        resources = sharing.resources
+        names = {NUMBER: resources.number, MEMORY: resources.memory, CORES: resources.cores}
+        kinds = {resources.number: GPUS, resources.memory: KIND_MEMORY, resources.cores: KIND_CORES}
+        if config.advertise_nvidia_gpu:
+            names[WHOLE] = WHOLE_GPU_RESOURCE
+            kinds[WHOLE_GPU_RESOURCE] = GPUS
+        options = ResponseOptions(
+            device_list_strategy=tuple(config.device_list_strategy),
+            device_id_strategy=config.device_id_strategy,
+            pass_device_specs=config.pass_device_specs,
+            driver_root=config.nvidia_driver_root,
+            gpu_numbers={g.uuid: (g.nvml_index, g.minor) for g in gpus},
+        )
+        kubelet_pods = KubeletPods(config.pod_resources_socket or default_socket(config.kubelet_dir))
+        self.started.append(kubelet_pods)
+        host = HostFiles(config.hook_path, config.lock_dir)
+        allocator = Allocator(
+            config.node_name, sharing, pods, host, core_policy=config.core_policy, resource_kinds=kinds,
+            options=options, recorder=recorder, kubelet=kubelet_pods,
+        )
+        library = isolation_paths().libvgpu
+        try:
+            if host.install_library(library):
+                log.info("event=libvgpu_installed source=%s target=%s", library, host.vgpu_root / "libvgpu.so")
+        except OSError as exc:
+            log.error("event=libvgpu_not_installed source=%s target=%s error=%s: containers will not find the "
+                      "isolation library", library, host.vgpu_root / "libvgpu.so", exc)
+        registrar = Registrar(
+            api, config.node_name, state, split=sharing.split_count, factor=factor, mode=config.mode,
+            interval=config.register_interval, handshake=config.handshake, housekeeping=allocator.collect_garbage,
+            labels=config.node_labels,
+        )
+        manager = DevicePluginManager(
+            config.kubelet_dir, backend, state, names, split_count=sharing.split_count, memory_factor=factor,
+            allocator=allocator, on_health_change=registrar.wake, health_filter=health_filter(config),
+        )
+        if config.metrics_listen:
+            self._serve_metrics(NodeCollector(backend, state, host.containers_root, pods_by_uid=pods.by_uid))
+        manager.start()
+        registrar.start()
+        self.started += [manager, registrar]
+        return self
+
+    def _serve_metrics(self, collector: NodeCollector) -> None:
+        self.metrics_server, port = serve_metrics(collector, self.config.metrics_listen)
+        log.info("event=metrics_listening port=%d", port)
+
+    def stop(self) -> None:
+        """Stop everything `start` started, the last started first, then release the backend."""
+        for part in reversed(self.started):
+            if isinstance(part, EventRecorder):
+                part.close(1.0)
+            elif isinstance(part, KubeletPods):
+                part.close()
+            else:
+                part.stop()
+        self.started = []
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+        self.backend.close()
