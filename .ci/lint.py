@@ -1,13 +1,15 @@
-"""Static checks of the tree: ruff, mypy and the import-linter contracts (pyproject.toml). Run by .ci/run.
+"""Static checks of the tree: ruff, mypy and the import-linter contracts (pyproject.toml); tests/static runs them.
 
 The folders install as one package (`scheduler/` -> `vgpu.scheduler`, ...: setup.py's FOLDERS). mypy and
 import-linter find modules on the file system, not through the editable install's import hook, so they read a
 view of the installed package made of symlinks (`.lint-view/vgpu/...`, gitignored) from inside that directory;
-their messages are printed with the source paths. Usage: `.venv/bin/python .ci/lint.py` (exit status: the number of failed checks).
+their messages are printed with the source paths. Usage: `.venv/bin/python .ci/lint.py [CHECK ...]` with CHECK
+among ruff, mypy, import-linter (exit status: the number of failed checks). tests/static runs each as a test.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
 import shutil
@@ -57,15 +59,25 @@ def run(title: str, argv: list[str], cwd: Path = ROOT, env: dict[str, str] | Non
     return res.returncode == 0
 
 
-def main() -> int:
+CHECKS = ("ruff", "mypy", "import-linter")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="ruff, mypy and the import-linter contracts")
+    parser.add_argument("checks", nargs="*", metavar="CHECK", help=f"{', '.join(CHECKS)} (default: all)")
+    wanted = parser.parse_args(argv).checks or list(CHECKS)
+    for name in wanted:
+        if name not in CHECKS:
+            parser.error(f"unknown check {name!r} (known: {', '.join(CHECKS)})")
     prefixes = build_view()
     config = str(ROOT / "pyproject.toml")
     env = dict(os.environ, PYTHONPATH=str(VIEW))
-    results = [
-        run("ruff", [str(BIN / "ruff"), "check", "."]),
-        run("mypy", [str(BIN / "mypy"), "--config-file", config, "-p", "vgpu"], VIEW, env, prefixes),
-        run("import-linter", [str(BIN / "lint-imports"), "--config", config], VIEW, env),
-    ]
+    commands = {
+        "ruff": ([str(BIN / "ruff"), "check", "."], ROOT, None),
+        "mypy": ([str(BIN / "mypy"), "--config-file", config, "-p", "vgpu"], VIEW, env),
+        "import-linter": ([str(BIN / "lint-imports"), "--config", config], VIEW, env),
+    }
+    results = [run(name, *commands[name], prefixes=prefixes) for name in wanted]
     failed = results.count(False)
     print(f"== static checks: {len(results) - failed} passed, {failed} failed")
     return failed

@@ -63,6 +63,9 @@ _MAX_FACTOR = 1024
 log = logging.getLogger(__name__)
 
 
+DeviceListStrategy = Literal["envvar", "volume-mounts", "cdi-annotations"]
+
+
 class PluginConfig(BaseModel):
     """Everything `vgpu device-plugin` needs; the `--config` YAML keys are the field names."""
 
@@ -100,8 +103,9 @@ class PluginConfig(BaseModel):
     fail_on_init_error: bool = Field(True, description="exit when the GPU backend cannot start")
     nvidia_driver_root: str = Field("/", description="host path of the driver installation")
     pass_device_specs: bool = Field(False, description="return DeviceSpecs for /dev/nvidia* in Allocate")
-    device_list_strategy: list[Literal["envvar", "volume-mounts", "cdi-annotations"]] = Field(
-        default_factory=lambda: ["envvar"], min_length=1, description="how GPUs are named to the runtime"
+    device_list_strategy: list[DeviceListStrategy] = Field(
+        default_factory=lambda: list[DeviceListStrategy](["envvar"]), min_length=1,
+        description="how GPUs are named to the runtime",
     )
     device_id_strategy: Literal["uuid", "index"] = Field("uuid", description="GPU IDs in the device list")
     mig_strategy: Literal["none"] = Field("none", description="MIG handling; only none")
@@ -288,9 +292,9 @@ def parse_value(option: Option, raw: Any, where: str) -> Any:
             values = [str(i).strip() for i in items if str(i).strip()]
             if not values:
                 raise ValueError(f"empty (expected one or more of {', '.join(option.choices)})")
-            for value in values:
-                if value not in option.choices:
-                    raise ValueError(f"unknown value {value!r} (expected {', '.join(option.choices)})")
+            for item in values:
+                if item not in option.choices:
+                    raise ValueError(f"unknown value {item!r} (expected {', '.join(option.choices)})")
             return list(dict.fromkeys(values))
         if option.kind == "xids":
             text = ",".join(str(i) for i in raw) if isinstance(raw, list) else str(raw)
@@ -450,7 +454,7 @@ def resolve_memory_factor(config: PluginConfig, memory_mib: list[int]) -> int:
     if entries > budget:
         raise ConfigError(
             f"{name}: {factor} gives {entries} {config.sharing.resources.memory} devices for {total} MiB of GPU "
-            f"memory, over kubelet's budget of {budget}; set it to at least {needed} (sharing.gpu_memory_factor, or this "
-            f"node's --gpu-memory-factor) or let the plugin pick it with --gpu-memory-factor=auto"
+            f"memory, over kubelet's budget of {budget}; set it to at least {needed} (sharing.gpu_memory_factor, or "
+            f"this node's --gpu-memory-factor) or let the plugin pick it with --gpu-memory-factor=auto"
         )
     return factor

@@ -85,7 +85,7 @@ class _Candidate:
     next_index: int
     in_progress: bool
     expected: Mapping[str, int]  # resource name -> quantity, for our resources the next container asks for
-    same_as: tuple  # equal for interchangeable candidates
+    same_as: tuple[Any, ...]  # equal for interchangeable candidates
 
     @property
     def key(self) -> str:

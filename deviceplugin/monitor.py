@@ -71,10 +71,11 @@ class NodeCollector(Collector):
                                      labels=["deviceidx", "deviceuuid", "zone"])
         host_util = GaugeMetricFamily("HostCoreUtilization", "GPU core utilisation (percent)",
                                       labels=["deviceidx", "deviceuuid", "zone"])
-        mem = GaugeMetricFamily("vgpu_gpu_memory_used_bytes", "GPU device memory used", labels=["gpu_index", "gpu_uuid"])
-        util = GaugeMetricFamily("vgpu_gpu_utilization_percent", "GPU core utilisation", labels=["gpu_index", "gpu_uuid"])
-        total = GaugeMetricFamily("vgpu_gpu_memory_total_bytes", "GPU device memory", labels=["gpu_index", "gpu_uuid"])
-        healthy = GaugeMetricFamily("vgpu_gpu_healthy", "1 if the GPU is healthy", labels=["gpu_index", "gpu_uuid"])
+        gpu_labels = ["gpu_index", "gpu_uuid"]
+        mem = GaugeMetricFamily("vgpu_gpu_memory_used_bytes", "GPU device memory used", labels=gpu_labels)
+        util = GaugeMetricFamily("vgpu_gpu_utilization_percent", "GPU core utilisation", labels=gpu_labels)
+        total = GaugeMetricFamily("vgpu_gpu_memory_total_bytes", "GPU device memory", labels=gpu_labels)
+        healthy = GaugeMetricFamily("vgpu_gpu_healthy", "1 if the GPU is healthy", labels=gpu_labels)
         try:
             usage = self.backend.usage()
         except Exception as exc:

@@ -1,12 +1,13 @@
-"""The kubelet-facing side of the device plugin: three gRPC DevicePlugin services and their registration.
+"""The kubelet-facing side of the device plugin: the gRPC DevicePlugin services and their registration.
 
-`DevicePluginManager` (started by vgpu.deviceplugin.cli) serves one `v1beta1.DevicePlugin` per resource on
+`DevicePluginManager` (started by deviceplugin.runtime) serves one `v1beta1.DevicePlugin` per resource on
 `<kubelet dir>/nvidia-vgpu-{number,memory,cores}.sock`, registers each with kubelet once it is serving, streams the
-fake devices (`<UUID>-<i>`, `<UUID>-memory-<i>`, `<UUID>-core-<i>`) and every health change through
-ListAndWatch, and answers GetPreferredAllocation / Allocate (every Allocate call goes to allocator.Allocator,
-which returns the container's env on whichever call fixes the match). In whole-GPU mode a fourth service
-advertises plain `nvidia.com/gpu` (one device per GPU, ID = the GPU's UUID) on `nvidia-gpu.sock`. One watcher thread notices a kubelet restart (its socket recreated, or ours deleted)
-and serves and registers again; one health thread applies backend events. Neither is ever duplicated.
+fake devices (`<UUID>-<i>`, `<UUID>-memory-<i>`, `<UUID>-core-<i>`) and every health change through ListAndWatch,
+and answers GetPreferredAllocation / Allocate (every Allocate call goes to allocator.Allocator, which returns the
+container's env on whichever call fixes the match). In whole-GPU mode a fourth service advertises plain
+`nvidia.com/gpu` (one device per GPU, ID = the GPU's UUID) on `nvidia-gpu.sock`. One watcher thread notices a
+kubelet restart (its socket recreated, or ours deleted) and serves and registers again; one health thread applies
+backend events. Neither is ever duplicated.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,11 +150,12 @@ class ResourceService(pb_grpc.DevicePluginServicer):
         return self._index.get(device_id)
 
     # gRPC --------------------------------------------------------------------------------------------------------
-    def GetDevicePluginOptions(self, request, context):
+    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
         """Preferred allocation is offered; no PreStartContainer."""
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
-    def ListAndWatch(self, request, context):
+    def ListAndWatch(self, request: pb.Empty,
+                     context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         """Send the list now and again after every change, until kubelet or we go away."""
         context.add_callback(self.state.wake)
         version = -1
@@ -165,7 +167,8 @@ class ResourceService(pb_grpc.DevicePluginServicer):
                 version = self.state.version
             yield self.device_list()
 
-    def GetPreferredAllocation(self, request, context):
+    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
+                               context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
         """Steer kubelet to IDs on the GPUs the scheduler chose (GPU resources); kubelet's first IDs otherwise."""
         responses = []
         for creq in request.container_requests:
@@ -210,7 +213,7 @@ class ResourceService(pb_grpc.DevicePluginServicer):
                 chosen.append(by_gpu[uuid][0])
                 used_gpus.add(uuid)
 
-    def Allocate(self, request, context):
+    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
         """The matched container's env, mounts and device specs on the call that fixes the match; else empty."""
         responses = []
         for creq in request.container_requests:
@@ -237,7 +240,8 @@ class ResourceService(pb_grpc.DevicePluginServicer):
             responses.append(container_response(allocation))
         return pb.AllocateResponse(container_responses=responses)
 
-    def PreStartContainer(self, request, context):
+    def PreStartContainer(self, request: pb.PreStartContainerRequest,
+                          context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
         """Nothing to do before a container starts."""
         return pb.PreStartContainerResponse()
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
-def register(subparsers) -> None:
+def register(subparsers: Any) -> None:
     """Add the `run` subcommand."""
     p = subparsers.add_parser(
         "run", help="run a command under libvgpu.so with GPU memory / compute limits",

@@ -15,6 +15,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from cffi import FFI
 
@@ -116,10 +117,13 @@ class Region:
     def __init__(self, path: str, mm: mmap.mmap, readonly: bool):
         self.path = path
         self.readonly = readonly
-        self._mm = mm
-        self._buf = ffi.from_buffer("char[]", mm, require_writable=not readonly)
-        self._r = ffi.cast("vgpu_region_t *", self._buf)
-        self._x = ffi.cast("vgpu_ext_t *", self._buf + EXT_OFFSET) if len(mm) >= FILE_SIZE else None
+        self._mm: mmap.mmap | None = mm
+        # cffi views of the mapping: the v1 region and, when present, our extension block
+        self._buf: Any = cast(Any, ffi).from_buffer("char[]", mm, require_writable=not readonly)
+        self._r: Any = ffi.cast("vgpu_region_t *", self._buf)
+        self._x: Any = None
+        if len(mm) >= FILE_SIZE:
+            self._x = ffi.cast("vgpu_ext_t *", self._buf + EXT_OFFSET)
         if self._x is not None and self._x.magic != EXT_MAGIC:
             self._x = None
 
@@ -210,7 +214,7 @@ class Region:
         out = []
         for d in range(self.device_count):
             out.append(RegionDevice(
-                index=d, uuid=ffi.string(self._r.uuids[d]).decode(errors="replace"),
+                index=d, uuid=cast(bytes, ffi.string(self._r.uuids[d])).decode(errors="replace"),
                 limit=int(self._r.limit[d]), sm_limit=int(self._r.sm_limit[d]),
                 used=self.used(d), sm_util=sum(p.sm_util[d] for p in procs),
             ))

@@ -3,15 +3,21 @@
 Registered by vgpu/cli.py; the work is in replay/run.py and replay/report.py (imported inside the command).
 """
 
+from __future__ import annotations
+
 import argparse
 import sys
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from vgpu.replay.run import RunResult
 
 __all__ = ["register"]
 
 OURS = "fragaware"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: Any) -> None:
     """Add the `replay` subcommand."""
     p = subparsers.add_parser(
         "replay",
@@ -43,7 +49,7 @@ class _Progress:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
 
-    def __call__(self, result, done: int, total: int) -> None:
+    def __call__(self, result: RunResult, done: int, total: int) -> None:
         if not self.enabled:
             return
         width = 30

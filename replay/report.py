@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -11,7 +12,11 @@ from vgpu.replay.run import RunResult
 __all__ = ["format_table", "plot_curves", "summarise"]
 
 
-def summarise(results: Sequence[RunResult], policies: Sequence[str]) -> list[dict[str, float | str | int]]:
+def _sd(values: np.ndarray) -> float:
+    return float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+
+def summarise(results: Sequence[RunResult], policies: Sequence[str]) -> list[dict[str, Any]]:
     """Per policy: mean, sd (n-1) and median of unallocated % at 100 and 130, mean failed pods and seconds."""
     rows = []
     for name in policies:
@@ -20,17 +25,15 @@ def summarise(results: Sequence[RunResult], policies: Sequence[str]) -> list[dic
             continue
         a100 = np.array([r.unallocated_pct_at_100 for r in mine])
         a130 = np.array([r.unallocated_pct_at_130 for r in mine])
-        def sd(a):
-            return (float(a.std(ddof=1)) if len(a) > 1 else 0.0)
         rows.append(
             {
                 "policy": name,
                 "seeds": len(mine),
                 "mean_100": float(a100.mean()),
-                "sd_100": sd(a100),
+                "sd_100": _sd(a100),
                 "median_100": float(np.median(a100)),
                 "mean_130": float(a130.mean()),
-                "sd_130": sd(a130),
+                "sd_130": _sd(a130),
                 "median_130": float(np.median(a130)),
                 "failed_pods": float(np.mean([r.failed_pods for r in mine])),
                 "seconds": float(np.mean([r.seconds for r in mine])),
@@ -39,7 +42,7 @@ def summarise(results: Sequence[RunResult], policies: Sequence[str]) -> list[dic
     return rows
 
 
-def format_table(rows: Sequence[dict]) -> str:
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """A plain-text table of `summarise` rows."""
     head = (
         f"{'policy':<10} {'seeds':>5}  {'unalloc@100 mean±sd':>20} {'median':>7}  "

@@ -1,8 +1,7 @@
 """The extender's decisions: filter, prioritize, bind and preempt on kube-scheduler's extender arguments.
 
-No HTTP here: `vgpu.scheduler.server` decodes the JSON into dicts, calls these methods and encodes what they return.
-Argument dicts use kube-scheduler's Go field names in any capitalisation (`Pod`, `NodeNames`, `Nodes`, ...);
-results use the exact capitalised names of k8s.io/kube-scheduler/extender/v1.
+No HTTP here: `vgpu.scheduler.server` decodes the JSON into dicts, calls these methods and encodes what they return;
+the argument and result shapes are `scheduler.wire`.
 
 Hot path: /filter resolves each candidate node in the ledger and hands them to `scheduler.placement.Placement`,
 the node-selection loop the trace replay uses too: fit results and scores are memoised per GPU state, context
@@ -38,6 +37,7 @@ from vgpu.scheduler.nodestate import NodeState
 from vgpu.scheduler.placement import Placement, PodShape
 from vgpu.scheduler.policies import NodePolicy
 from vgpu.scheduler.policies.base import PodContext
+from vgpu.scheduler.wire import InvalidArgs, candidate_nodes, failure_message, filter_result, lower_keys, pod_ref
 
 __all__ = [
     "MAX_PRIORITY",
@@ -46,19 +46,13 @@ __all__ = [
     "Binder",
     "EventSink",
     "Extender",
-    "InvalidArgs",
     "PodLookup",
-    "lower_keys",
 ]
 
 log = logging.getLogger(__name__)
 
 MODES = ("decide", "score")
 MAX_PRIORITY = 10
-
-
-class InvalidArgs(VGPUError):
-    """A well-formed JSON body that is not valid extender arguments (answered with `Error`, HTTP 200)."""
 
 
 class BindConflict(VGPUError):
@@ -72,13 +66,6 @@ Binder = Callable[[str, str, str, str, dict[str, str]], None]
 PodLookup = Callable[[str, str], "Mapping[str, Any] | None"]
 # events(pod, type, reason, message); pod is {"namespace", "name", "uid"}. Must not block.
 EventSink = Callable[[Mapping[str, str], str, str, str], None]
-
-
-def lower_keys(value: Any) -> dict[str, Any]:
-    """A dict's keys lowercased (Go's JSON decoder matches struct fields case-insensitively)."""
-    if not isinstance(value, Mapping):
-        raise InvalidArgs(f"expected a JSON object, got {type(value).__name__}")
-    return {str(k).lower(): v for k, v in value.items()}
 
 
 def _no_events(pod: Mapping[str, str], kind: str, reason: str, message: str) -> None:
@@ -95,15 +82,6 @@ class _PodInfo:
     @property
     def requests(self) -> tuple[ContainerRequest, ...]:
         return self.shape.requests
-
-
-def _pod_ref(pod: Mapping[str, Any]) -> dict[str, str]:
-    meta = pod.get("metadata") or {}
-    return {
-        "namespace": str(meta.get("namespace") or "default"),
-        "name": str(meta.get("name") or ""),
-        "uid": str(meta.get("uid") or ""),
-    }
 
 
 class Extender:
@@ -149,7 +127,7 @@ class Extender:
     def _pod_info(self, pod: Any) -> _PodInfo:
         if not isinstance(pod, Mapping):
             raise InvalidArgs("extender args missing Pod")
-        ref = _pod_ref(pod)
+        ref = pod_ref(pod)
         requests, selectors = pod_requests(pod, self.config), pod_selectors(pod)
         cpu, memory = pod_cpu_memory(pod)
         context = PodContext(cpu=cpu, memory=memory, selectors=selectors)
@@ -193,27 +171,6 @@ class Extender:
         if requests and self._remember(key, None):
             cpu, memory = pod_cpu_memory(pod)
             self._observe(requests, PodContext(cpu=cpu, memory=memory, selectors=pod_selectors(pod)))
-
-    @staticmethod
-    def _candidates(args: dict[str, Any]) -> tuple[list[str], dict[str, Mapping[str, Any]] | None]:
-        names = args.get("nodenames")
-        nodes = args.get("nodes")
-        if nodes is not None:
-            items = lower_keys(nodes).get("items") if isinstance(nodes, Mapping) else None
-            if not isinstance(items, list):
-                raise InvalidArgs("Nodes must be a NodeList with items")
-            objects: dict[str, Mapping[str, Any]] = {}
-            for item in items:
-                name = ((item or {}).get("metadata") or {}).get("name") if isinstance(item, Mapping) else None
-                if not isinstance(name, str) or not name:
-                    raise InvalidArgs("Nodes.items entry without metadata.name")
-                objects[name] = item
-            return list(objects), objects
-        if names is None:
-            return [], None
-        if not isinstance(names, list):
-            raise InvalidArgs("NodeNames must be a list of strings")
-        return names, None
 
     def _resolve(self, names: list[Any], objects: dict[str, Mapping[str, Any]] | None,
                  unresolvable: dict[str, str]) -> tuple[list[NodeState], list[int]]:
@@ -259,19 +216,19 @@ class Extender:
     def filter(self, raw_args: Any) -> dict[str, Any]:
         """ExtenderArgs -> ExtenderFilterResult."""
         args = lower_keys(raw_args)
-        names, objects = self._candidates(args)
+        names, objects = candidate_nodes(args)
         not_ready = self.ready()
         if not_ready:
-            return self._filter_result(names, objects, [], {}, {}, error=f"vgpu-scheduler not ready: {not_ready}")
+            return filter_result(names, objects, [], {}, {}, error=f"vgpu-scheduler not ready: {not_ready}")
         pod = args.get("pod")
         try:
             info = self._pod_info(pod)
         except VGPUError as exc:
             if isinstance(pod, Mapping):
-                self.events(_pod_ref(pod), "Warning", "FilteringFailed", str(exc))
-            return self._filter_result(names, objects, [], {}, {}, error=str(exc))
+                self.events(pod_ref(pod), "Warning", "FilteringFailed", str(exc))
+            return filter_result(names, objects, [], {}, {}, error=str(exc))
         if not info.requests:
-            return self._filter_result(names, objects, names, {}, {})
+            return filter_result(names, objects, names, {}, {})
         ledger = self.ledger
         ledger.expire()
         unresolvable: dict[str, str] = {}
@@ -291,35 +248,14 @@ class Extender:
                 {"namespace": info.namespace, "name": info.name, "uid": info.uid},
                 "Warning",
                 "FilteringFailed",
-                _failure_message(len(names), choice.failed, unresolvable),
+                failure_message(len(names), choice.failed, unresolvable),
             )
-        return self._filter_result(names, objects, feasible, choice.failed, unresolvable)
-
-    @staticmethod
-    def _filter_result(
-        names: list[str],
-        objects: dict[str, Mapping[str, Any]] | None,
-        feasible: list[str],
-        failed: dict[str, str],
-        unresolvable: dict[str, str],
-        error: str = "",
-    ) -> dict[str, Any]:
-        nodes = None
-        if objects is not None:
-            nodes = {"apiVersion": "v1", "kind": "NodeList", "metadata": {},
-                     "items": [objects[n] for n in feasible if n in objects]}
-        return {
-            "Nodes": nodes,
-            "NodeNames": list(feasible) if not error else [],
-            "FailedNodes": failed,
-            "FailedAndUnresolvableNodes": unresolvable,
-            "Error": error,
-        }
+        return filter_result(names, objects, feasible, choice.failed, unresolvable)
 
     def prioritize(self, raw_args: Any) -> list[dict[str, Any]]:
         """ExtenderArgs -> HostPriorityList (scores 0..10, best = 10)."""
         args = lower_keys(raw_args)
-        names, objects = self._candidates(args)
+        names, objects = candidate_nodes(args)
         info = self._pod_info(args.get("pod"))
         if not info.requests:
             return [{"Host": n, "Score": 0} for n in names]
@@ -342,13 +278,17 @@ class Extender:
     def bind(self, raw_args: Any) -> dict[str, str]:
         """ExtenderBindingArgs -> ExtenderBindingResult. Blocks on one API call; run it off the event loop."""
         args = lower_keys(raw_args)
-        name, namespace, uid, node = (args.get(k) for k in ("podname", "podnamespace", "poduid", "node"))
-        for field, value in (("PodName", name), ("PodNamespace", namespace), ("Node", node)):
+        fields = {}
+        for field in ("PodName", "PodNamespace", "Node"):
+            value = args.get(field.lower())
             if not isinstance(value, str) or not value:
                 return {"Error": f"ExtenderBindingArgs.{field} missing"}
-        if uid is not None and not isinstance(uid, str):
+            fields[field] = value
+        name, namespace, node = fields["PodName"], fields["PodNamespace"], fields["Node"]
+        raw_uid = args.get("poduid")
+        if raw_uid is not None and not isinstance(raw_uid, str):
             return {"Error": "ExtenderBindingArgs.PodUID must be a string"}
-        uid = uid or ""
+        uid = raw_uid or ""
         ref = {"namespace": namespace, "name": name, "uid": uid}
         key = uid or f"{namespace}/{name}"
         if self.binder is None:
@@ -473,12 +413,3 @@ class Extender:
                     continue
             out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": int(v.get("numpdbviolations") or 0)}
         return {"NodeNameToMetaVictims": out}
-
-
-def _failure_message(total: int, failed: dict[str, str], unresolvable: dict[str, str]) -> str:
-    counts: dict[str, int] = {}
-    for reason in (*failed.values(), *unresolvable.values()):
-        counts[reason] = counts.get(reason, 0) + 1
-    top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
-    detail = "; ".join(f"{n} node(s): {reason}" for reason, n in top)
-    return f"0/{total} nodes can hold the pod's vGPU request. {detail}".strip()

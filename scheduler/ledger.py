@@ -204,7 +204,7 @@ class Ledger:
 
     def on_node_delete(self, node: Mapping[str, Any]) -> None:
         """Forget a node; charges of pods on it are kept (they come back if the node does)."""
-        name = (node.get("metadata") or {}).get("name")
+        name = str((node.get("metadata") or {}).get("name") or "")
         with self.lock:
             if self.nodes.pop(name, None) is not None:
                 self._ranked = False

@@ -153,7 +153,7 @@ class Placement:
         if not self.contextual:
             return None
         if free is not None:
-            return self.policy.context_bins(free[0], free[1], pod.context).tolist()
+            return [int(c) for c in self.policy.context_bins(free[0], free[1], pod.context)]
         classes = [NO_CONTEXT] * len(states)
         known = [i for i, s in enumerate(states) if s.cpu_allocatable is not None and s.memory_allocatable is not None]
         if known:

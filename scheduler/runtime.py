@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes import client as k8s
 
 from vgpu.kube import EventRecorder, LeaderElector, WatchCache, bind_pod, make_api_client
-from vgpu.kube.client import read_json
+from vgpu.kube.client import read_object
 from vgpu.kube.errors import ConflictError, NotFoundError, translate
 from vgpu.scheduler.config import SchedulerConfig
 from vgpu.scheduler.extender import BindConflict, Extender
@@ -93,7 +93,7 @@ class SchedulerRuntime:
         try:
             resp = k8s.CoreV1Api(self.api).read_namespaced_pod(name, namespace, _preload_content=False,
                                                                _request_timeout=10)
-            return read_json(resp)
+            return read_object(resp)
         except Exception as exc:
             err = translate(exc, f"get pod {namespace}/{name}")
             if isinstance(err, NotFoundError):

@@ -44,6 +44,7 @@ start / stop / kill / restart on the same port).
 from __future__ import annotations
 
 import argparse
+import builtins
 import collections
 import contextlib
 import logging
@@ -387,7 +388,8 @@ class Store:
         os.replace(tmp, self._data)
         if self._journal is not None:
             self._journal.close()
-        self._journal = open(self._data.with_name(self._data.name + ".journal"), "wb")
+        # kept open for appends until the next fold or close()
+        self._journal = open(self._data.with_name(self._data.name + ".journal"), "wb")  # noqa: SIM115
         self._journal_entries = 0
 
     def _persist(self, change: _Change) -> None:
@@ -611,7 +613,7 @@ class Store:
 
     # -- watch
     def watch(self, res_key: str, sel: _Selector, since: int | None, deadline: float,
-              alive: Any = None, bookmark_every: float | None = None) -> Iterator[list[Obj]]:
+              alive: Any = None, bookmark_every: float | None = None) -> Iterator[builtins.list[Obj]]:
         """Yield batches of watch events ({type, object}) from `since` (None: current state as ADDED first)."""
         res = self._res(res_key)
         with self.cond:
@@ -890,7 +892,7 @@ class ApiServerStandIn:
     def url(self) -> str:
         """Base URL, e.g. http://127.0.0.1:34567."""
         host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     @property
     def open_watches(self) -> int:

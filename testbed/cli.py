@@ -1,4 +1,5 @@
-"""Subcommand `vgpu demo`: a cluster in a box (see testbed/demo.py). Discovered by vgpu/cli.py."""
+"""Subcommand `vgpu demo`: a cluster in a box (see testbed/demo.py), registered through the `vgpu.subcommands`
+entry point (setup.py), so that nothing outside the test bed imports it."""
 
 from __future__ import annotations
 
@@ -37,6 +38,12 @@ def register(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from vgpu.errors import ConfigError
+
+    if importlib.util.find_spec("httpx") is None:
+        raise ConfigError("the test bed needs its extra dependencies: pip install 'vgpu-sharing[testbed]'")
     from vgpu.testbed.demo import run_demo
 
     return run_demo(args)

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -367,7 +368,7 @@ class LocalCluster:
 
     @staticmethod
     def wait(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 0.2,
-             procs: Iterable[Proc] = ()) -> Any:
+             procs: Iterable[Proc | None] = ()) -> Any:
         """Poll `predicate` until truthy; raise TimeoutError naming `what` (with logs of dead processes)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -375,7 +376,7 @@ class LocalCluster:
             if value:
                 return value
             for proc in procs:
-                if not proc.alive:
+                if proc is not None and not proc.alive:
                     raise RuntimeError(f"{proc.name} exited while waiting for {what}:\n{proc.tail()}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
@@ -474,13 +475,13 @@ class LocalCluster:
                 assert node.kubelet is not None
                 node.kubelet.start()
             for node in self.nodes:
-                self.wait(f"kubelet stand-in of {node.name}", lambda n=node: self._kubelet_ready(n), 60,
+                self.wait(f"kubelet stand-in of {node.name}", partial(self._kubelet_ready, node), 60,
                           procs=[node.kubelet])
             for node in self.nodes:
                 assert node.plugin is not None
                 node.plugin.start()
             for node in self.nodes:
-                self.wait(f"GPUs of {node.name}", lambda n=node: self.node_ready(n.name), 60,
+                self.wait(f"GPUs of {node.name}", partial(self.node_ready, node.name), 60,
                           procs=[node.kubelet, node.plugin])
             self.start_extender()
             self.start_driver()

@@ -75,8 +75,8 @@ def sample_pods(inventories: dict[str, list[Any]], hold: float, factor: int = 1)
     """
     h = ["--hold", f"{hold:g}"]
 
-    def _container(*args: Any, **kwargs: Any) -> dict:
-        return _make_container(*args, factor=factor, **kwargs)
+    def _container(name: str, args: list[str], **kwargs: Any) -> dict[str, Any]:
+        return _make_container(name, args, factor=factor, **kwargs)
 
     nodes = sorted(inventories)
     last_node = inventories[nodes[-1]] if nodes else []
@@ -261,7 +261,8 @@ def _pending_reason(pod: dict) -> str:
 def render(snap: Snapshot, header: str = "") -> str:
     """The live table as text."""
     lines = [header] if header else []
-    gpu_rows = [("NODE", "GPU", "TYPE", "MEM alloc/total MiB", "CORES", "SHARES", "HEALTH", "PODS")]
+    gpu_rows: list[tuple[str, ...]] = [
+        ("NODE", "GPU", "TYPE", "MEM alloc/total MiB", "CORES", "SHARES", "HEALTH", "PODS")]
     index_of: dict[str, tuple[str, int]] = {}
     alloc: dict[str, list[int]] = {}
     holders: dict[str, list[str]] = {}
@@ -276,22 +277,22 @@ def render(snap: Snapshot, header: str = "") -> str:
                 entry[1] += grant.cores
                 entry[2] += 1
                 holders.setdefault(grant.uuid, []).append((pod.get("metadata") or {}).get("name", "?"))
-    for node in sorted(snap.nodes, key=lambda n: n["metadata"]["name"]):
-        name = node["metadata"]["name"]
-        devices = _inventory(node)
-        raw = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_REGISTER)
+    for node_obj in sorted(snap.nodes, key=lambda n: n["metadata"]["name"]):
+        name = node_obj["metadata"]["name"]
+        devices = _inventory(node_obj)
+        raw = ((node_obj.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_REGISTER)
         if raw and not devices:
             gpu_rows.append((name, "-", "inventory annotation malformed", "-", "-", "-", "-", "-"))
         for i, dev in enumerate(devices):
             index_of[dev.uuid] = (name, i)
-            used = alloc.get(dev.uuid, [0, 0, 0])
-            memory = f"{used[0] * snap.factor}/{dev.memory * snap.factor}"
-            gpu_rows.append((name, str(i), dev.type.removeprefix("NVIDIA-"), memory, f"{used[1]}/100",
-                             f"{used[2]}/{dev.split}", "ok" if dev.healthy else "UNHEALTHY",
+            taken = alloc.get(dev.uuid, [0, 0, 0])
+            memory = f"{taken[0] * snap.factor}/{dev.memory * snap.factor}"
+            gpu_rows.append((name, str(i), dev.type.removeprefix("NVIDIA-"), memory, f"{taken[1]}/100",
+                             f"{taken[2]}/{dev.split}", "ok" if dev.healthy else "UNHEALTHY",
                              ",".join(sorted(set(holders.get(dev.uuid, [])))) or "-"))
     lines += _table(gpu_rows)
     lines.append("")
-    pod_rows = [("POD", "PHASE", "NODE", "CONTAINER", "GPUS", "MEM used/limit MiB", "LIMIT")]
+    pod_rows: list[tuple[str, ...]] = [("POD", "PHASE", "NODE", "CONTAINER", "GPUS", "MEM used/limit MiB", "LIMIT")]
     pending = []
     for pod in sorted(snap.pods, key=lambda p: (p["metadata"].get("namespace"), p["metadata"]["name"])):
         meta = pod["metadata"]
@@ -308,6 +309,7 @@ def render(snap: Snapshot, header: str = "") -> str:
             grants = segments[position] if position < len(segments) else ()
             gpus = ",".join(str(index_of.get(g.uuid, ("", "?"))[1]) for g in grants) or "-"
             report = snap.reports.get((ns, pname, ctr)) or {}
+            used: float | None
             if (ns, pname, ctr) in snap.usage and phase == "Running":
                 used = snap.usage[(ns, pname, ctr)] / (1 << 20)  # live, from the node's :9394 metrics
             elif report.get("devices"):

@@ -19,10 +19,10 @@ Not used by any shipped component. Tests, the e2e harness and the demo start it 
   this at start), forgets the registrations and serves a fresh `kubelet.sock`.
 
 Hooks: `before_container(pod, container name)` runs before each device-requesting container is allocated
-(tests use it to restart the plugin mid-admission). For running containers: `on_admitted(pod, allocations)` is called after a successful admission with
-`allocations = {container name: [ContainerAllocateResponse, ...]}` (testbed/podrunner.py turns those into
-processes). Standalone: `python -m vgpu.testbed.kubelet --kubelet-dir DIR` serves registrations and prints the
-device counts whenever they change.
+(tests use it to restart the plugin mid-admission). For running containers: `on_admitted(pod, allocations)` is
+called after a successful admission with `allocations = {container name: [ContainerAllocateResponse, ...]}`
+(testbed/podrunner.py turns those into processes). Standalone: `python -m vgpu.testbed.kubelet --kubelet-dir DIR`
+serves registrations and prints the device counts whenever they change.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -245,6 +246,11 @@ class KubeletStandIn:
                 state.connected = False
                 self.cond.notify_all()
 
+    def _connected(self, resource: str) -> bool:
+        """A plugin for `resource` is registered and its ListAndWatch stream is up (callers hold the lock)."""
+        state = self.resources.get(resource)
+        return state is not None and state.connected
+
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
         """Wait until `predicate()` (evaluated under the state lock) is true; False on timeout."""
         deadline = time.monotonic() + timeout
@@ -334,11 +340,10 @@ class KubeletStandIn:
                         self.before_container(pod, admitted.name)
                     for resource, count in needs:
                         # a plugin that is re-registering gets a short grace period, as kubelet keeps its endpoint
-                        self.wait_for(lambda r=resource: r in self.resources and self.resources[r].connected,
-                                      self.rpc_timeout)
+                        self.wait_for(partial(self._connected, resource), self.rpc_timeout)
                         with self.cond:
                             state = self.resources.get(resource)
-                            if state is None or not state.connected:
+                            if state is None or not state.connected or state.stub is None:
                                 raise AdmissionError(f"resource {resource}: no device plugin connected")
                         ids = self._pick(state, uid, count, reusable.get(resource, []))
                         try:

@@ -422,10 +422,10 @@ class PodRunner:
         self._record(ev="running", uid=(pod.get("metadata") or {}).get("uid"), pod=_key(pod), node=self.node_name)
         for ctr in spec.get("containers") or ():
             name = ctr.get("name")
-            proc = running.procs.get(name)
-            if proc is None:
+            waited = running.procs.get(name)
+            if waited is None:
                 continue
-            code = proc.wait()
+            code = waited.wait()
             started = running.statuses[name]["state"].get("running", {}).get("startedAt", start_time)
             reason = "Completed" if code == 0 else ("Error" if code > 0 else f"Signal {-code}")
             running.statuses[name] = _terminated(name, ctr, code if code >= 0 else 128 - code, reason, "", started)
@@ -434,9 +434,9 @@ class PodRunner:
 
     def _finish(self, running: _Running, start_time: str, failed: bool) -> None:
         pod = running.pod
-        uid = (pod.get("metadata") or {}).get("uid")
+        uid = str((pod.get("metadata") or {}).get("uid") or "")
         for name in list(running.statuses) + list(running.init_statuses):
-            self._exit_file(uid or "", name).unlink(missing_ok=True)
+            self._exit_file(uid, name).unlink(missing_ok=True)
         if running.stopping:
             with self.lock:
                 self.pods.pop(uid, None)
@@ -551,7 +551,7 @@ class NodeAgent:
         self.base = {"cpu": cpu, "memory": memory, "pods": max_pods}
         self.admit_grace = admit_grace
         self.api_client = make_api_client(kubeconfig, qps=500, burst=1000)
-        self.core = k8s.CoreV1Api(self.api_client)
+        self.core: Any = k8s.CoreV1Api(self.api_client)  # raw JSON calls: the client's model types do not apply
         self.runner = PodRunner(node_name, workdir, api=self.core, trace=trace, on_exit=self._on_exit,
                                 memory_factor=memory_factor)
         self.kubelet = KubeletStandIn(kubelet_dir, on_admitted=self._on_admitted)
@@ -686,7 +686,7 @@ class NodeAgent:
                         self.kubelet.in_use.setdefault(resource, {})[device] = uid
 
     def _needed_resources(self, pod: Obj) -> set[str]:
-        names = set()
+        names: set[str] = set()
         spec = pod.get("spec") or {}
         for ctr in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
             res = ctr.get("resources") or {}
@@ -717,7 +717,7 @@ class NodeAgent:
                 return
             for item in items:
                 found = self.cache.get(item) if item else None
-                if found is not None:
+                if found is not None and item:
                     backlog.append((str((found.get("metadata") or {}).get("creationTimestamp") or ""), item))
             if not backlog:
                 continue
@@ -740,7 +740,7 @@ class NodeAgent:
             # like kubelet after a restart, give device plugins a moment to (re-)register before admitting
             wanted = self._needed_resources(pod)
 
-            def registered() -> bool:  # evaluated under kubelet.cond
+            def registered(wanted: set[str] = wanted) -> bool:  # evaluated under kubelet.cond
                 known = self._known_resources | set(self.kubelet.resources)
                 return all(self.kubelet.resources.get(n) is not None and self.kubelet.resources[n].connected
                            for n in wanted & known)

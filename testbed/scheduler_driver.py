@@ -349,7 +349,7 @@ class _Api:
         from vgpu.kube.client import make_api_client
 
         self.client = make_api_client(kubeconfig, qps=500, burst=1000)
-        self.core = k8s.CoreV1Api(self.client)
+        self.core: Any = k8s.CoreV1Api(self.client)  # raw JSON calls: the client's model types do not apply
 
     @staticmethod
     def _json(resp: Any) -> Any:
@@ -365,7 +365,9 @@ class _Api:
 
     def watch(self, kind: str, rv: str, timeout: int = 240) -> Iterator[Obj]:
         """Watch events from resourceVersion `rv`; ends when the server closes the stream."""
-        from kubernetes.watch.watch import iter_resp_lines
+        from kubernetes.watch import watch as k8s_watch
+
+        iter_resp_lines: Any = k8s_watch.iter_resp_lines
 
         kwargs = dict(watch=True, resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=timeout,
                       _preload_content=False, _request_timeout=(5, timeout + 30))
@@ -463,7 +465,7 @@ class SchedulerDriver:
         self.synced = {"pods": threading.Event(), "nodes": threading.Event()}
         self.binder = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind")
         self.http: dict[int, httpx.Client] = {}
-        self.stats = Counter()
+        self.stats: Counter[str] = Counter()
         self._trace_lock = threading.Lock()
         self._trace = open(trace, "ab", buffering=0) if trace else None  # noqa: SIM115 - closed in stop()
         self.threads: list[threading.Thread] = []
@@ -558,7 +560,7 @@ class SchedulerDriver:
     def _replace(self, kind: str, items: list[Obj]) -> None:
         with self.lock:
             if kind == "nodes":
-                self.nodes = {(o.get("metadata") or {}).get("name"): o for o in items}
+                self.nodes = {str((o.get("metadata") or {}).get("name")): o for o in items}
                 self._flush_unschedulable("node list")
                 return
             fresh = {_pod_key(o): o for o in items}
@@ -572,7 +574,7 @@ class SchedulerDriver:
     def _apply(self, kind: str, typ: str | None, obj: Obj) -> None:
         with self.lock:
             if kind == "nodes":
-                name = (obj.get("metadata") or {}).get("name")
+                name = str((obj.get("metadata") or {}).get("name"))
                 if typ == "DELETED":
                     self.nodes.pop(name, None)
                 else:

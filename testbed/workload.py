@@ -3,9 +3,9 @@
 A small CUDA driver-API program written with ctypes against `libcuda.so.1` (the simulated driver under
 testbed/build/simgpu when run by the pod runner, with libvgpu.so preloaded). On every visible device it creates a
 context, reads `cuMemGetInfo`, allocates `--mib` MiB in `--chunk` MiB steps, launches `--kernels` kernels, holds
-the memory for `--hold` seconds (or until `--release-file` exists) and frees it. It prints one JSON line (prefix `VGPU-WORKLOAD `) with what it saw:
-the GPU env it was given, per device the total memory the driver reported, how much it allocated and where
-CUDA_ERROR_OUT_OF_MEMORY stopped it, and the GPU UUIDs NVML reports.
+the memory for `--hold` seconds (or until `--release-file` exists) and frees it. It prints one JSON line (prefix
+`VGPU-WORKLOAD `) with what it saw: the GPU env it was given, per device the total memory the driver reported, how
+much it allocated and where CUDA_ERROR_OUT_OF_MEMORY stopped it, and the GPU UUIDs NVML reports.
 
 Exit status: 0 when the behaviour matches the expectation (`--expect-oom`: an allocation past the limit must be
 refused with CUDA_ERROR_OUT_OF_MEMORY and nothing past the limit allocated; otherwise every allocation must succeed),
@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 __all__ = ["MARKER", "main"]
 
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> dict:
         _check("cuCtxCreate_v2", cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev.value))
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         _check("cuMemGetInfo_v2", cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)))
-        entry = {"ordinal": ordinal, "total_mib": total.value // MIB, "free_mib": free.value // MIB,
+        entry: dict[str, Any] = {"ordinal": ordinal, "total_mib": total.value // MIB, "free_mib": free.value // MIB,
                  "limit_mib": _limit_mib(ordinal), "allocated_mib": 0, "oom_at_mib": None, "kernels": 0}
         report["devices"].append(entry)
         target = args.mib
@@ -148,9 +149,9 @@ def run(args: argparse.Namespace) -> dict:
         deadline = time.monotonic() + args.hold
         while time.monotonic() < deadline and not (args.release_file and os.path.exists(args.release_file)):
             time.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
-    for ctx, ptr in held:
+    for ctx, address in held:
         cuda.cuCtxSetCurrent(ctx)
-        cuda.cuMemFree_v2(ptr)
+        cuda.cuMemFree_v2(address)
     return report
 
 

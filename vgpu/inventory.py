@@ -11,6 +11,7 @@ numa, mode, health), or the legacy `<UUID>,<count>,<devmem>,<devcore>,<type>,<nu
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -169,14 +170,14 @@ def encode_hami_legacy(devices: list[GPUDevice] | tuple[GPUDevice, ...]) -> str:
 _HAMI_KEYS = {"id", "index", "count", "devmem", "devcore", "type", "numa", "mode", "health", "migProfiles"}
 
 
-def _json_int(item: dict, key: str, where: str, low: int = 0, high: int = _MAX_INT32) -> int:
+def _json_int(item: dict[str, Any], key: str, where: str, low: int = 0, high: int = _MAX_INT32) -> int:
     value = item.get(key, 0)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise CodecError(f"{where} {key}: {value!r} is not an integer in {low}..{high}")
     return value
 
 
-def _json_str(item: dict, key: str, where: str) -> str:
+def _json_str(item: dict[str, Any], key: str, where: str) -> str:
     value = item.get(key, "")
     if not isinstance(value, str):
         raise CodecError(f"{where} {key}: {value!r} is not a string")

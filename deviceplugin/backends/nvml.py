@@ -14,6 +14,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from vgpu.deviceplugin.backends import GPUInfo, GPUReading, HealthEvent
 
@@ -38,7 +40,8 @@ def find_nvml_library(driver_root: str) -> str | None:
 class NVMLBackend:
     """GPUs of this machine as NVML sees them."""
 
-    def __init__(self, ignored_xids=(), recovery_seconds: float = 60.0, driver_root: str = "/") -> None:
+    def __init__(self, ignored_xids: Iterable[int] = (), recovery_seconds: float = 60.0,
+                 driver_root: str = "/") -> None:
         self._ignored = set(ignored_xids)
         self._recovery = recovery_seconds
         self._lock = threading.Lock()
@@ -46,8 +49,8 @@ class NVMLBackend:
         self._healthy: dict[str, bool] = {}
         self._last_xid: dict[str, float] = {}
         self._last_probe = 0.0
-        self._event_set = None
-        self._nvml = None
+        self._event_set: Any = None
+        self._nvml: Any = None  # the pynvml module once NVML is initialised
         self.init_error: str | None = None
         try:
             import pynvml
@@ -69,7 +72,7 @@ class NVMLBackend:
         self._register_events()
 
     @staticmethod
-    def _text(value) -> str:
+    def _text(value: Any) -> str:
         return value.decode() if isinstance(value, bytes) else str(value)
 
     def _discover(self) -> list[GPUInfo]:

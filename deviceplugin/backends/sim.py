@@ -22,6 +22,7 @@ import queue
 import re
 import threading
 import uuid as uuidlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from vgpu.deviceplugin.backends import GPUInfo, GPUReading, HealthEvent
@@ -88,7 +89,7 @@ class SimBackend:
 
     init_error: str | None = None
 
-    def __init__(self, gpus: list[GPUInfo], control_file: str | None = None, ignored_xids=()) -> None:
+    def __init__(self, gpus: list[GPUInfo], control_file: str | None = None, ignored_xids: Iterable[int] = ()) -> None:
         self._gpus = gpus
         self._state = {g.uuid: _State() for g in gpus}
         self._events: queue.Queue[HealthEvent] = queue.Queue()
@@ -100,9 +101,10 @@ class SimBackend:
             self._control_offset = os.path.getsize(control_file)
 
     @classmethod
-    def from_spec(cls, spec: str, node_name: str, control_file: str | None = None, ignored_xids=()) -> SimBackend:
+    def from_spec(cls, spec: str, node_name: str, control_file: str | None = None,
+                  ignored_xids: Iterable[int] = ()) -> SimBackend:
         """Build the GPUs of `spec` with UUIDs derived from `node_name`."""
-        gpus = []
+        gpus: list[GPUInfo] = []
         for model, count, mig in parse_sim_spec_full(spec):
             name, memory = MODELS[model]
             for _ in range(count):

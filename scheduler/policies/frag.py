@@ -25,11 +25,16 @@ from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest
 from vgpu.scheduler.fit import FitResult, GPUOrder, GPUUsage
 from vgpu.scheduler.policies.base import NodeContext, NodePolicy, PodContext, register
-from vgpu.scheduler.policies.fragtable import GPUSums, TypeTable
+from vgpu.scheduler.policies.fragtable import GPURaw, GPUSums, GPUVector, TypeTable
 from vgpu.scheduler.policies.shares import lowest_index_order, usage_after
 from vgpu.scheduler.policies.workload import PodType, WorkloadLearner, pod_type, typical_types
 
 __all__ = ["FGD", "FragAware"]
+
+# the target workload: its table, and for fragaware the same target with CPU as a capacity
+Target = tuple[TypeTable, TypeTable | None]
+# the last GPU order's ranks, for the score that follows: (sums before, free CPU, free CPU after, ranks by move)
+LastOrder = tuple[GPUSums | None, int | None, int | None, dict[tuple[GPURaw, int], tuple[GPUVector, float]]]
 
 
 def _cpu(node: NodeContext | None) -> int | None:
@@ -70,8 +75,8 @@ class _FragDescent(NodePolicy):
 
     def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
         """Make `types` the target workload (one assignment: a request being served keeps the pair it read)."""
-        self._target: tuple[TypeTable, TypeTable | None] = (TypeTable(types), None)
-        self._last_order: tuple = (None, None, None, {})
+        self._target: Target = (TypeTable(types), None)
+        self._last_order: LastOrder = (None, None, None, {})
 
     @property
     def table(self) -> TypeTable:
@@ -91,7 +96,7 @@ class _FragDescent(NodePolicy):
         return self.table.bins(cpu_free, pod.cpu)
 
     def _ties(
-        self, target: tuple, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
+        self, target: Target, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
         node: NodeContext | None, pod: PodContext | None,
     ) -> list[float]:
         """The tie-break, in [0, 1), of each move from `start` to a row of `rows` (`TypeTable.moves`); only moves
@@ -99,7 +104,7 @@ class _FragDescent(NodePolicy):
         return [0.0] * len(rows[2])
 
     def _ranks(
-        self, target: tuple, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
+        self, target: Target, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
         node: NodeContext | None, pod: PodContext | None,
     ) -> tuple[list[int], list[float | None]]:
         """Integer scores of the moves from `start` to each row, and the tie-break of those with the best one."""
@@ -127,9 +132,9 @@ class _FragDescent(NodePolicy):
             target = self._target
             table = target[0]
             start = table.sums(devices, usage)
-            row_of: dict[tuple, int] = {}
-            moves = []
-            keys = []
+            row_of: dict[GPURaw, int] = {}
+            moves: list[tuple[int, GPUVector]] = []
+            keys: list[int] = []
             raws, vector_of, cores = start.raws, table.known_vector, request.cores
             for i in candidates:
                 state = raws[i]
@@ -177,7 +182,7 @@ class _FragDescent(NodePolicy):
             if last[0] is start and last[1] == _cpu(node) and last[2] == _cpu_after(node, pod):
                 known = last[3].get((start.raws[i], id(vector)))
                 if known is not None and known[0] is vector:
-                    return known[1]
+                    return float(known[1])
         end = start
         for i in moved:
             end = table.moved(end, i, devices[i], placed[i])
@@ -199,7 +204,7 @@ class FGD(_FragDescent):
 
     def set_workload(self, pods: Iterable[tuple[Sequence[ContainerRequest], PodContext]]) -> None:
         """Fix the target workload to these pods (the paper's oracle); observed pods are then ignored."""
-        counts: Counter = Counter(pod_type(reqs, pod) for reqs, pod in pods)
+        counts: Counter[PodType] = Counter(pod_type(reqs, pod) for reqs, pod in pods)
         self._install(typical_types(counts, self.coverage))
         self._oracle = True
         self.epoch += 1
@@ -238,20 +243,25 @@ class FragAware(_FragDescent):
     @property
     def fed(self) -> TypeTable:
         """The target workload's table with CPU as a capacity (the tie-break's measure)."""
-        return self._target[1]
+        fed = self._target[1]
+        assert fed is not None  # fragaware always installs both tables
+        return fed
 
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
         table, fed = self._target
+        assert fed is not None  # fragaware always installs both tables
         levels = len(table.cpu_levels) + 1
-        return fed.bins(cpu_free, pod.cpu) * (levels * levels) + table.bins(cpu_free, pod.cpu)
+        classes: np.ndarray = fed.bins(cpu_free, pod.cpu) * (levels * levels) + table.bins(cpu_free, pod.cpu)
+        return classes
 
     def _ties(
-        self, target: tuple, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
+        self, target: Target, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
         node: NodeContext | None, pod: PodContext | None,
     ) -> list[float]:
         if node is None:
             return [0.0] * len(rows[2])
         fed = target[1]
+        assert fed is not None  # fragaware always installs both tables
         f_start = fed.f(start, _cpu(node))
         return [self.TIE_WEIGHT * _sigmoid((f_start - end) / 1000.0)
                 for end in fed.f_rows(*rows, _cpu_after(node, pod))]

@@ -16,12 +16,18 @@ from vgpu.scheduler.fit import GPUUsage
 from vgpu.scheduler.policies.shares import idle_milli, request_milli
 from vgpu.scheduler.policies.workload import REFERENCE_CARD, PodType
 
-__all__ = ["MEMO_LIMIT", "GPUSums", "TypeTable", "gpu_raw"]
+__all__ = ["MEMO_LIMIT", "GPURaw", "GPUSums", "GPUVector", "TypeTable", "gpu_raw"]
 
 MEMO_LIMIT = 100_000  # per-GPU vectors kept before the memo starts over (bounds a long-running extender's memory)
 
 
-def gpu_raw(device: GPUDevice, used: GPUUsage) -> tuple:
+# one GPU: (memory, type, healthy, split, shares, memory used, cores used)
+GPURaw = tuple[int, str, bool, int, int, int, int]
+# one GPU's vectors: per type whether it fits one container, that times its idle share, its idle share, both stacked
+GPUVector = tuple[np.ndarray, np.ndarray, int, np.ndarray]
+
+
+def gpu_raw(device: GPUDevice, used: GPUUsage) -> GPURaw:
     """One GPU's state as the memo key of its vectors (the frag policies' GPU order builds the state after a
     placement from it field by field)."""
     return (device.memory, device.type, device.healthy, device.split, used.shares, used.memory, used.cores)
@@ -33,13 +39,14 @@ class GPUSums:
 
     __slots__ = ("count", "idle", "known", "raws", "usable", "vectors")
 
-    def __init__(self, count: np.ndarray, usable: np.ndarray, idle: int, vectors: list, raws: tuple = ()) -> None:
+    def __init__(self, count: np.ndarray, usable: np.ndarray, idle: int, vectors: list[GPUVector],
+                 raws: tuple[GPURaw, ...] = ()) -> None:
         self.count = count
         self.usable = usable
         self.idle = idle
         self.vectors = vectors
         self.raws = raws  # per GPU (memory, type, healthy, split, shares, memory used, cores used), when memoised
-        self.known: dict[tuple, float] = {}  # (table, free CPU) -> F, for memoised sums
+        self.known: dict[tuple[int, int | None], float] = {}  # (table id, free CPU) -> F, for memoised sums
 
 
 class TypeTable:
@@ -75,16 +82,16 @@ class TypeTable:
         self._sels = [t[2] for t, _ in types]
         self.cpu_levels = np.unique(self.cpu)
         self._zeros = np.zeros(len(self.types), dtype=np.float64)
-        self._columns: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._vectors: dict[tuple, tuple[np.ndarray, np.ndarray, int]] = {}  # one GPU's device and usage -> vectors
+        self._columns: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._vectors: dict[GPURaw, GPUVector] = {}  # one GPU's device and usage -> vectors
         self._cpu_parts: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # CPU class -> its part of F
         self._cpu_terms: dict[int | None, tuple[np.ndarray, np.ndarray | None]] = {}  # free CPU -> its part of F
-        self._sums: dict[tuple, GPUSums] = {}  # a node's GPU states, in order -> their sums
+        self._sums: dict[tuple[GPURaw, ...], GPUSums] = {}  # a node's GPU states, in order -> their sums
 
     def __len__(self) -> int:
         return len(self.types)
 
-    def known_vector(self, raw: tuple) -> tuple | None:
+    def known_vector(self, raw: GPURaw) -> GPUVector | None:
         """The memoised vectors of one GPU state (`gpu_raw`), or None."""
         return self._vectors.get(raw)
 
@@ -116,7 +123,7 @@ class TypeTable:
             self._columns[card] = cols
         return cols
 
-    def vector(self, device: GPUDevice, used: GPUUsage, raw: tuple | None = None) -> tuple:
+    def vector(self, device: GPUDevice, used: GPUUsage, raw: GPURaw | None = None) -> GPUVector:
         """Per type, whether this GPU fits one container of it and then its idle share; the GPU's idle share; the
         two vectors stacked."""
         if raw is None:
@@ -164,7 +171,8 @@ class TypeTable:
         return GPUSums(sums.count + (one - old_one), sums.usable + (idle_fit - old_idle_fit),
                        sums.idle - old_idle + idle, vectors)
 
-    def moves(self, sums: GPUSums, moves: Sequence[tuple[int, tuple]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    def moves(self, sums: GPUSums,
+              moves: Sequence[tuple[int, GPUVector]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Rows of per-type counts, usable shares and idle shares: one row per (GPU index, its new vector) move,
         each applied to `sums` alone."""
         old = [sums.vectors[i] for i, _ in moves]
@@ -233,9 +241,10 @@ class TypeTable:
         """Vectorised CPU classes before and after taking `cpu_request`, as one integer per node."""
         if self.cpu_capacity:
             q = self.cpu_quantum
-            return (cpu_free // q).astype(np.int64) * (1 << 24) + (cpu_free - cpu_request) // q
+            classes: np.ndarray = (cpu_free // q).astype(np.int64) * (1 << 24) + (cpu_free - cpu_request) // q
+            return classes
         n = len(self.cpu_levels) + 1
-        before = np.searchsorted(self.cpu_levels, cpu_free, side="right")
+        before: np.ndarray = np.searchsorted(self.cpu_levels, cpu_free, side="right")
         after = np.searchsorted(self.cpu_levels, cpu_free - cpu_request, side="right")
         return before.astype(np.int64) * n + after
 

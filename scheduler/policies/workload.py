@@ -38,7 +38,7 @@ def _sort_key(t: PodType) -> tuple[int, int, int, tuple[str, ...]]:
     return (cpu, milli, count, sel.use_types)
 
 
-def typical_types(counts: Counter, coverage: float) -> list[tuple[PodType, float]]:
+def typical_types(counts: Counter[PodType], coverage: float) -> list[tuple[PodType, float]]:
     """The most frequent types covering at least `coverage` of the pods, with renormalised probabilities.
 
     Ties in count are ordered as the FGD simulator does: by (cpu, gpu milli, GPU count, type), descending.
@@ -65,7 +65,7 @@ class WorkloadLearner:
         self.coverage = coverage
         self.period = period
         self.drift = drift
-        self.counts: Counter = Counter()
+        self.counts: Counter[PodType] = Counter()
         self.seen = 0
 
     def add(self, t: PodType) -> bool:

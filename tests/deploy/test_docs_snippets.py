@@ -96,7 +96,7 @@ def test_guide_exists_with_checked_snippets(name):
 
 def test_key_settings_are_in_parsed_snippets():
     def blocks(name, lang):
-        return [parse(LANGUAGES[lang], t) for l, _, t in snippets(DOCS / name) if l == lang]
+        return [parse(LANGUAGES[lang], t) for language, _, t in snippets(DOCS / name) if language == lang]
 
     (daemon,) = blocks("node-setup-docker.md", "json")
     assert daemon[0]["default-runtime"] == "nvidia" and "nvidia" in daemon[0]["runtimes"]

@@ -114,7 +114,8 @@ def test_invalid_values_name_the_option(flags, env, message):
         ("version: v2\n", r"version: unknown value 'v2'"),
         ("version: v1\nsharing:\n  timeSlicing:\n    resources: []\n", r"sharing: time-slicing and MPS"),
         ("version: v1\nresources:\n  gpus: []\n", r"resources: resource renaming is not supported"),
-        ("version: v1\nflags:\n  plugin:\n    deviceIdStrategy: uuid\n", r"flags.plugin.deviceIdStrategy in .*: unknown key"),
+        ("version: v1\nflags:\n  plugin:\n    deviceIdStrategy: uuid\n",
+         r"flags.plugin.deviceIdStrategy in .*: unknown key"),
         ("version: v1\nflags:\n  plugin:\n    deviceIDStrategy: serial\n",
          r"^flags.plugin.deviceIDStrategy in .*: unknown value 'serial'"),
         ("version: v1\nflags:\n  migStrategy: mixed\n", r"^flags.migStrategy in .*: 'mixed' is not supported"),
@@ -143,9 +144,9 @@ def test_disable_healthchecks_values():
 
 
 def _run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    full_env = dict(os.environ, PYTHONPATH=str(ROOT), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "vgpu.cli", "device-plugin", *args], check=False, cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "vgpu.cli", "device-plugin", *args], check=False, cwd=ROOT,
+                          env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_help_lists_options_with_defaults_and_env_names():

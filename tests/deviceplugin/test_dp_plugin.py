@@ -180,7 +180,8 @@ def test_plugin_restart_mid_admission(cluster):
     cluster.kubelet.before_container = before
     pod = cluster.create_pod(
         "multi",
-        [gpu_container("first", 1, 1000, 10), {"name": "plain", "image": "busybox"}, gpu_container("second", 1, 2000, 20)],
+        [gpu_container("first", 1, 1000, 10), {"name": "plain", "image": "busybox"},
+         gpu_container("second", 1, 2000, 20)],
         f"{a},NVIDIA,1000,10:;{b},NVIDIA,2000,20:",
     )
     uid = pod["metadata"]["uid"]
@@ -203,7 +204,8 @@ def test_missing_match_fails_clearly(cluster):
     pod = cluster.create_pod("lonely", [gpu_container("c", 1, 1000)], f"{a},NVIDIA,1000,0:")
     for i in range(10):
         cluster.kubelet.in_use.setdefault("volcano.sh/vgpu-number", {})[f"{a}-{i}"] = "someone-else"
-    with pytest.raises(AdmissionError, match=r"no pod with bind-phase=allocating waits for a container with volcano.sh/vgpu-number=GPUs"):
+    with pytest.raises(AdmissionError, match=r"no pod with bind-phase=allocating waits for a container with "
+                                             r"volcano.sh/vgpu-number=GPUs"):
         cluster.kubelet.admit(pod)
     assert cluster.pod("lonely")["metadata"]["annotations"]["volcano.sh/bind-phase"] == "failed"
     deadline = time.monotonic() + 10

@@ -26,8 +26,8 @@ def sim_env(sim, monkeypatch):
 
 
 def test_run_enforces_the_memory_limit(sim_env, capfd):
-    rc = vgpu("run", "--memory", "256Mi", "--cores", "30", "--driver-dir", str(sim_env.libs.sim_dir), "--", str(sim_env.probe), "chunks",
-              str(64 << 20))
+    rc = vgpu("run", "--memory", "256Mi", "--cores", "30", "--driver-dir", str(sim_env.libs.sim_dir), "--",
+              str(sim_env.probe), "chunks", str(64 << 20))
     out = sim_env.parse(capfd.readouterr().out)
     assert rc == 0
     assert out["count"] == "4" and out["err"] == "2" and int(out["after_total"]) == 256 << 20

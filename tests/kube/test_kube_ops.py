@@ -42,7 +42,8 @@ def test_patch_pod_metadata_sets_deletes_and_checks_resource_version(api):
                             resource_version=p1["metadata"]["resourceVersion"])
     assert p2["metadata"]["annotations"] == {"b": "2"}
     with pytest.raises(ConflictError) as exc:
-        patch_pod_metadata(api, "default", "p", annotations={"b": "3"}, resource_version=p["metadata"]["resourceVersion"])
+        patch_pod_metadata(api, "default", "p", annotations={"b": "3"},
+                           resource_version=p["metadata"]["resourceVersion"])
     assert exc.value.status == 409 and "default/p" in str(exc.value) and isinstance(exc.value, VGPUError)
     assert read_json(core.read_namespaced_pod("p", "default", _preload_content=False))["metadata"]["annotations"] == {
         "b": "2"}
@@ -53,7 +54,8 @@ def test_patch_pod_metadata_sets_deletes_and_checks_resource_version(api):
 def test_patch_node_metadata_and_pod_status(api):
     core = k8s.CoreV1Api(api)
     n = read_json(core.create_node({"metadata": {"name": "n1"}}, _preload_content=False))
-    n1 = patch_node_metadata(api, "n1", annotations={"volcano.sh/node-vgpu-register": "GPU-a,10,40960,T,true,hami-core:"},
+    n1 = patch_node_metadata(api, "n1",
+                             annotations={"volcano.sh/node-vgpu-register": "GPU-a,10,40960,T,true,hami-core:"},
                              resource_version=n["metadata"]["resourceVersion"])
     assert n1["metadata"]["annotations"]["volcano.sh/node-vgpu-register"].endswith(":")
     with pytest.raises(ConflictError):

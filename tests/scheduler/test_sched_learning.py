@@ -145,10 +145,9 @@ class Shifting(NodePolicy):
     """A learning node policy whose preferred node flips when its target (epoch) changes."""
 
     name = "shifting"
-    prefs = {0: {"n1": 3, "n2": 2, "n3": 1}, 1: {"n1": 1, "n2": 2, "n3": 3}}
-
     def __init__(self):
         super().__init__()
+        self.prefs = {0: {"n1": 3, "n2": 2, "n3": 1}, 1: {"n1": 1, "n2": 2, "n3": 3}}
         self.calls = []
 
     def score(self, devices, usage, requests, result, node=None, pod=None):

@@ -34,7 +34,7 @@ def bind_pod(api_client: k8s.ApiClient, namespace: str, name: str, node: str,
              annotations: Mapping[str, str] | None = None, uid: str | None = None, timeout: float = 10.0) -> None:
     """Bind pod namespace/name to `node` with `annotations`. Raises ConflictError (already bound / uid mismatch),
     NotFoundError, ApiError."""
-    body = binding_body(name, node, annotations, uid)
+    body: Any = binding_body(name, node, annotations, uid)
     try:
         resp = k8s.CoreV1Api(api_client).create_namespaced_pod_binding(
             name, namespace, body, _preload_content=False, _request_timeout=timeout)

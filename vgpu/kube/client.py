@@ -21,7 +21,7 @@ from kubernetes import config as k8s_config
 
 from vgpu.errors import ConfigError
 
-__all__ = ["RateLimitedApiClient", "TokenBucket", "make_api_client", "read_json"]
+__all__ = ["RateLimitedApiClient", "TokenBucket", "make_api_client", "read_json", "read_object"]
 
 log = logging.getLogger(__name__)
 
@@ -124,3 +124,11 @@ def read_json(resp: Any) -> Any:
     finally:
         resp.release_conn()
     return orjson.loads(data) if data else None
+
+
+def read_object(resp: Any) -> dict[str, Any]:
+    """`read_json` of a response that must be one JSON object (an API object); raises ValueError otherwise."""
+    doc = read_json(resp)
+    if not isinstance(doc, dict):
+        raise ValueError(f"expected a JSON object from the API server, got {type(doc).__name__}")
+    return doc

@@ -135,9 +135,9 @@ class EventRecorder:
         prior = self._sent.get(key)
         if prior is not None and last - prior[3] <= self.aggregate_window:
             ev_name, ev_ns, count, first = prior
-            body = {"count": count + n, "lastTimestamp": _ts(last)}
+            patch: Any = {"count": count + n, "lastTimestamp": _ts(last)}
             try:
-                read_json(self._core.patch_namespaced_event(ev_name, ev_ns, body,
+                read_json(self._core.patch_namespaced_event(ev_name, ev_ns, patch,
                                                             _content_type="application/merge-patch+json",
                                                             _preload_content=False, _request_timeout=10))
                 self._remember(key, (ev_name, ev_ns, count + n, first))
@@ -148,7 +148,7 @@ class EventRecorder:
                     raise translate(exc, f"patch event {ev_ns}/{ev_name}") from exc
         now = time.time()
         ev_name = f"{name}.{time.time_ns():x}"
-        body = {
+        body: Any = {
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"name": ev_name, "namespace": event_ns},
             "involvedObject": {k: v for k, v in ref.items() if v},

@@ -158,7 +158,7 @@ class LeaderElector:
                 err = translate(exc, f"get lease {self.namespace}/{self.name}")
                 if not isinstance(err, NotFoundError):
                     raise err from exc
-                body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                body: Any = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                         "metadata": {"name": self.name, "namespace": self.namespace},
                         "spec": {"holderIdentity": self.identity, "leaseDurationSeconds": duration,
                                  "acquireTime": now, "renewTime": now, "leaseTransitions": 0}}
@@ -197,7 +197,8 @@ class LeaderElector:
             return
         spec = dict(lease.get("spec") or {})
         spec.update(holderIdentity="", leaseDurationSeconds=1, renewTime=_micro_now())
-        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": lease["metadata"], "spec": spec}
+        body: Any = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": lease["metadata"],
+                     "spec": spec}
         try:
             read_json(self._api.replace_namespaced_lease(self.name, self.namespace, body, _preload_content=False,
                                                          _request_timeout=5))

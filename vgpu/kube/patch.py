@@ -12,7 +12,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from vgpu.kube.client import read_json
+from vgpu.kube.client import read_object
 from vgpu.kube.errors import translate
 
 __all__ = ["metadata_patch", "patch_node_metadata", "patch_pod_metadata", "patch_pod_status"]
@@ -44,7 +44,7 @@ def patch_pod_metadata(api_client: k8s.ApiClient, namespace: str, name: str,
     try:
         resp = k8s.CoreV1Api(api_client).patch_namespaced_pod(
             name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=timeout)
-        return read_json(resp)
+        return read_object(resp)
     except Exception as exc:
         raise translate(exc, f"patch pod {namespace}/{name} metadata") from exc
 
@@ -58,7 +58,7 @@ def patch_node_metadata(api_client: k8s.ApiClient, name: str,
     try:
         resp = k8s.CoreV1Api(api_client).patch_node(
             name, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=timeout)
-        return read_json(resp)
+        return read_object(resp)
     except Exception as exc:
         raise translate(exc, f"patch node {name} metadata") from exc
 
@@ -72,6 +72,6 @@ def patch_pod_status(api_client: k8s.ApiClient, namespace: str, name: str, statu
     try:
         resp = k8s.CoreV1Api(api_client).patch_namespaced_pod_status(
             name, namespace, body, _content_type=MERGE_PATCH, _preload_content=False, _request_timeout=timeout)
-        return read_json(resp)
+        return read_object(resp)
     except Exception as exc:
         raise translate(exc, f"patch pod {namespace}/{name} status") from exc
