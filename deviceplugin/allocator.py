@@ -14,12 +14,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import PurePosixPath
 from typing import Any
 
 from vgpu import assignment, keys
 from vgpu.deviceplugin.host import HostFiles
-from vgpu.deviceplugin.matching import AllocationError, KubeletView, Matcher, PodSource
-from vgpu.deviceplugin.response import Allocation, ContainerGrant, ResponseOptions, build_allocation
+from vgpu.deviceplugin.matching import AllocationError, GrantRules, KubeletView, Matcher, PodSource
+from vgpu.deviceplugin.records import AllocationRecord
+from vgpu.deviceplugin.response import SHARED_CACHE_ENV, Allocation, ContainerGrant, ResponseOptions, build_allocation
+from vgpu.errors import VGPUError
 from vgpu.resources import SharingConfig
 
 __all__ = ["Allocator"]
@@ -37,6 +40,7 @@ class Allocator:
         pods: PodSource,
         host: HostFiles,
         *,
+        rules: GrantRules,
         core_policy: str | None = None,
         resource_kinds: Mapping[str, str] | None = None,
         options: ResponseOptions | None = None,
@@ -51,7 +55,13 @@ class Allocator:
         self.core_policy = core_policy
         self.options = options or ResponseOptions()
         self.recorder = recorder
-        self.matcher = Matcher(node_name, sharing, pods, resource_kinds=resource_kinds, clock=clock, kubelet=kubelet)
+        self.matcher = Matcher(node_name, sharing, pods, resource_kinds=resource_kinds, clock=clock, kubelet=kubelet,
+                               rules=rules, on_refused=self._refused)
+
+    def _refused(self, pod: dict[str, Any], reason: str) -> None:
+        if self.recorder is not None:
+            message = f"the device plugin refuses this pod's GPUs: {reason}"
+            self.recorder.warning(pod, "VGPUGrantRefused", message[:1000])
 
     def preferred_gpus(self, resource: str, size: int, available_uuids: set[str]) -> list[str] | None:
         """GPU UUIDs of the container kubelet most likely admits next (GetPreferredAllocation's hint), or None."""
@@ -76,10 +86,18 @@ class Allocator:
                 return None
             allocation = build_allocation(
                 grant, options=self.options, memory_factor=self.factor, vgpu_root=self.host.vgpu_root,
-                cache_dir=self.host.cache_dir(grant.pod_uid, grant.container), lock_dir=self.host.lock_dir,
+                cache_dir=self.host.cache_dir(grant.pod_uid, grant.container),
+                lock_dir=self.host.lock_dir(grant.pod_uid, grant.container),
                 core_policy=self.core_policy,
             )
             self.host.prepare(grant.pod_uid, grant.container)
+            self.host.records.write(AllocationRecord(
+                pod_uid=grant.pod_uid, namespace=grant.namespace, pod=grant.pod, container=grant.container,
+                gpus=tuple(g.uuid for g in grant.grants),
+                memory_bytes=tuple(g.memory * self.factor << 20 for g in grant.grants),
+                cores=grant.grants[0].cores if grant.grants else 0,
+                cache_file=PurePosixPath(allocation.envs[SHARED_CACHE_ENV]).name,
+            ))
             self._record(grant, matcher.consume(grant))
             matcher.settle()
             return allocation
@@ -112,8 +130,24 @@ class Allocator:
             self.recorder.warning(pod, "VGPUAllocationFailed", message[:1000])
 
     def collect_garbage(self, min_age: float = 300.0, now: Callable[[], float] = time.time) -> list[str]:
-        """Remove host directories of pods no longer on this node (older than `min_age` s); returns their names."""
-        live = {str((p.get("metadata") or {}).get("uid") or "") for p in self.source.refresh()}
+        """Remove the records and host directories of pods no longer on this node (directories older than
+        `min_age` s); returns the accounting directories removed.
+
+        Only on a fresh pod list from the API server, and only for pods kubelet does not list either (when its
+        pod-resources API is configured): during an API outage, or when kubelet cannot be asked, nothing is
+        removed, so a running container never loses its directory."""
+        try:
+            listed = self.source.list_fresh()
+        except VGPUError as exc:
+            log.warning("event=gc_skipped reason=%s", exc)
+            return []
+        live = {str((p.get("metadata") or {}).get("uid") or "") for p in listed}
+        if self.matcher.kubelet is not None:
+            admitted = self.matcher.kubelet.assigned()
+            if admitted is None:
+                log.warning("event=gc_skipped reason=kubelet's pod-resources API cannot be asked")
+                return []
+            live |= {r.pod_uid for r in self.host.records.all() if (r.namespace, r.pod) in admitted}
         removed = self.host.remove_stale(live, min_age, now)
         with self.matcher.lock:
             self.matcher.forget(live)

@@ -81,7 +81,9 @@ class PluginConfig(BaseModel):
         None, description="kubelet's pod-resources socket; unset = pod-resources/kubelet.sock beside kubelet_dir"
     )
     hook_path: str = Field("/usr/local", description="host root of vgpu/ (libvgpu.so, ld.so.preload, containers/)")
-    lock_dir: str = Field("/tmp/vgpulock", description="host directory mounted at /tmp/vgpulock")
+    lock_dir: str = Field(
+        "/tmp/vgpulock", description="host root of the per-container directories mounted at /tmp/vgpulock"
+    )
     metrics_listen: str = Field(":9394", description="HOST:PORT of /metrics; empty disables the monitor")
     sharing: SharingConfig = Field(default_factory=SharingConfig, description="shared with the scheduler")
     gpu_memory_factor: int | Literal["auto"] | None = Field(
@@ -113,6 +115,22 @@ class PluginConfig(BaseModel):
     # options of ours
     node_labels: bool = Field(True, description="write nvidia.com/gpu.* and volcano.sh/vgpu.mode node labels")
     advertise_nvidia_gpu: bool = Field(False, description="also advertise plain nvidia.com/gpu (whole GPUs)")
+    scheduler_names: list[str] = Field(
+        default_factory=lambda: ["vgpu-scheduler"], min_length=1,
+        description="schedulers whose pods may get GPUs on this node (the pod's spec.schedulerName)",
+    )
+    grant_key_file: str | None = Field(
+        None, description="file with the key the scheduler signs assignments with; unset = no signatures checked"
+    )
+    accept_unsigned_grants: bool = Field(
+        False, description="with a key, also serve pods whose assignment is not signed (mixed schedulers)"
+    )
+    disable_control_namespaces: list[str] = Field(
+        default_factory=list, description="namespaces whose containers may set CUDA_DISABLE_CONTROL=true"
+    )
+    isolation_fail_open: bool = Field(
+        False, description="let the library run without limits when a container's accounting file is unusable"
+    )
 
     @field_validator("gpu_memory_factor")
     @classmethod
@@ -171,7 +189,7 @@ class Option:
     flag: str
     env: str | None
     file_key: str | None  # key in the --config-file (NVIDIA layout)
-    kind: str  # bool | str | int | float | choice | list | factor | xids | path
+    kind: str  # bool | str | int | float | choice | list | names | factor | xids | path
     help: str
     choices: tuple[str, ...] = ()
     default: str = ""  # as shown in --help
@@ -211,7 +229,8 @@ OPTIONS: tuple[Option, ...] = (
            default="/var/lib/kubelet/pod-resources/kubelet.sock (beside --kubelet-dir)"),
     Option("hook_path", "--hook-path", "HOOK_PATH", "flags.vgpu.hookPath", "path",
            "host directory holding vgpu/ (libvgpu.so, ld.so.preload, containers/)", default="/usr/local"),
-    Option("lock_dir", "--lock-dir", None, None, "path", "host directory mounted at /tmp/vgpulock",
+    Option("lock_dir", "--lock-dir", None, None, "path",
+           "host root of the per-container directories mounted at each container's /tmp/vgpulock",
            default="/tmp/vgpulock"),
     Option("metrics_listen", "--metrics-listen", None, "flags.vgpu.metricsListen", "str",
            "HOST:PORT of /metrics (empty disables)", default=":9394"),
@@ -227,6 +246,22 @@ OPTIONS: tuple[Option, ...] = (
            "vgpu-number devices per GPU; overrides sharing.split_count", default="sharing.split_count (10)"),
     Option("register_interval", "--register-interval", None, None, "float",
            "seconds between inventory re-checks", default="30"),
+    Option("scheduler_names", "--scheduler-names", "SCHEDULER_NAMES", "flags.vgpu.schedulerNames", "names",
+           "schedulers whose pods may get GPUs here (comma list of spec.schedulerName values)",
+           default="vgpu-scheduler"),
+    Option("grant_key_file", "--grant-key-file", "GRANT_KEY_FILE", "flags.vgpu.grantKeyFile", "path",
+           "file with the key the scheduler signs assignments with (the Secret both mount)",
+           default="none: assignments are not signed"),
+    Option("accept_unsigned_grants", "--accept-unsigned-grants", "ACCEPT_UNSIGNED_GRANTS",
+           "flags.vgpu.acceptUnsignedGrants", "bool",
+           "with --grant-key-file, also serve unsigned assignments (a scheduler that does not sign)", default="false"),
+    Option("disable_control_namespaces", "--disable-control-namespaces", "DISABLE_CONTROL_NAMESPACES",
+           "flags.vgpu.disableControlNamespaces", "names",
+           "namespaces whose containers may run without the isolation library (CUDA_DISABLE_CONTROL=true)",
+           default="none"),
+    Option("isolation_fail_open", "--isolation-fail-open", "ISOLATION_FAIL_OPEN", "flags.vgpu.isolationFailOpen",
+           "bool", "let libvgpu.so run a container without limits when its accounting file is unusable (default: "
+           "CUDA initialisation is refused)", default="false"),
     Option("handshake", "--handshake", None, "flags.vgpu.handshake", "bool",
            "write volcano.sh/node-vgpu-handshake (Volcano <= 1.15.0)", default="false"),
 )
@@ -296,6 +331,13 @@ def parse_value(option: Option, raw: Any, where: str) -> Any:
                 if item not in option.choices:
                     raise ValueError(f"unknown value {item!r} (expected {', '.join(option.choices)})")
             return list(dict.fromkeys(values))
+        if option.kind == "names":
+            items = raw if isinstance(raw, list) else str(raw).split(",")
+            names = [str(i).strip() for i in items if str(i).strip()]
+            for name in names:
+                if any(c.isspace() or c in ",;" for c in name):
+                    raise ValueError(f"{name!r} is not a name")
+            return list(dict.fromkeys(names))
         if option.kind == "xids":
             text = ",".join(str(i) for i in raw) if isinstance(raw, list) else str(raw)
             parse_healthchecks(text)

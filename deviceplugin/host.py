@@ -1,8 +1,9 @@
 """The device plugin's files on the host, under $HOOK_PATH/vgpu: the library, ld.so.preload, per-container dirs.
 
 `install_library` keeps libvgpu.so current; `prepare` creates what one container's mounts need before kubelet
-starts it; `remove_stale` deletes the directories of containers whose pods are gone. Directories are created,
-never deleted while their pod exists.
+starts it (its accounting directory, and its own lock directory under the lock root: no host directory is shared
+writable between containers); `remove_stale` deletes the directories of containers whose pods are gone.
+Directories are created, never deleted while their pod exists.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
+from vgpu.deviceplugin.records import RecordStore
 from vgpu.deviceplugin.response import LIBVGPU_CONTAINER_PATH
 
 __all__ = ["HostFiles"]
@@ -22,11 +24,12 @@ log = logging.getLogger(__name__)
 
 
 class HostFiles:
-    """$HOOK_PATH/vgpu on the host (`hook_path`) and the lock directory."""
+    """$HOOK_PATH/vgpu on the host (`hook_path`) and the root of the per-container lock directories."""
 
-    def __init__(self, hook_path: str | Path, lock_dir: str) -> None:
+    def __init__(self, hook_path: str | Path, lock_root: str | Path) -> None:
         self.hook_path = Path(hook_path)
-        self.lock_dir = lock_dir
+        self.lock_root = Path(lock_root)
+        self.records = RecordStore(self.vgpu_root / "records")
 
     @property
     def vgpu_root(self) -> Path:
@@ -41,6 +44,10 @@ class HostFiles:
     def cache_dir(self, pod_uid: str, container: str) -> Path:
         """Host accounting directory of one container."""
         return self.containers_root / f"{pod_uid}_{container}"
+
+    def lock_dir(self, pod_uid: str, container: str) -> Path:
+        """Host directory mounted at the container's /tmp/vgpulock (its own, never another container's)."""
+        return self.lock_root / f"{pod_uid}_{container}"
 
     def install_library(self, source: Path) -> bool:
         """Copy libvgpu.so to $HOOK_PATH/vgpu/libvgpu.so when the content differs; True if it was written.
@@ -65,35 +72,35 @@ class HostFiles:
         return True
 
     def prepare(self, pod_uid: str, container: str) -> None:
-        """Create the container's accounting directory, the lock directory and ld.so.preload (never deletes)."""
-        directory = self.cache_dir(pod_uid, container)
-        directory.mkdir(parents=True, exist_ok=True)
-        os.chmod(directory, 0o777)
-        Path(self.lock_dir).mkdir(parents=True, exist_ok=True)
-        try:
-            os.chmod(self.lock_dir, 0o777)
-        except PermissionError:
-            pass
+        """Create the container's accounting and lock directories and ld.so.preload (never deletes). The container's
+        own directories are writable by any user (its processes may run as any uid); their roots are not."""
+        for directory in (self.cache_dir(pod_uid, container), self.lock_dir(pod_uid, container)):
+            directory.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            directory.mkdir(exist_ok=True)
+            os.chmod(directory, 0o777)
         preload = self.vgpu_root / "ld.so.preload"
         if not preload.exists():
             preload.write_text(LIBVGPU_CONTAINER_PATH + "\n")
 
     def remove_stale(self, live_uids: Collection[str], min_age: float = 300.0,
                      now: Callable[[], float] = time.time) -> list[str]:
-        """Remove accounting directories of pods not in `live_uids` (older than `min_age` s); their names."""
-        root = self.containers_root
-        if not root.is_dir():
-            return []
+        """Remove the records, accounting and lock directories of pods not in `live_uids` (directories once older
+        than `min_age` s); the names of the accounting directories removed."""
+        self.records.remove_except(live_uids)
         removed = []
-        for entry in root.iterdir():
-            uid = entry.name.split("_", 1)[0]
-            if uid in live_uids or not entry.is_dir():
+        for root in (self.containers_root, self.lock_root):
+            if not root.is_dir():
                 continue
-            try:
-                if now() - entry.stat().st_mtime < min_age:
+            for entry in root.iterdir():
+                uid = entry.name.split("_", 1)[0]
+                if uid in live_uids or entry.is_symlink() or not entry.is_dir():
                     continue
-                shutil.rmtree(entry)
-                removed.append(entry.name)
-            except OSError as exc:
-                log.warning("event=gc_failed dir=%s error=%s", entry, exc)
+                try:
+                    if now() - entry.lstat().st_mtime < min_age:
+                        continue
+                    shutil.rmtree(entry)
+                    if root == self.containers_root:
+                        removed.append(entry.name)
+                except OSError as exc:
+                    log.warning("event=gc_failed dir=%s error=%s", entry, exc)
         return removed

@@ -19,15 +19,15 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from vgpu import assignment, keys
+from vgpu import assignment, grants, keys
 from vgpu.assignment import Assignment
-from vgpu.deviceplugin.response import DISABLE_CONTROL_ENV, ContainerGrant
+from vgpu.deviceplugin.response import DISABLE_CONTROL_ENV, ContainerGrant, reserved_env
 from vgpu.errors import CodecError, RequestError, VGPUError
 from vgpu.quantity import parse_integer_quantity
 from vgpu.requests import ContainerRequest, gpu_containers, pod_requests
 from vgpu.resources import SharingConfig
 
-__all__ = ["CORES", "GPUS", "MEMORY", "AllocationError", "Call", "KubeletView", "Matcher", "PodSource"]
+__all__ = ["CORES", "GPUS", "MEMORY", "AllocationError", "Call", "GrantRules", "KubeletView", "Matcher", "PodSource"]
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,11 @@ class PodSource(Protocol):
         ...
 
     def refresh(self) -> list[dict[str, Any]]:
-        """Pods on this node read from the API server now."""
+        """Pods on this node read from the API server now (the cache's view when that fails)."""
+        ...
+
+    def list_fresh(self) -> list[dict[str, Any]]:
+        """Pods on this node read from the API server now; raises when it cannot answer."""
         ...
 
     def patch_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
@@ -126,8 +130,63 @@ def _interchangeable(candidates: list[_Candidate]) -> bool:
     return len({c.same_as for c in candidates}) == 1
 
 
-def _disables_control(spec: Mapping[str, Any]) -> bool:
-    return any(isinstance(e, Mapping) and e.get("name") == DISABLE_CONTROL_ENV for e in spec.get("env") or ())
+@dataclass(frozen=True, slots=True)
+class GrantRules:
+    """What makes a waiting pod's assignment acceptable on this node (docs/security.md).
+
+    `scheduler_names`: the schedulers whose pods may be given GPUs here; `card_memory`: this node's GPUs, UUID ->
+    memory units; `key`: the key the scheduler signs assignments with (None: no signatures), `accept_unsigned`: also
+    take pods without a signature (clusters that mix in a scheduler that does not sign);
+    `disable_control_namespaces`: where a container may run without the isolation library (CUDA_DISABLE_CONTROL)."""
+
+    scheduler_names: frozenset[str]
+    card_memory: Mapping[str, int]
+    key: bytes | None = None
+    accept_unsigned: bool = False
+    disable_control_namespaces: frozenset[str] = frozenset()
+
+    def refusal(self, pod: Mapping[str, Any], node: str, segments: assignment.Assignment,
+                requests: Sequence[ContainerRequest]) -> str:
+        """Why this pod's assignment must not be served here ("" when it may)."""
+        scheduler = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        if scheduler not in self.scheduler_names:
+            return f"the pod's schedulerName {scheduler!r} is not one of {sorted(self.scheduler_names)}"
+        annotations = _meta(pod).get("annotations") or {}
+        if self.key is not None:
+            signature = annotations.get(grants.SIGNATURE)
+            full = annotations.get(keys.VGPU_IDS, "")
+            if signature is None and not self.accept_unsigned:
+                return f"the assignment carries no scheduler signature ({grants.SIGNATURE})"
+            if signature is not None:
+                if not grants.verify(self.key, signature, str(_meta(pod).get("uid") or ""), node, full):
+                    return "the scheduler signature does not match the pod, node and assignment"
+                try:
+                    signed = assignment.decode(full)
+                except CodecError as exc:
+                    return f"the signed assignment does not parse: {exc}"
+                for i, segment in enumerate(segments):
+                    if segment and (i >= len(signed) or segment != signed[i]):
+                        return f"devices-to-allocate segment {i} is not the signed assignment's"
+        found = grants.violations(segments, requests, self.card_memory)
+        asking = {r.container for r in requests}
+        for container, _ in gpu_containers(pod):
+            if container.get("name") not in asking:
+                continue
+            names = sorted({str(e.get("name")) for e in container.get("env") or ()
+                            if isinstance(e, Mapping) and reserved_env(str(e.get("name")))})
+            if names:
+                found.append(f"container {container.get('name')!r} sets {', '.join(names)} in its env, which would "
+                             "override the limits the device plugin hands out")
+        return "; ".join(found)
+
+    def disables_control(self, pod: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+        """Whether the container runs without the isolation library: it sets CUDA_DISABLE_CONTROL=true and its
+        namespace is one where that is allowed (any other value, or another namespace, keeps the library)."""
+        values = [e.get("value") for e in spec.get("env") or ()
+                  if isinstance(e, Mapping) and e.get("name") == DISABLE_CONTROL_ENV]
+        if not values or values[-1] != "true":
+            return False
+        return str(_meta(pod).get("namespace") or "") in self.disable_control_namespaces
 
 
 class Matcher:
@@ -142,6 +201,8 @@ class Matcher:
         resource_kinds: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         kubelet: KubeletView | None = None,
+        rules: GrantRules,
+        on_refused: Callable[[dict[str, Any], str], None] | None = None,
     ) -> None:
         self.node_name = node_name
         self.sharing = sharing
@@ -151,12 +212,15 @@ class Matcher:
         })
         self.clock = clock
         self.kubelet = kubelet
+        self.rules = rules
+        self.on_refused = on_refused
         self.lock = threading.Lock()
         # pod uid -> segment indexes answered by this process (covers a cache that has not seen our patch yet)
         self._consumed: dict[str, set[int]] = {}
         self.missing_candidates: list[_Candidate] = []  # after a failed match: the pods that were waiting
         self.ambiguous: list[_Candidate] = []  # after a failed match: the pods the calls could not tell apart
         self._parsed: dict[tuple[str, str, frozenset[int]], _Candidate | None] = {}
+        self._refusals: dict[str, str] = {}  # pod uid -> "ns/name: why its assignment is refused"
         self._sequence: _Sequence | None = None
         self._pending: _Sequence | None = None  # the sequence a returned grant decides, once it is recorded
 
@@ -211,6 +275,13 @@ class Matcher:
         next_index = next((i for i, seg in enumerate(segments) if seg and i not in done), None)
         if next_index is None:
             return None
+        refusal = self.rules.refusal(pod, self.node_name, segments, requests)
+        if refusal:
+            log.warning("event=grant_refused pod=%s/%s reason=%r", meta.get("namespace"), meta.get("name"), refusal)
+            self._refusals[uid] = f"{meta.get('namespace')}/{meta.get('name')}: {refusal}"
+            if self.on_refused is not None:
+                self.on_refused(pod, refusal)
+            return None
         in_progress = next_index > 0 or bool(done)
         rest = []
         expected: dict[str, int] = {}
@@ -222,7 +293,7 @@ class Matcher:
             if i == next_index:
                 expected = wants
             rest.append((i - next_index, tuple((g.uuid, g.memory, g.cores) for g in segments[i]),
-                         tuple(sorted(wants.items())), _disables_control(spec)))
+                         tuple(sorted(wants.items())), self.rules.disables_control(pod, spec)))
         return _Candidate(pod, uid, segments, requests, next_index, in_progress, expected, tuple(rest))
 
     def _candidates(self, pods: list[dict[str, Any]]) -> list[_Candidate]:
@@ -325,7 +396,8 @@ class Matcher:
         last_error = ""
         for attempt in range(2):
             fresh = attempt == 1
-            candidates = self._candidates(self.source.refresh() if fresh else self.source.pods())
+            pods = self.source.refresh() if fresh else self.source.pods()
+            candidates = self._candidates(pods)
             fitting = [c for c in candidates if all(self._fits(c, call) for call in calls)]
             self.missing_candidates = []
             if not fitting:
@@ -337,9 +409,11 @@ class Matcher:
                     f"{c.resource}=GPUs {sorted(c.gpus)}" if c.kind == GPUS else f"{c.resource}={c.count}"
                     for c in calls
                 )
+                refused = _listing([self._refusals[u] for u in (str(_meta(p).get("uid") or "") for p in pods)
+                                    if u in self._refusals], "; ", most=3)
                 last_error = (
                     f"node {self.node_name}: no pod with bind-phase=allocating waits for a container with {seen} "
-                    f"(waiting: {waiting})"
+                    f"(waiting: {waiting})" + (f"; the device plugin refuses {refused}" if refused else "")
                 )
                 self.missing_candidates = candidates
                 continue
@@ -392,7 +466,7 @@ class Matcher:
                 f"{len(candidate.requests)} GPU containers"
             )
         name = candidate.requests[index].container
-        disable = _disables_control(_container_spec(candidate.pod, name))
+        disable = self.rules.disables_control(candidate.pod, _container_spec(candidate.pod, name))
         remaining = [
             i for i, seg in enumerate(candidate.segments)
             if seg and i != index and i not in self._consumed.get(candidate.uid, set()) and i > index
@@ -476,3 +550,5 @@ class Matcher:
         """Drop what is remembered of pods no longer on the node."""
         for uid in [u for u in self._consumed if u not in live_uids]:
             del self._consumed[uid]
+        for uid in [u for u in self._refusals if u not in live_uids]:
+            del self._refusals[uid]

@@ -1,11 +1,11 @@
 """Node monitor: `/metrics` on the device plugin's metrics port (default :9394), collected at scrape time.
 
 `vgpu_device_plugin_backend_up` says whether the GPU backend started. Per GPU (from the backend): memory used and
-utilisation. Per container: limit, memory used, SM utilisation and
-last-kernel age read (read-only) from the shared accounting files libvgpu.so writes under
-`$HOOK_PATH/vgpu/containers/<podUID>_<container>/*.cache`, through vgpu.isolation.region; the pod's namespace and name
-come from the node-scoped pod cache. Both the legacy names of volcano-vgpu-device-plugin (with their labels and the
-`zone="vGPU"` label) and `vgpu_`-prefixed snake_case names with units are exported.
+utilisation. Per container the plugin answered (its allocation records, deviceplugin.records): the pod, the GPUs and
+the limits granted, and the memory used, SM utilisation and last-kernel age the container's accounting file says
+(read without trusting the file: deviceplugin.accounting), within a time budget per scrape. Both the legacy names
+of volcano-vgpu-device-plugin (with their labels and the `zone="vGPU"` label) and `vgpu_`-prefixed snake_case
+names with units are exported.
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from vgpu.deviceplugin.accounting import read_snapshot
 from vgpu.deviceplugin.backends import GPUBackend
+from vgpu.deviceplugin.records import AllocationRecord, RecordStore
 from vgpu.deviceplugin.server import DeviceState
+from vgpu.isolation.region import RegionSnapshot
 
 __all__ = ["NodeCollector", "parse_listen", "serve_metrics"]
 
@@ -45,17 +48,19 @@ class NodeCollector(Collector):
         backend: GPUBackend,
         state: DeviceState,
         containers_root: Path,
+        records: RecordStore,
         *,
-        pods_by_uid: Callable[[], dict[str, dict[str, Any]]] | None = None,
         now: Callable[[], float] = time.time,
         backend_up: bool = True,
+        scrape_budget: float = 2.0,
     ) -> None:
         self.backend_up = backend_up
         self.backend = backend
         self.state = state
         self.root = Path(containers_root)
-        self.pods_by_uid = pods_by_uid or (dict)
+        self.records = records
         self.now = now
+        self.scrape_budget = scrape_budget
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Yield GPU and container metrics."""
@@ -94,26 +99,18 @@ class NodeCollector(Collector):
                 util.add_metric(labels, u.utilization_percent)
         yield from (host_mem, host_util, mem, util, total, healthy)
 
-    def _regions(self) -> Iterator[tuple[str, str, Any]]:
-        try:
-            from vgpu.isolation.region import Region, RegionError
-        except Exception as exc:
-            log.warning("event=region_reader_unavailable error=%s", exc)
-            return
-        if not self.root.is_dir():
-            return
-        for directory in sorted(self.root.iterdir()):
-            if not directory.is_dir() or "_" not in directory.name:
-                continue
-            uid, container = directory.name.split("_", 1)
-            caches = sorted(directory.glob("*.cache"))
-            if not caches:
-                continue
-            try:
-                with Region.open(caches[0], readonly=True) as region:
-                    yield uid, container, region.snapshot()
-            except (RegionError, OSError) as exc:
-                log.debug("event=region_unreadable path=%s error=%s", caches[0], exc)
+    def _snapshots(self) -> Iterator[tuple[AllocationRecord, RegionSnapshot]]:
+        """Each answered container's record and accounting snapshot, within the scrape's time budget."""
+        deadline = time.monotonic() + self.scrape_budget
+        records = self.records.all()
+        for position, record in enumerate(records):
+            if time.monotonic() > deadline:
+                log.warning("event=scrape_budget_exceeded read=%d skipped=%d budget_s=%.1f", position,
+                            len(records) - position, self.scrape_budget)
+                return
+            snapshot = read_snapshot(self.root, record)
+            if snapshot is not None:
+                yield record, snapshot
 
     def _container_metrics(self) -> Iterator[GaugeMetricFamily]:
         legacy_used = GaugeMetricFamily("vGPU_device_memory_usage_in_bytes", "vGPU device usage", labels=_LEGACY_CTR)
@@ -130,21 +127,24 @@ class NodeCollector(Collector):
                                      labels=_NEW_CTR)
         age = GaugeMetricFamily("vgpu_container_last_kernel_age_seconds", "seconds since the last kernel launch",
                                 labels=_NEW_CTR)
-        pods = self.pods_by_uid()
         now = self.now()
-        for uid, container, snap in self._regions():
-            meta = (pods.get(uid) or {}).get("metadata") or {}
-            namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
-            for dev in snap.devices:
-                base = [namespace, name, container, str(dev.index), dev.uuid]
-                legacy = [namespace, name, container, str(dev.index), dev.uuid, "vGPU"]
+        # identity, GPUs and limits come from the plugin's own record; usage is what the container's file says
+        for record, snap in self._snapshots():
+            by_index = {dev.index: dev for dev in snap.devices}
+            for index, uuid in enumerate(record.gpus):
+                dev = by_index.get(index)
+                base = [record.namespace, record.pod, record.container, str(index), uuid]
+                legacy = [*base, "vGPU"]
+                granted = record.memory_bytes[index] if index < len(record.memory_bytes) else 0
+                legacy_limit.add_metric(legacy, granted)
+                limit.add_metric(base, granted)
+                sm_limit.add_metric(base, record.cores)
+                if dev is None:
+                    continue
                 legacy_used.add_metric(legacy, dev.used)
-                legacy_limit.add_metric(legacy, dev.limit)
                 legacy_util.add_metric(legacy, dev.sm_util)
                 used.add_metric(base, dev.used)
-                limit.add_metric(base, dev.limit)
                 sm.add_metric(base, dev.sm_util)
-                sm_limit.add_metric(base, dev.sm_limit)
                 if snap.last_kernel_time > 0 and now - snap.last_kernel_time >= 0:
                     age.add_metric(base, now - snap.last_kernel_time)
         yield from (legacy_used, legacy_limit, legacy_util, used, limit, sm, sm_limit, age)

@@ -1,8 +1,8 @@
 """The node-scoped pod view of the device plugin: a WatchCache of pods with `spec.nodeName=<node>`.
 
-Implements allocator.PodSource over vgpu.kube: `pods()` reads the cache, `refresh()` lists from the API server
-(used on a cache miss and before garbage collection), `patch_annotations` merge-patches a pod. The monitor uses
-`by_uid` to name containers.
+Implements matching.PodSource over vgpu.kube: `pods()` reads the cache, `refresh()` lists from the API server (used
+on a cache miss; the cache stands in when the list fails), `list_fresh()` lists or raises (the clean-up runs only on
+a fresh list), `patch_annotations` merge-patches a pod.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from kubernetes import client as k8s
 
 from vgpu.kube.cache import WatchCache
 from vgpu.kube.client import read_json
-from vgpu.kube.errors import translate
+from vgpu.kube.errors import ApiError, translate
 from vgpu.kube.patch import patch_pod_metadata
 
 __all__ = ["NodePods"]
@@ -50,19 +50,24 @@ class NodePods:
     def refresh(self) -> list[dict[str, Any]]:
         """Pods on this node listed from the API server now (falls back to the cache on error)."""
         try:
+            return self.list_fresh()
+        except ApiError as exc:
+            log.warning("event=pod_list_failed node=%s error=%s", self.node_name, exc)
+            return self.cache.list()
+
+    def list_fresh(self) -> list[dict[str, Any]]:
+        """Pods on this node listed from the API server now; raises ApiError when it cannot answer."""
+        try:
             resp = k8s.CoreV1Api(self.api).list_pod_for_all_namespaces(
                 field_selector=self.selector, _preload_content=False, _request_timeout=10
             )
-            return list((read_json(resp) or {}).get("items") or [])
+            doc = read_json(resp)
         except Exception as exc:
-            log.warning("event=pod_list_failed node=%s error=%s", self.node_name, translate(exc, "list pods"))
-            return self.cache.list()
+            raise translate(exc, f"list pods on node {self.node_name}") from exc
+        if not isinstance(doc, dict) or not isinstance(doc.get("items"), list):
+            raise ApiError(f"list pods on node {self.node_name}", message="the answer is not a pod list")
+        return list(doc["items"])
 
     def patch_annotations(self, namespace: str, name: str, annotations: Mapping[str, str | None]) -> None:
         """Merge-patch annotations of a pod; raises ApiError."""
         patch_pod_metadata(self.api, namespace, name, annotations=annotations)
-
-    def by_uid(self) -> dict[str, dict[str, Any]]:
-        """Cached pods keyed by UID."""
-        return {str((p.get("metadata") or {}).get("uid")): p for p in self.cache.list()}
-

@@ -20,13 +20,17 @@ __all__ = [
     "CACHE_CONTAINER_DIR",
     "CDI_ANNOTATION",
     "DISABLE_CONTROL_ENV",
+    "FAIL_OPEN_ENV",
     "LIBVGPU_CONTAINER_PATH",
     "LOCK_CONTAINER_DIR",
     "PRELOAD_CONTAINER_PATH",
+    "RESERVED_ENV_NAMES",
+    "SHARED_CACHE_ENV",
     "Allocation",
     "ContainerGrant",
     "ResponseOptions",
     "build_allocation",
+    "reserved_env",
 ]
 
 LIBVGPU_CONTAINER_PATH = "/usr/local/vgpu/libvgpu.so"
@@ -34,6 +38,20 @@ CACHE_CONTAINER_DIR = "/tmp/vgpu"
 LOCK_CONTAINER_DIR = "/tmp/vgpulock"
 PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
 DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
+SHARED_CACHE_ENV = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+FAIL_OPEN_ENV = "VGPU_ISOLATION_FAIL_OPEN"
+# env names the plugin sets or the library reads as limits: a container's own spec must not set them, since its
+# `env` overrides what the plugin returns (kubelet puts the spec's variables after the device plugin's)
+RESERVED_ENV_NAMES = frozenset({
+    "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", SHARED_CACHE_ENV,
+    "GPU_CORE_UTILIZATION_POLICY", FAIL_OPEN_ENV, "VGPU_CONTEXT_OVERHEAD", "VGPU_COUNT_MANAGED",
+})
+RESERVED_ENV_PREFIXES = ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_")
+
+
+def reserved_env(name: str) -> bool:
+    """Whether `name` is one of the variables that carry a container's limits (RESERVED_ENV_NAMES)."""
+    return name in RESERVED_ENV_NAMES or name.startswith(RESERVED_ENV_PREFIXES)
 VOLUME_MOUNTS_ROOT = "/var/run/nvidia-container-devices"
 CDI_ANNOTATION = "cdi.k8s.io/vgpu-sharing"
 CDI_KIND = "nvidia.com/gpu"
@@ -47,6 +65,7 @@ class ResponseOptions:
     device_id_strategy: str = "uuid"
     pass_device_specs: bool = False
     driver_root: str = "/"
+    isolation_fail_open: bool = False  # the library runs without limits when its accounting file is unusable
     # GPU UUID -> (NVML index, minor number); needed by the index strategy and the device specs
     gpu_numbers: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
@@ -86,10 +105,10 @@ def _device_id(uuid: str, options: ResponseOptions) -> str:
 
 
 def build_allocation(grant: ContainerGrant, *, options: ResponseOptions, memory_factor: int, vgpu_root: Path,
-                     cache_dir: Path, lock_dir: str, core_policy: str | None = None) -> Allocation:
+                     cache_dir: Path, lock_dir: Path, core_policy: str | None = None) -> Allocation:
     """Env, mounts, device specs and annotations for one container, per the contract and the options.
 
-    `vgpu_root` is $HOOK_PATH/vgpu on the host, `cache_dir` the container's own accounting directory there."""
+    `vgpu_root` is $HOOK_PATH/vgpu on the host, `cache_dir` and `lock_dir` the container's own directories."""
     envs: dict[str, str] = {}
     uuids: list[str] = []
     for g in grant.grants:
@@ -109,13 +128,15 @@ def build_allocation(grant: ContainerGrant, *, options: ResponseOptions, memory_
     for i, g in enumerate(grant.grants):
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{g.memory * memory_factor}m"
     envs["CUDA_DEVICE_SM_LIMIT"] = str(grant.grants[0].cores if grant.grants else 0)
-    envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{CACHE_CONTAINER_DIR}/{uuidlib.uuid4()}.cache"
+    envs[SHARED_CACHE_ENV] = f"{CACHE_CONTAINER_DIR}/{uuidlib.uuid4()}.cache"
     if core_policy:
         envs["GPU_CORE_UTILIZATION_POLICY"] = core_policy
+    if options.isolation_fail_open:
+        envs[FAIL_OPEN_ENV] = "1"
     mounts = [
         (LIBVGPU_CONTAINER_PATH, str(vgpu_root / "libvgpu.so"), True),
         (CACHE_CONTAINER_DIR, str(cache_dir), False),
-        (LOCK_CONTAINER_DIR, lock_dir, False),
+        (LOCK_CONTAINER_DIR, str(lock_dir), False),
     ]
     if not grant.disable_control:
         mounts.append((PRELOAD_CONTAINER_PATH, str(vgpu_root / "ld.so.preload"), True))

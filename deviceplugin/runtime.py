@@ -16,7 +16,7 @@ from vgpu.deviceplugin.backends import GPUBackend, HealthEvent, make_backend
 from vgpu.deviceplugin.config import WHOLE_GPU_RESOURCE, PluginConfig, resolve_memory_factor
 from vgpu.deviceplugin.host import HostFiles
 from vgpu.deviceplugin.matching import CORES as KIND_CORES
-from vgpu.deviceplugin.matching import GPUS
+from vgpu.deviceplugin.matching import GPUS, GrantRules
 from vgpu.deviceplugin.matching import MEMORY as KIND_MEMORY
 from vgpu.deviceplugin.monitor import NodeCollector, serve_metrics
 from vgpu.deviceplugin.podresources import KubeletPods, default_socket
@@ -25,6 +25,7 @@ from vgpu.deviceplugin.registrar import Registrar
 from vgpu.deviceplugin.response import ResponseOptions
 from vgpu.deviceplugin.server import CORES, MEMORY, NUMBER, WHOLE, DevicePluginManager, DeviceState
 from vgpu.errors import ConfigError, VGPUError
+from vgpu.grants import read_key
 from vgpu.isolation.build import paths as isolation_paths
 from vgpu.kube.client import make_api_client
 from vgpu.kube.events import EventRecorder
@@ -70,8 +71,9 @@ class DevicePluginRuntime:
             log.error("event=backend_init_failed backend=%s error=%s: staying up and advertising nothing "
                       "(--fail-on-init-error=false)", config.backend, backend.init_error)
             if config.metrics_listen:
-                collector = NodeCollector(backend, DeviceState([]), HostFiles(config.hook_path, config.lock_dir)
-                                          .containers_root, backend_up=False)
+                host = HostFiles(config.hook_path, config.lock_dir)
+                collector = NodeCollector(backend, DeviceState([]), host.containers_root, host.records,
+                                          backend_up=False)
                 self._serve_metrics(collector)
             return self
         gpus = backend.devices()
@@ -83,6 +85,7 @@ class DevicePluginRuntime:
                     "node off the vgpu-sharing device plugin"
                 )
         factor = resolve_memory_factor(config, [g.memory_mib for g in gpus])
+        key = read_key(config.grant_key_file, "--grant-key-file") if config.grant_key_file else None
         sharing = config.sharing_for(factor)
         log.info("event=start node=%s gpus=%d factor=%d backend=%s", config.node_name, len(gpus), factor,
                  config.backend)
@@ -104,12 +107,20 @@ class DevicePluginRuntime:
             pass_device_specs=config.pass_device_specs,
             driver_root=config.nvidia_driver_root,
             gpu_numbers={g.uuid: (g.nvml_index, g.minor) for g in gpus},
+            isolation_fail_open=config.isolation_fail_open,
         )
         kubelet_pods = KubeletPods(config.pod_resources_socket or default_socket(config.kubelet_dir))
         self.started.append(kubelet_pods)
         host = HostFiles(config.hook_path, config.lock_dir)
+        rules = GrantRules(
+            scheduler_names=frozenset(config.scheduler_names),
+            card_memory={g.uuid: g.memory_mib // factor for g in gpus},
+            key=key,
+            accept_unsigned=config.accept_unsigned_grants,
+            disable_control_namespaces=frozenset(config.disable_control_namespaces),
+        )
         allocator = Allocator(
-            config.node_name, sharing, pods, host, core_policy=config.core_policy, resource_kinds=kinds,
+            config.node_name, sharing, pods, host, rules=rules, core_policy=config.core_policy, resource_kinds=kinds,
             options=options, recorder=recorder, kubelet=kubelet_pods,
         )
         library = isolation_paths().libvgpu
@@ -129,7 +140,7 @@ class DevicePluginRuntime:
             allocator=allocator, on_health_change=registrar.wake, health_filter=health_filter(config),
         )
         if config.metrics_listen:
-            self._serve_metrics(NodeCollector(backend, state, host.containers_root, pods_by_uid=pods.by_uid))
+            self._serve_metrics(NodeCollector(backend, state, host.containers_root, host.records))
         manager.start()
         registrar.start()
         self.started += [manager, registrar]

@@ -112,20 +112,32 @@ class RegionSnapshot:
 
 
 class Region:
-    """An open shared accounting file."""
+    """An open shared accounting file (mapped), or a copy of one's bytes (`from_bytes`)."""
 
-    def __init__(self, path: str, mm: mmap.mmap, readonly: bool):
+    def __init__(self, path: str, data: mmap.mmap | bytes, readonly: bool):
         self.path = path
         self.readonly = readonly
-        self._mm: mmap.mmap | None = mm
-        # cffi views of the mapping: the v1 region and, when present, our extension block
-        self._buf: Any = cast(Any, ffi).from_buffer("char[]", mm, require_writable=not readonly)
+        self._mm: mmap.mmap | None = data if isinstance(data, mmap.mmap) else None
+        # cffi views of the data: the v1 region and, when present, our extension block
+        self._buf: Any = cast(Any, ffi).from_buffer("char[]", data, require_writable=not readonly)
         self._r: Any = ffi.cast("vgpu_region_t *", self._buf)
         self._x: Any = None
-        if len(mm) >= FILE_SIZE:
+        if len(data) >= FILE_SIZE:
             self._x = ffi.cast("vgpu_ext_t *", self._buf + EXT_OFFSET)
         if self._x is not None and self._x.magic != EXT_MAGIC:
             self._x = None
+
+    @classmethod
+    def from_bytes(cls, label: str, data: bytes) -> Region:
+        """A read-only view of a copy of an accounting file's bytes (what a node agent reads with pread: no mapping
+        of a file its writer can truncate); raises RegionError when they are not a v1 accounting file."""
+        if len(data) < V1_SIZE:
+            raise RegionError(f"region {label}: {len(data)} bytes < {V1_SIZE} (not a v1 accounting file)")
+        reg = cls(label, data[:FILE_SIZE], readonly=True)
+        if reg._r.initialized_flag != MAGIC or reg._r.major_version != 1:
+            raise RegionError(f"region {label}: magic {reg._r.initialized_flag} / major {reg._r.major_version}, "
+                              f"expected {MAGIC} / 1")
+        return reg
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], readonly: bool = True) -> Region:
@@ -151,9 +163,9 @@ class Region:
         return reg
 
     def close(self) -> None:
-        """Unmap the file."""
+        """Unmap the file (nothing to do for a copy)."""
+        self._r = self._x = self._buf = None
         if self._mm is not None:
-            self._r = self._x = self._buf = None
             self._mm.close()
             self._mm = None
 

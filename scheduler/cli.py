@@ -18,7 +18,16 @@ def register(subparsers: Any) -> None:
                               description="Run the vGPU kube-scheduler extender (filter/prioritize/bind).")
     p.add_argument("--config", help="YAML configuration file (flags override it)")
     p.add_argument("--kubeconfig", help="kubeconfig path (default: in-cluster, else ~/.kube/config)")
-    p.add_argument("--listen", help="extender address HOST:PORT (default :8888)")
+    p.add_argument("--listen", help="extender address HOST:PORT (default 127.0.0.1:8888; any other address needs "
+                                    "mutual TLS)")
+    p.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
+    p.add_argument("--tls-key-file", help="the certificate's private key (PEM)")
+    p.add_argument("--tls-client-ca-file", help="require client certificates signed by this CA (PEM)")
+    p.add_argument("--grant-key-file", help="sign assignments with the key in this file (shared with the device "
+                                            "plugins)")
+    p.add_argument("--scheduler-names", type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
+                   help="comma list of the spec.schedulerName values of the pods placed and charged "
+                        "(default vgpu-scheduler)")
     p.add_argument("--metrics-listen", help="metrics address HOST:PORT (default :9395; '' disables)")
     p.add_argument("--node-policy", help="node scoring policy: fragaware (default), binpack, spread, fgd, bestfit, ...")
     p.add_argument("--gpu-policy", choices=("binpack", "spread"), help="GPU order inside a node (default binpack)")
@@ -51,22 +60,32 @@ def _run_scheduler(args: argparse.Namespace) -> int:
     overrides = {
         key: getattr(args, key, None)
         for key in ("kubeconfig", "listen", "metrics_listen", "node_policy", "gpu_policy", "mode",
-                    "scheduler_name", "qps", "burst", "leader_elect", "lease_namespace", "assume_ttl_seconds")
+                    "scheduler_name", "qps", "burst", "leader_elect", "lease_namespace", "assume_ttl_seconds",
+                    "tls_cert_file", "tls_key_file", "tls_client_ca_file", "grant_key_file", "scheduler_names")
     }
     config = load_config(args.config, overrides)
     host, port = parse_listen(config.listen, 8888)
     runtime = SchedulerRuntime(config)
+    # built before anything starts: unusable TLS files are one line and exit 2, not a traceback after the caches
+    server = make_uvicorn_server(runtime.app, host, port, tls_cert_file=config.tls_cert_file,
+                                 tls_key_file=config.tls_key_file, tls_client_ca_file=config.tls_client_ca_file)
     runtime.start()
     log = logging.getLogger("scheduler")
     log.info("vgpu scheduler listening listen=%s:%s mode=%s node_policy=%s gpu_policy=%s", host, port,
              config.mode, config.node_policy, config.gpu_policy)
-    server = make_uvicorn_server(runtime.app, host, port)
+    # uvicorn re-raises the SIGTERM it caught once serving ends: make that an exit that runs the clean-up below
+    # (leader Lease released, queued events sent) instead of the default action, which kills the process
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         asyncio.run(server.serve())
     finally:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         runtime.stop()
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
 
 
 def inspect_table(ledger: Any) -> str:

@@ -5,11 +5,13 @@ Called by vgpu.scheduler.cli. Keys are the snake_case field names below; unknown
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from vgpu.configfile import read_yaml_mapping, validated
+from vgpu.errors import ConfigError
 from vgpu.resources import SCHEDULER_NAME, SharingConfig
 from vgpu.scheduler.policies import DEFAULT_NODE_POLICY
 
@@ -22,9 +24,25 @@ class SchedulerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kubeconfig: str | None = Field(None, description="kubeconfig path; none = in-cluster or ~/.kube/config")
-    listen: str = Field(":8888", description="extender HTTP address HOST:PORT")
+    listen: str = Field(
+        "127.0.0.1:8888", description="extender address HOST:PORT; loopback by default (kube-scheduler runs beside "
+        "it); any other address needs the TLS files"
+    )
+    tls_cert_file: str | None = Field(None, description="serve HTTPS with this certificate (PEM)")
+    tls_key_file: str | None = Field(None, description="the certificate's private key (PEM)")
+    tls_client_ca_file: str | None = Field(
+        None, description="require client certificates signed by this CA (PEM): only kube-scheduler may call"
+    )
     metrics_listen: str = Field(":9395", description="Prometheus metrics address HOST:PORT ('' = off)")
     scheduler_name: str = Field(SCHEDULER_NAME, description="component name on events and the lease name")
+    scheduler_names: list[str] = Field(
+        default_factory=lambda: [SCHEDULER_NAME], min_length=1,
+        description="spec.schedulerName values of the pods this extender places and charges (add the names of other "
+        "schedulers that place vGPU pods on the same nodes)",
+    )
+    grant_key_file: str | None = Field(
+        None, description="sign each assignment with the key in this file (the Secret the device plugins check with)"
+    )
     node_policy: str = Field(DEFAULT_NODE_POLICY, description="node policy registered in vgpu.scheduler.policies")
     gpu_policy: Literal["binpack", "spread"] = Field("binpack", description="GPU order inside a node")
     mode: Literal["decide", "score"] = Field(
@@ -39,7 +57,10 @@ class SchedulerConfig(BaseModel):
     bound_ttl_seconds: float = Field(
         600.0, gt=0, description="how long a bound pod's charge waits for the pod watch to confirm it"
     )
-    max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024, description="largest request body accepted")
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024,
+        description="largest request body accepted (nodeCacheCapable requests with 5,000 names are about 200 KB)",
+    )
     leader_elect: bool = Field(False, description="run Lease leader election (several replicas)")
     lease_name: str = Field(SCHEDULER_NAME, description="Lease name for leader election")
     lease_namespace: str = Field("kube-system", description="Lease namespace for leader election")
@@ -48,8 +69,36 @@ class SchedulerConfig(BaseModel):
     )
 
 
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name other than localhost, or "" (every interface)
+
+
+def check_listen(config: SchedulerConfig) -> None:
+    """Refuse a non-loopback address without TLS, and TLS files given half; raises ConfigError.
+
+    `listen` is read as the server reads it ('HOST:PORT', '[V6]:PORT', ':PORT' or 'HOST'); loopback is localhost,
+    127.0.0.0/8 and ::1. Whether the TLS files load is checked when the server is built (server.make_uvicorn_server).
+    """
+    if bool(config.tls_cert_file) != bool(config.tls_key_file):
+        raise ConfigError("--tls-cert-file and --tls-key-file: give both or neither")
+    if config.tls_client_ca_file and not config.tls_cert_file:
+        raise ConfigError("--tls-client-ca-file: needs --tls-cert-file and --tls-key-file")
+    host, sep, _ = config.listen.rpartition(":")  # as server.parse_listen splits it
+    host = (host if sep else config.listen).strip("[]")
+    if not _is_loopback(host) and not config.tls_client_ca_file:
+        raise ConfigError(f"--listen {config.listen}: an address other than loopback needs --tls-cert-file, "
+                          "--tls-key-file and --tls-client-ca-file (mutual TLS), or the extender answers anyone")
+
+
 def load_config(path: str | None, overrides: dict[str, Any]) -> SchedulerConfig:
     """Read `path` (YAML mapping; None = defaults) and apply the non-None `overrides` (from flags)."""
     data: dict[str, Any] = read_yaml_mapping(path, "--config") if path else {}
     data.update({k: v for k, v in overrides.items() if v is not None})
-    return validated(SchedulerConfig, data, path or "flags")
+    config = validated(SchedulerConfig, data, path or "flags")
+    check_listen(config)
+    return config

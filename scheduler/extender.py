@@ -27,10 +27,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vgpu import keys
+from vgpu import grants, keys
 from vgpu.assignment import Assignment, encode, salvage
 from vgpu.errors import ConfigError, VGPUError
 from vgpu.requests import ContainerRequest, pod_cpu_memory, pod_requests, pod_selectors
+from vgpu.resources import SCHEDULER_NAME
+from vgpu.scheduler.constraints import constraint_failure
 from vgpu.scheduler.fit import GPU_ORDERS, FitResult, fit
 from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger
 from vgpu.scheduler.nodestate import NodeState
@@ -100,6 +102,8 @@ class Extender:
         events: EventSink | None = None,
         ready: Callable[[], str] | None = None,
         clock: Callable[[], float] = time.time,
+        scheduler_names: frozenset[str] = frozenset({SCHEDULER_NAME}),
+        grant_key: bytes | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
@@ -111,11 +115,15 @@ class Extender:
         self.mode = mode
         self.placement = Placement(policy, gpu_policy=gpu_policy, decide=mode == "decide")
         self.binder = binder
+        # without a pod source (tools, tests of the verbs alone) every pod posted is taken as existing
+        self.pod_source = lookup is not None
         self.lookup = lookup or (lambda ns, name: None)
         self.fetch = fetch or self.lookup
         self.events = events or _no_events
         self.ready = ready or (lambda: "")
         self.clock = clock
+        self.scheduler_names = scheduler_names
+        self.grant_key = grant_key
         self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()  # pods learned from, by UID
         self._seen_max = 20000
         self._seen_lock = threading.Lock()
@@ -202,6 +210,39 @@ class Extender:
             state.rank = rank
         return states, positions
 
+    def _exists(self, info: _PodInfo) -> bool:
+        """Whether the API server holds this pod under this UID (the cache, else a read): /filter reserves nothing
+        for a pod that does not exist (a made-up pod posted to /filter); /bind re-checks and reserves."""
+        if not self.pod_source:
+            return True
+        try:
+            pod = self.lookup(info.namespace, info.name) or self.fetch(info.namespace, info.name)
+        except VGPUError:
+            return False
+        return pod is not None and str((pod.get("metadata") or {}).get("uid") or "") == info.uid
+
+    def _bind_refusal(self, namespace: str, name: str, uid: str, node: str) -> tuple[str, str]:
+        """Why this pod must not be bound to `node` by us ("" when it may): it does not exist (or under another
+        UID), another scheduler owns it, or the node breaks its own nodeSelector or required node affinity; and
+        the pod's UID. Without a pod source nothing can be checked."""
+        if not self.pod_source:
+            return "", uid
+        pod = self.lookup(namespace, name) or self.fetch(namespace, name)
+        if pod is None:
+            return f"pod {namespace}/{name} not found", uid
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        found = str(meta.get("uid") or "")
+        if uid and found != uid:
+            return f"pod {namespace}/{name} has another UID than {uid}", uid
+        scheduler = spec.get("schedulerName") or "default-scheduler"
+        if scheduler not in self.scheduler_names:
+            return (f"pod {namespace}/{name} belongs to scheduler {scheduler!r}, not to "
+                    f"{sorted(self.scheduler_names)}"), found
+        state = self.ledger.nodes.get(node)
+        if state is not None and state.obj is not None:
+            return constraint_failure(pod, state.obj), found
+        return "", found
+
     def evaluate(self, pod: Mapping[str, Any], node: str) -> tuple[FitResult, float]:
         """Fit and node-policy score of `pod` on one known node, without reserving (for tools and tests)."""
         info = self._pod_info(pod)
@@ -229,6 +270,7 @@ class Extender:
             return filter_result(names, objects, [], {}, {}, error=str(exc))
         if not info.requests:
             return filter_result(names, objects, names, {}, {})
+        exists = self._exists(info)  # before the lock: it may read the API server
         ledger = self.ledger
         ledger.expire()
         unresolvable: dict[str, str] = {}
@@ -240,7 +282,7 @@ class Extender:
             states, _ = self._resolve(names, objects, unresolvable)
             choice = self.placement.choose(states, info.shape)
             unresolvable.update(choice.unresolvable)
-            if choice.best is not None and choice.result is not None and choice.best.name in ledger.nodes:
+            if choice.best is not None and choice.result is not None and choice.best.name in ledger.nodes and exists:
                 ledger.reserve(uid, info.namespace, info.name, choice.best.name, choice.result.assignment)
         feasible = [state.name for state in choice.feasible]
         if not feasible:
@@ -296,6 +338,12 @@ class Extender:
         not_ready = self.ready()
         if not_ready:
             return {"Error": f"vgpu-scheduler not ready: {not_ready}"}
+        try:
+            refusal, pod_uid = self._bind_refusal(namespace, name, uid, node)
+        except VGPUError as exc:
+            refusal, pod_uid = f"cannot read pod {namespace}/{name}: {exc}", uid
+        if refusal:
+            return self._bind_failed(ref, node, refusal)
         ledger = self.ledger
         ledger.expire()
         assignment: Assignment
@@ -338,6 +386,8 @@ class Extender:
             keys.BIND_TIME: now,
             keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING,
         }
+        if self.grant_key is not None:
+            annotations[grants.SIGNATURE] = grants.sign(self.grant_key, pod_uid, node, value)
         try:
             self.binder(namespace, name, uid, node, annotations)
         except BindConflict as exc:

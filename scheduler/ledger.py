@@ -12,8 +12,11 @@ CPU and memory that bound pods request are kept per node (kube-scheduler's arith
 node context.
 
 A charge comes from one of two places:
-- a pod seen by the watch with `vgpu-ids-new` that is bound (`spec.nodeName`) or assumed (`vgpu-node`), not yet
-  Succeeded/Failed (OBSERVED; released on delete or a terminal phase);
+- a pod of one of `scheduler_names` seen by the watch bound (`spec.nodeName`) with `vgpu-ids-new`, not yet
+  Succeeded/Failed (OBSERVED; released on delete or a terminal phase). Its annotation is only a claim (pod authors
+  can write it): each grant is charged at the larger of the claim and what the container's spec asks on that card,
+  and a claim that differs from the spec is reported to `grant_listeners` (vgpu.grants.violations). Pods of other
+  schedulers and unbound pods are never charged from their annotations;
 - the extender's own reservation, made at /filter (decide mode) or /bind (ASSUMED, short TTL) and kept after a
   successful bind until the watch shows the pod with its annotation (BOUND, long TTL).
 A watch event without an assignment never removes one of our reservations: it may predate our own binding.
@@ -34,13 +37,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from vgpu import keys
+from vgpu import grants, keys
 from vgpu.assignment import Assignment, salvage
-from vgpu.errors import CodecError
+from vgpu.errors import CodecError, RequestError
 from vgpu.inventory import GPUDevice, decode_hami, decode_volcano
 from vgpu.quantity import parse_integer_quantity, parse_quantity
-from vgpu.requests import pod_cpu_memory
-from vgpu.resources import HAMI_NAMES, SharingConfig
+from vgpu.requests import ContainerRequest, pod_cpu_memory, pod_requests
+from vgpu.resources import HAMI_NAMES, SCHEDULER_NAME, SharingConfig
 from vgpu.scheduler.fit import GPUUsage
 from vgpu.scheduler.nodestate import Grant, NodeState, flat_grants
 
@@ -88,6 +91,12 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
 
+def _segment_requests(assignment: Assignment,
+                      requests: tuple[ContainerRequest, ...]) -> list[ContainerRequest | None]:
+    """The request of the container each grant of `flat_grants(assignment)` belongs to (None: none in the spec)."""
+    return [requests[i] if i < len(requests) else None for i, segment in enumerate(assignment) for _ in segment]
+
+
 def _allocatable_cpu_memory(allocatable: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """A node's allocatable CPU (milli) and memory (MiB, rounded down), None where absent or malformed."""
     out: list[int | None] = []
@@ -120,6 +129,7 @@ class Ledger:
         self,
         config: SharingConfig | None = None,
         *,
+        scheduler_names: frozenset[str] = frozenset({SCHEDULER_NAME}),
         assume_ttl: float = 30.0,
         bound_ttl: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
@@ -134,7 +144,11 @@ class Ledger:
         self._by_node: dict[str, set[str]] = {}
         self._expiry: list[tuple[float, str]] = []
         self._number_names = tuple(n.number for n in self.config.name_sets())
+        self.scheduler_names = scheduler_names
         self.pod_listeners: list[Callable[[Mapping[str, Any]], None]] = []  # called with every watched pod
+        # called with a pod and how its assignment differs from its spec, when its charge is made
+        self.grant_listeners: list[Callable[[Mapping[str, Any], list[str]], None]] = []
+        self._reported: dict[str, str] = {}  # pod uid -> the claim last reported as inconsistent
         self._compute: dict[str, tuple[str, int, int]] = {}  # pod -> (node, CPU milli, memory MiB) it takes
         self._requested: dict[str, list[int]] = {}  # node -> [CPU milli, memory MiB] its pods take
         self._ranked = True  # whether NodeState.rank is every node's position in name order
@@ -261,18 +275,26 @@ class Ledger:
             if phase in ("Succeeded", "Failed"):
                 self._set_compute(uid, None)
                 self._remove(uid)
+                self._reported.pop(uid, None)
                 return
             bound_to = spec.get("nodeName")
             self._set_compute(uid, (bound_to, *pod_cpu_memory(pod)) if bound_to else None)
             ids = annotations.get(keys.VGPU_IDS)
-            node = spec.get("nodeName") or annotations.get(keys.VGPU_NODE)
+            node = bound_to
             current = self.charges.get(uid)
-            if not ids or not node:
+            ours = (spec.get("schedulerName") or "default-scheduler") in self.scheduler_names
+            if not ids or not node or not ours:
                 if current is not None and current.state == ChargeState.OBSERVED:
                     self._remove(uid)
                 return
             assignment = salvage(ids)
-            grants = flat_grants(assignment)
+            grants, problems = self._charged(pod, node, assignment)
+            if problems and self._reported.get(uid) != ids:  # once per claim, whatever else the pod changes
+                self._reported[uid] = ids
+                log.warning("event=grant_inconsistent pod=%s/%s node=%s problems=%r", meta.get("namespace"),
+                            meta.get("name"), node, problems)
+                for report in self.grant_listeners:
+                    report(pod, problems)
             if (
                 current is not None
                 and current.node == node
@@ -296,12 +318,36 @@ class Ledger:
                 )
             )
 
+    def _charged(self, pod: Mapping[str, Any], node: str,
+                 assignment: Assignment) -> tuple[tuple[Grant, ...], list[str]]:
+        """What a bound pod is charged: each grant at the larger of its claim and what the container's spec asks
+        on that card; and how the claim departs from the spec, more or less (callers hold `lock`)."""
+        try:
+            requests = pod_requests(pod, self.config)
+        except RequestError:
+            requests = ()
+        state = self.nodes.get(node)
+        card = {d.uuid: d.memory for d in state.devices} if state is not None else {}
+        problems = grants.violations(assignment, requests, card) if card else []
+        charged = []
+        for (uuid, memory, cores), request in zip(flat_grants(assignment), _segment_requests(assignment, requests)):
+            if request is not None:
+                size = card.get(uuid)
+                asked = request.memory if request.memory else (request.memory_on(size) if size else 0)
+                if memory < asked or cores < request.cores:
+                    problems.append(f"container {request.container!r}: {memory} memory units and {cores}% cores "
+                                    f"claimed on {uuid}, the spec asks {asked} and {request.cores}%")
+                memory, cores = max(memory, asked), max(cores, request.cores)
+            charged.append((uuid, memory, cores))
+        return tuple(charged), problems
+
     def on_pod_delete(self, pod: Mapping[str, Any]) -> None:
         """Release whatever a deleted pod held (by UID, whatever its annotations say)."""
         with self.lock:
             uid = pod_key(pod)
             self._set_compute(uid, None)
             self._remove(uid)
+            self._reported.pop(uid, None)
 
     def _set_compute(self, uid: str, taken: tuple[str, int, int] | None) -> None:
         """Record the CPU and memory a bound pod takes from its node (None: nothing), updating node totals."""

@@ -93,6 +93,11 @@ class SchedulerMetrics:
         )
         self.leader = Gauge("vgpu_scheduler_leader", "1 while this replica holds the lease", registry=self.registry)
         self.ready = Gauge("vgpu_scheduler_ready", "1 while /readyz answers 200", registry=self.registry)
+        self.inconsistent_grants = Counter(
+            "vgpu_scheduler_inconsistent_grants",
+            "Bound pods whose GPU assignment differs from their spec (charged at the larger of the two)",
+            registry=self.registry,
+        )
         if ledger is not None:
             self.registry.register(LedgerCollector(ledger))
 

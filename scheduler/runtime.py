@@ -11,6 +11,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from vgpu.grants import read_key
 from vgpu.kube import EventRecorder, LeaderElector, WatchCache, bind_pod, make_api_client
 from vgpu.kube.client import read_object
 from vgpu.kube.errors import ConflictError, NotFoundError, translate
@@ -35,9 +36,12 @@ class SchedulerRuntime:
     def __init__(self, config: SchedulerConfig, api_client: k8s.ApiClient | None = None) -> None:
         self.config = config
         self.api = api_client or make_api_client(config.kubeconfig, config.qps, config.burst)
-        self.ledger = Ledger(config.sharing, assume_ttl=config.assume_ttl_seconds,
+        names = frozenset(config.scheduler_names)
+        key = read_key(config.grant_key_file, "--grant-key-file") if config.grant_key_file else None
+        self.ledger = Ledger(config.sharing, scheduler_names=names, assume_ttl=config.assume_ttl_seconds,
                              bound_ttl=config.bound_ttl_seconds)
         self.metrics = SchedulerMetrics(self.ledger)
+        self.ledger.grant_listeners.append(self._inconsistent)
         self.nodes = WatchCache(self.api, "nodes", name="vgpu-scheduler-nodes")
         self.nodes.add_handlers(self.ledger.on_node, lambda old, new: self.ledger.on_node(new),
                                 self.ledger.on_node_delete)
@@ -65,10 +69,19 @@ class SchedulerRuntime:
             fetch=self._fetch,
             events=self._event,
             ready=self.not_ready,
+            scheduler_names=names,
+            grant_key=key,
         )
         self.app = create_app(self.extender, self.not_ready, self.metrics, config.max_body_bytes,
                               housekeeping=self.ledger.expire, housekeeping_interval=EXPIRY_INTERVAL)
         self._metrics_server: Any = None
+
+    def _inconsistent(self, pod: Mapping[str, Any], problems: list[str]) -> None:
+        """A bound pod's assignment differs from its spec: charged at the larger, counted and reported."""
+        self.metrics.inconsistent_grants.inc()
+        self.recorder.warning(pod, "VGPUGrantInconsistent",
+                              "the pod's GPU assignment differs from its spec (charged at the larger of the two): "
+                              + "; ".join(problems))
 
     def not_ready(self) -> str:
         """"" when this replica may serve, else why not."""

@@ -4,9 +4,11 @@ POST /filter, /prioritize, /bind, /preempt take kube-scheduler's extender JSON (
 capitalisation) and answer with orjson; GET /healthz is liveness, GET /readyz is 200 only while the caches have
 synced and this replica leads. Unparseable JSON answers 400, a body over the cap 413, a well-formed but invalid
 request 200 with `Error`; an unexpected exception is logged and also answered 200 with `Error`, never 500.
-The four POST verbs are answered by the `ExtenderVerbs` ASGI middleware in front of FastAPI (see its docstring).
+The four POST verbs are answered by the `ExtenderVerbs` ASGI middleware in front of FastAPI (see its docstring);
+bodies over INLINE_PARSE_BYTES are parsed on a worker thread, LARGE_BODIES_AT_ONCE at a time.
 Built by `create_app`, whose lifespan also runs periodic housekeeping (the ledger's reservation expiry), served
-by `serve` (uvicorn); started by `vgpu scheduler` (vgpu.scheduler.cli) and by tests.
+by uvicorn (`make_uvicorn_server`, with HTTPS and client certificates when configured); started by
+`vgpu scheduler` (vgpu.scheduler.cli) and by tests.
 """
 
 from __future__ import annotations
@@ -23,19 +25,44 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from vgpu.errors import VGPUError
+from vgpu.errors import ConfigError, VGPUError
 from vgpu.scheduler.extender import Extender
 from vgpu.scheduler.metrics import SchedulerMetrics
 
-__all__ = ["DEFAULT_MAX_BODY", "ExtenderVerbs", "create_app", "make_uvicorn_server", "parse_listen", "serve"]
+__all__ = ["DEFAULT_MAX_BODY", "ExtenderVerbs", "check_tls_files", "create_app", "make_uvicorn_server",
+           "parse_listen"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY = 64 * 1024 * 1024
+DEFAULT_MAX_BODY = 4 * 1024 * 1024
+INLINE_PARSE_BYTES = 256 * 1024  # bodies up to this size are parsed on the event loop (a /filter of 5,000 names)
+# Larger bodies are read, parsed and answered this many at a time: parsed JSON can take ~25x the body's size (a
+# 4 MiB body of `{"a":[]}` items is 110 MiB of objects), so that concurrent ones do not multiply it past the memory
+# limit; the others wait unread in the kernel's buffers. kube-scheduler sends one /filter or /prioritize at a time.
+LARGE_BODIES_AT_ONCE = 2
 
 
 class _TooLarge(Exception):
     pass
+
+
+class _LargeBodySlot:
+    """One request's claim on the shared gate for large bodies: taken before such a body is read on, held until it
+    is answered, released once (`release` is safe to call when nothing was taken)."""
+
+    def __init__(self, gate: asyncio.Semaphore) -> None:
+        self.gate = gate
+        self.held = False
+
+    async def take(self) -> None:
+        if not self.held:
+            await self.gate.acquire()
+            self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.gate.release()
 
 
 def _filter_error(message: str) -> dict[str, Any]:
@@ -47,13 +74,16 @@ class ExtenderVerbs:
 
     FastAPI's request machinery costs about 1 ms per 40 KB body (a /filter with 1000 node names), half the
     /filter budget, so the four verbs are served here directly on uvicorn's receive/send; everything else
-    (/healthz, /readyz, 404s) falls through to the FastAPI app.
+    (/healthz, /readyz, 404s) falls through to the FastAPI app. A body over `max_body` is answered 413 unread
+    (declared) or as soon as it passes the cap (streamed); bodies over INLINE_PARSE_BYTES are parsed on a worker
+    thread, at most LARGE_BODIES_AT_ONCE of them in flight.
     """
 
     def __init__(self, app: Any, extender: Extender, metrics: SchedulerMetrics | None, max_body: int) -> None:
         self.app = app
         self.max_body = max_body
         self.metrics = metrics
+        self.large_bodies = asyncio.Semaphore(LARGE_BODIES_AT_ONCE)
         self.routes: dict[str, tuple[str, Callable[[Any], Any], Callable[[str], Any], bool]] = {
             "/filter": ("filter", extender.filter, _filter_error, False),
             # HostPriorityList has no Error field; kube-scheduler ignores a failed prioritize, so [] it is.
@@ -70,7 +100,11 @@ class ExtenderVerbs:
             return
         verb, call, on_error, threaded = route
         start = time.perf_counter()
-        status, payload, outcome = await self._answer(scope, receive, call, on_error, threaded, verb)
+        slot = _LargeBodySlot(self.large_bodies)
+        try:
+            status, payload, outcome = await self._answer(scope, receive, call, on_error, threaded, verb, slot)
+        finally:
+            slot.release()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(payload)).encode())]})
@@ -80,13 +114,16 @@ class ExtenderVerbs:
             self.metrics.requests.labels(verb, outcome).inc()
 
     async def _answer(self, scope: dict[str, Any], receive: Any, call: Callable[[Any], Any],
-                      on_error: Callable[[str], Any], threaded: bool, verb: str) -> tuple[int, bytes, str]:
+                      on_error: Callable[[str], Any], threaded: bool, verb: str,
+                      slot: _LargeBodySlot) -> tuple[int, bytes, str]:
         try:
-            body = await self._body(scope, receive)
+            body = await self._body(scope, receive, slot)
         except _TooLarge:
             return 413, orjson.dumps({"Error": f"request body over {self.max_body} bytes"}), "too_large"
         try:
-            args = orjson.loads(body)
+            # a large body is parsed on a worker thread so that it never holds up the event loop
+            inline = len(body) <= INLINE_PARSE_BYTES
+            args = orjson.loads(body) if inline else await run_in_threadpool(orjson.loads, body)
         except orjson.JSONDecodeError as exc:
             return 400, orjson.dumps({"Error": f"request body is not valid JSON: {exc}"}), "bad_json"
         try:
@@ -99,10 +136,12 @@ class ExtenderVerbs:
         outcome = "error" if isinstance(result, dict) and result.get("Error") else "ok"
         return 200, orjson.dumps(result), outcome
 
-    async def _body(self, scope: dict[str, Any], receive: Any) -> bytes:
+    async def _body(self, scope: dict[str, Any], receive: Any, slot: _LargeBodySlot) -> bytes:
         for name, value in scope.get("headers") or ():
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body:
                 raise _TooLarge
+            if name == b"content-length" and value.isdigit() and int(value) > INLINE_PARSE_BYTES:
+                await slot.take()
         chunks = []
         size = 0
         while True:
@@ -113,6 +152,8 @@ class ExtenderVerbs:
             size += len(chunk)
             if size > self.max_body:
                 raise _TooLarge
+            if size > INLINE_PARSE_BYTES:
+                await slot.take()
             chunks.append(chunk)
             if not message.get("more_body"):
                 break
@@ -185,16 +226,37 @@ def parse_listen(value: str, default_port: int) -> tuple[str, int]:
     return host, int(port)
 
 
-def make_uvicorn_server(app: FastAPI, host: str, port: int, **kwargs: Any) -> Any:
-    """A uvicorn.Server for `app` (quiet, no access log; uvloop/httptools when installed)."""
+def check_tls_files(cert_file: str, key_file: str | None, client_ca_file: str | None) -> None:
+    """Load the TLS files as the server will; raises ConfigError naming the flag and file that cannot be used."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"--tls-cert-file {cert_file} with --tls-key-file {key_file}: cannot be used: {exc}") from exc
+    if client_ca_file:
+        try:
+            context.load_verify_locations(client_ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"--tls-client-ca-file {client_ca_file}: cannot be used: {exc}") from exc
+
+
+def make_uvicorn_server(app: FastAPI, host: str, port: int, *, tls_cert_file: str | None = None,
+                        tls_key_file: str | None = None, tls_client_ca_file: str | None = None) -> Any:
+    """A uvicorn.Server for `app` (quiet, no access log; uvloop/httptools when installed), over HTTPS with the TLS
+    files, requiring a client certificate signed by `tls_client_ca_file` when given. The TLS files are loaded here
+    once (check_tls_files), so that an unusable one is a ConfigError now rather than a traceback when serving."""
+    import ssl
+
     import uvicorn
 
+    tls: dict[str, Any] = {}
+    if tls_cert_file:
+        check_tls_files(tls_cert_file, tls_key_file, tls_client_ca_file)
+        tls = {"ssl_certfile": tls_cert_file, "ssl_keyfile": tls_key_file}
+        if tls_client_ca_file:
+            tls.update(ssl_ca_certs=tls_client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_keep_alive=75, **kwargs)
+                            timeout_keep_alive=75, **tls)
     return uvicorn.Server(config)
-
-
-def serve(app: FastAPI, host: str, port: int) -> None:
-    """Serve `app` until SIGINT/SIGTERM."""
-    server = make_uvicorn_server(app, host, port)
-    asyncio.run(server.serve())

@@ -28,8 +28,12 @@ Semantics copied from kube-apiserver where our code depends on them:
     the PodScheduled condition, answers 409 when the pod is already bound or when the Binding's metadata.uid
     does not match the pod's uid;
   * a watch whose selector stops (starts) matching an object receives DELETED (ADDED) for it.
-Not served (on purpose): authentication, namespaces as objects, paging (`limit` is ignored, lists are whole),
-server-side apply, graceful deletion and finalizers, protobuf.
+Not served (on purpose): authentication (any bearer token is accepted), namespaces as objects, paging (`limit` is
+ignored, lists are whole), server-side apply, graceful deletion and finalizers, protobuf.
+
+Recording (`ApiServerStandIn(record_requests=True)`): every request is kept with the bearer token it carried, so a
+test can give each component a kubeconfig with its own token and compare what each one called with its RBAC rules;
+`request_attributes` turns a request into what kube-apiserver's authorizer is asked (verb, group, resource, ...).
 
 Persistence (`--data FILE`): every change is appended to `FILE.journal` before it is acknowledged and the
 journal is folded into the snapshot `FILE` (written atomically) from time to time, so the process can be killed
@@ -68,7 +72,16 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-__all__ = ["ApiServerProcess", "ApiServerStandIn", "StatusError", "Store", "write_kubeconfig"]
+__all__ = [
+    "ApiServerProcess",
+    "ApiServerStandIn",
+    "RecordedRequest",
+    "RequestAttributes",
+    "StatusError",
+    "Store",
+    "request_attributes",
+    "write_kubeconfig",
+]
 
 log = logging.getLogger(__name__)
 
@@ -685,6 +698,74 @@ class Store:
         return {"type": "ERROR", "object": err.status()}
 
 
+# ------------------------------------------------------------------------------------------ requests as authorized
+
+@dataclass(frozen=True, slots=True)
+class RequestAttributes:
+    """What kube-apiserver's authorizer decides on for one request (its RequestInfo).
+
+    `resource` is "plural" or "plural/subresource" as RBAC rules name it, "" for a non-resource URL (then `path`
+    is the URL path and `verb` the lower-case method, as for RBAC's nonResourceURLs)."""
+
+    verb: str
+    api_group: str
+    resource: str
+    namespace: str
+    name: str
+    path: str
+
+
+_VERBS = {"POST": "create", "GET": "get", "HEAD": "get", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}  # Go's strconv.ParseBool
+
+
+def request_attributes(method: str, target: str) -> RequestAttributes:
+    """The authorization attributes of `method` on `target` (path and query), by kube-apiserver's rules:
+    a GET of a collection is `list` (`watch` with watch=true or under /watch/), a DELETE of one `deletecollection`,
+    a fieldSelector `metadata.name=X` names the object."""
+    url = urlsplit(target)
+    query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+    parts = [p for p in url.path.split("/") if p]
+    group, rest = "", []
+    if parts[:1] == ["api"]:
+        rest = parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) > 1:
+        group, rest = parts[1], parts[3:]
+    if not rest:
+        return RequestAttributes(method.lower(), "", "", "", "", url.path)  # a non-resource URL
+    verb = _VERBS.get(method, method.lower())
+    if rest[0] == "watch":
+        verb, rest = "watch", rest[1:]
+    namespace = ""
+    if len(rest) > 1 and rest[0] == "namespaces":
+        namespace = rest[1]
+        rest = rest[2:] if len(rest) > 2 else rest  # /namespaces/x itself is the namespace named x
+    resource, name, subresource = (rest + ["", ""])[:3]
+    if not name and verb == "get":
+        verb = "watch" if query.get("watch") in _TRUE else "list"
+        name = next((term.split("=", 1)[1] for term in (query.get("fieldSelector") or "").split(",")
+                     if term.startswith("metadata.name=")), "")
+    elif not name and verb == "delete":
+        verb = "deletecollection"
+    return RequestAttributes(verb, group, f"{resource}/{subresource}" if subresource else resource, namespace, name,
+                             url.path)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRequest:
+    """One request as the stand-in received it: the bearer token ("" without one), method, path with query, body."""
+
+    token: str
+    method: str
+    target: str
+    body: bytes
+
+    @property
+    def attributes(self) -> RequestAttributes:
+        """What kube-apiserver would authorize for this request."""
+        return request_attributes(self.method, self.target)
+
+
 # ------------------------------------------------------------------------------------------------------- HTTP layer
 
 _PATH = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<gv>[^/]+))"
@@ -694,6 +775,7 @@ _PATH = re.compile(r"^/(?:api/(?P<cv>v1)|apis/(?P<g>[^/]+)/(?P<gv>[^/]+))"
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    _raw = b""
 
     def setup(self) -> None:
         super().setup()
@@ -712,16 +794,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _body(self) -> Any:
-        n = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(n) if n else b""
-        if not raw:
+        if not self._raw:
             return None
         try:
-            return orjson.loads(raw)
+            return orjson.loads(self._raw)
         except orjson.JSONDecodeError:
             raise StatusError(400, "BadRequest", "request body is not valid JSON") from None
 
     def _dispatch(self, method: str) -> None:
+        n = int(self.headers.get("Content-Length") or 0)
+        self._raw = self.rfile.read(n) if n else b""
+        if self.server.recorded is not None:
+            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+            self.server.record(RecordedRequest(token.strip() if scheme.lower() == "bearer" else "", method,
+                                               self.path, self._raw))
         try:
             self._route(method)
         except StatusError as exc:
@@ -850,25 +936,33 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     request_queue_size = 1024
 
-    def __init__(self, addr: tuple[str, int], store: Store, watch_timeout: float, bookmark_interval: float) -> None:
+    def __init__(self, addr: tuple[str, int], store: Store, watch_timeout: float, bookmark_interval: float,
+                 record_requests: bool = False) -> None:
         super().__init__(addr, _Handler)
         self.store = store
         self.watch_timeout = watch_timeout
         self.bookmark_interval = bookmark_interval
         self.open_watches = 0
+        self.recorded: list[RecordedRequest] | None = [] if record_requests else None
         self._lock = threading.Lock()
 
     def track_watch(self, _h: Any, delta: int) -> None:
         with self._lock:
             self.open_watches += delta
 
+    def record(self, request: RecordedRequest) -> None:
+        with self._lock:
+            assert self.recorded is not None
+            self.recorded.append(request)
 
-def write_kubeconfig(path: str | os.PathLike[str], url: str, context: str = "vgpu-standin") -> str:
-    """Write a kubeconfig pointing at `url` (no authentication; a dummy token) and return its path."""
+
+def write_kubeconfig(path: str | os.PathLike[str], url: str, context: str = "vgpu-standin",
+                     token: str = "standin") -> str:
+    """Write a kubeconfig pointing at `url` with bearer `token` (accepted whatever it is) and return its path."""
     doc = {
         "apiVersion": "v1", "kind": "Config", "current-context": context,
         "clusters": [{"name": context, "cluster": {"server": url}}],
-        "users": [{"name": context, "user": {"token": "standin"}}],
+        "users": [{"name": context, "user": {"token": token}}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": context, "namespace": "default"}}],
     }
     p = Path(path)
@@ -882,9 +976,10 @@ class ApiServerStandIn:
     """TEST INFRASTRUCTURE: the stand-in served from a thread of this process (`start()` / `stop()`)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, data_path: str | os.PathLike[str] | None = None,
-                 history_size: int = 10000, watch_timeout: float = 1800.0, bookmark_interval: float = 5.0) -> None:
+                 history_size: int = 10000, watch_timeout: float = 1800.0, bookmark_interval: float = 5.0,
+                 record_requests: bool = False) -> None:
         self.store = Store(data_path, history_size)
-        self._server = _Server((host, port), self.store, watch_timeout, bookmark_interval)
+        self._server = _Server((host, port), self.store, watch_timeout, bookmark_interval, record_requests)
         self._thread: threading.Thread | None = None
         self.kubeconfig: str | None = None  # set by write_kubeconfig()
 
@@ -910,10 +1005,18 @@ class ApiServerStandIn:
         finally:
             self.store.delivering.set()
 
-    def write_kubeconfig(self, path: str | os.PathLike[str]) -> str:
-        """Write a kubeconfig for this server, remember it as `.kubeconfig` and return its path."""
-        self.kubeconfig = write_kubeconfig(path, self.url)
+    def write_kubeconfig(self, path: str | os.PathLike[str], token: str = "standin") -> str:
+        """Write a kubeconfig for this server with bearer `token`, remember it as `.kubeconfig`, return its path."""
+        self.kubeconfig = write_kubeconfig(path, self.url, token=token)
         return self.kubeconfig
+
+    def requests(self, token: str) -> list[RecordedRequest]:
+        """The requests received so far with bearer `token` (needs `record_requests=True`), oldest first."""
+        recorded = self._server.recorded
+        if recorded is None:
+            raise RuntimeError("this stand-in does not record requests (record_requests=False)")
+        with self._server._lock:
+            return [r for r in recorded if r.token == token]
 
     def start(self) -> ApiServerStandIn:
         """Serve in a daemon thread."""

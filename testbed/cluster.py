@@ -295,7 +295,8 @@ class LocalCluster:
             node.plugin = Proc(f"device-plugin-{node.name}", _vgpu(
                 "--log-level", log_level, "device-plugin", "--backend", "sim", "--sim-gpus", node_gpus,
                 "--node-name", node.name, "--kubelet-dir", str(node.kubelet_dir), "--hook-path", str(node.hook_path),
-                "--kubeconfig", self.kubeconfig, "--metrics-listen", f"0.0.0.0:{node.metrics_port}",
+                "--lock-dir", str(node.dir / "vgpulock"), "--kubeconfig", self.kubeconfig,
+                "--metrics-listen", f"0.0.0.0:{node.metrics_port}",
                 "--gpu-memory-factor", str(self.memory_factor),
                 *self._sim_control_args(node), *self.plugin_args), self.logs / f"device-plugin-{node.name}.log")
         self._http = httpx.Client(base_url=self.url, timeout=10)

@@ -4,8 +4,9 @@ Called by the kubelet stand-in once a pod is admitted (GetPreferredAllocation + 
 Without a container runtime we cannot mount, so the runner turns what the device plugin answered into what the
 process sees through its environment instead, faithfully to what the container would see:
 
-  * env: the container's `env` (plain values and the downward-API fields kubelet resolves), then the envs of every
-    ContainerAllocateResponse, merged in order as kubelet does;
+  * env: the envs of every ContainerAllocateResponse, then the container's `env` (plain values and the downward-API
+    fields kubelet resolves), in kubelet's order: it lists the device plugins' variables first and the spec's after
+    them, and the runtime keeps the last value of a name, so a container's own `env` wins;
   * a path in an env value that lies under a mount's container path is rewritten to the mount's host path, so
     `CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/<uuid4>.cache` becomes
     `$HOOK_PATH/vgpu/containers/<podUID>_<container>/<uuid4>.cache` (the file the node monitor reads);
@@ -151,6 +152,10 @@ def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, sim_dir:
     env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "TERM") if k in os.environ}
     env["HOSTNAME"] = str((pod.get("metadata") or {}).get("name") or "")
     env["PYTHONUNBUFFERED"] = "1"
+    for key, value in alloc.envs.items():
+        if value.startswith("/"):
+            value = map_to_host(value, alloc.mounts) or value
+        env[key] = value
     for item in container.get("env") or ():
         name = item.get("name")
         if not name:
@@ -159,10 +164,6 @@ def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, sim_dir:
             env[name] = str(item.get("value") or "")
         elif ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
             env[name] = _downward(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
-    for key, value in alloc.envs.items():
-        if value.startswith("/"):
-            value = map_to_host(value, alloc.mounts) or value
-        env[key] = value
     # /etc/ld.so.preload -> LD_PRELOAD
     preload_host = map_to_host("/etc/ld.so.preload", alloc.mounts)
     if preload_host is not None:

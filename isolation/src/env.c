@@ -141,6 +141,8 @@ void vgpu_read_env(void) {
     }
     vg.context_overhead = 0;
     read_mem("VGPU_CONTEXT_OVERHEAD", &vg.context_overhead);
+    const char *fo = getenv("VGPU_ISOLATION_FAIL_OPEN");
+    vg.fail_open = fo && !strcmp(fo, "1");
     const char *cm = getenv("VGPU_COUNT_MANAGED");
     vg.count_managed = !(cm && (!strcmp(cm, "0") || !strcasecmp(cm, "false")));
     vg.active = any && !vg.config_error;

@@ -243,7 +243,17 @@ static void do_init(void) {
     real_cuEventElapsedTime = (CUresult(*)(float *, CUevent, CUevent))sym(g_libcuda, "cuEventElapsedTime_v2");
     if (!real_cuEventElapsedTime)
         real_cuEventElapsedTime = (CUresult(*)(float *, CUevent, CUevent))sym(g_libcuda, "cuEventElapsedTime");
-    if (vg.active && vgpu_region_attach()) vg.active = 0;
+    char why[320];
+    if (vg.active && vgpu_region_attach(why, sizeof why)) {
+        vg.active = 0;
+        if (vg.fail_open) {
+            VLOG(VLOG_ERROR, "%s; running WITHOUT limits (VGPU_ISOLATION_FAIL_OPEN=1)", why);
+        } else {
+            vg.config_error = 1;
+            VLOG(VLOG_ERROR, "%s; limits are configured but cannot be enforced, so CUDA and NVML initialisation "
+                             "are refused", why);
+        }
+    }
     VLOG(VLOG_INFO, "libvgpu initialised: active=%d sm=%d policy=%d", vg.active, vg.sm_configured, vg.policy);
 }
 

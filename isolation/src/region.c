@@ -162,27 +162,38 @@ static void on_fork_child(void) {
     g_my_start = 0;
 }
 
-int vgpu_region_attach(void) {
+/*
+ * Attach the shared accounting file named by CUDA_DEVICE_MEMORY_SHARED_CACHE, creating it if needed.  Its blocks
+ * are allocated before it is mapped (posix_fallocate), so a full disk fails here, with a reason, instead of
+ * raising SIGBUS on a later store into a hole.  On failure returns -1 with one line of reason in `why`.
+ */
+int vgpu_region_attach(char *why, size_t why_len) {
     if (vg.region) return 0;
     const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (!path || !*path) path = "/tmp/cudevshr.cache";
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
-        VLOG(VLOG_ERROR, "cannot open shared region %s: %s; limits cannot be enforced", path, strerror(errno));
+        snprintf(why, why_len, "cannot open the accounting file %s: %s", path, strerror(errno));
         return -1;
     }
     fchmod(fd, 0666);
     flock(fd, LOCK_EX);
     struct stat st;
-    if (fstat(fd, &st) == 0 && (uint64_t)st.st_size < VGPU_FILE_SIZE && ftruncate(fd, (off_t)VGPU_FILE_SIZE) != 0) {
-        VLOG(VLOG_ERROR, "cannot size shared region %s: %s", path, strerror(errno));
-        flock(fd, LOCK_UN);
-        close(fd);
-        return -1;
+    const char *step = "inspect";
+    int err = fstat(fd, &st) ? errno : !S_ISREG(st.st_mode) ? EINVAL : 0;
+    if (!err) {
+        step = "allocate";
+        err = posix_fallocate(fd, 0, (off_t)VGPU_FILE_SIZE);
     }
-    void *mem = mmap(NULL, VGPU_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (mem == MAP_FAILED) {
-        VLOG(VLOG_ERROR, "cannot map shared region %s: %s", path, strerror(errno));
+    void *mem = MAP_FAILED;
+    if (!err) {
+        step = "map";
+        mem = mmap(NULL, VGPU_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (mem == MAP_FAILED) err = errno;
+    }
+    if (err) {
+        snprintf(why, why_len, "cannot %s the accounting file %s: %s", step, path,
+                 err == EINVAL && !strcmp(step, "inspect") ? "not a regular file" : strerror(err));
         flock(fd, LOCK_UN);
         close(fd);
         return -1;

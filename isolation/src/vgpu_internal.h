@@ -29,7 +29,9 @@ enum { POLICY_DEFAULT = 0, POLICY_FORCE = 1, POLICY_DISABLE = 2 };
 enum { ACCT_CONTEXT = 0, ACCT_MODULE = 1, ACCT_DATA = 2 };
 
 typedef struct {
-    int config_error;        /* a limit env var could not be parsed: cuInit/nvmlInit fail */
+    int config_error;        /* limits that cannot be enforced (a limit env var that does not parse, or no usable
+                                accounting region without VGPU_ISOLATION_FAIL_OPEN): cuInit/nvmlInit fail */
+    int fail_open;           /* VGPU_ISOLATION_FAIL_OPEN=1: without a usable region, run without limits */
     int active;              /* a shared region is attached (some limit configured) */
     int sm_configured;       /* some device has 0 < SM limit < 100 at start */
     int policy;
@@ -51,7 +53,7 @@ HIDDEN int vgpu_parse_percent(const char *s, int *out);
 HIDDEN void vgpu_read_env(void);
 
 /* region.c */
-HIDDEN int vgpu_region_attach(void);
+HIDDEN int vgpu_region_attach(char *why, size_t why_len);
 HIDDEN int vgpu_slot(void);
 HIDDEN int vgpu_reserve(int ridx, uint64_t bytes, int kind);
 HIDDEN void vgpu_release(int ridx, uint64_t bytes, int kind);

@@ -16,3 +16,13 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
     monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+@pytest.fixture(scope="session")
+def cluster_round(tmp_path_factory):
+    """One scheduling round of the shipped extender and device plugin (cluster_scenario.run_round)."""
+    from cluster_scenario import run_round
+
+    done = run_round(tmp_path_factory.mktemp("round"))
+    yield done
+    done.apiserver.stop()

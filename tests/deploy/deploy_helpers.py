@@ -53,3 +53,16 @@ def flag(args: list[str], name: str) -> str | None:
     values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
     assert len(values) <= 1, f"--{name} given {len(values)} times in {args}"
     return values[0] if values else None
+
+
+def mounted_secret_file(kind: str, name: str, container: str, path: str) -> tuple[str, str]:
+    """(Secret name, key) of the file at `path` in a workload's container, which must come from a Secret volume
+    mounted read-only there."""
+    pod = find(kind, name)["spec"]["template"]["spec"]
+    (c,) = [c for c in pod["containers"] if c["name"] == container]
+    directory, file = path.rsplit("/", 1)
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == directory]
+    assert mount.get("readOnly") is True, mount
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    items = {i["path"]: i["key"] for i in volume["secret"].get("items", ())}
+    return volume["secret"]["secretName"], items.get(file, file)

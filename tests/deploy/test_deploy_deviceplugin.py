@@ -1,9 +1,11 @@
 """The device-plugin DaemonSets against the contract: kubelet's socket directories, the $HOOK_PATH/vgpu layout
-(host path = container path = --hook-path + /vgpu), node name from the downward API, opt-in node label,
-GPU taint toleration, no privilege, metrics on :9394."""
+(host path = container path = --hook-path + /vgpu, the per-container lock directories under it), node name from
+the downward API, the grant key and scheduler names shared with the extender, opt-in node label, GPU taint
+toleration, no privilege, metrics on :9394."""
 
 import pytest
-from deploy_helpers import find, flag
+import yaml
+from deploy_helpers import find, flag, mounted_secret_file
 
 DAEMONSETS = {"vgpu-device-plugin": ("true", "nvml"), "vgpu-device-plugin-sim": ("sim", "sim")}
 NODE_LABEL = "vgpu-sharing/device-plugin"
@@ -45,6 +47,8 @@ def test_host_paths_are_the_contracts(name):
         f"{hook}/vgpu": (f"{hook}/vgpu", "DirectoryOrCreate"),
     }
     assert not flag(plugin(name)["command"], "pod-resources-socket")  # the default: beside the kubelet dir
+    # each container's lock directory is made by the plugin under the hook path, never shared between containers
+    assert flag(plugin(name)["command"], "lock-dir") == f"{hook}/vgpu/locks"
     for mount in plugin(name)["volumeMounts"]:
         if mount["mountPath"] in mounts:
             assert mount.get("readOnly", False) == (mount["mountPath"] == POD_RESOURCES_DIR)
@@ -102,3 +106,12 @@ def test_metrics_on_9394_reachable_on_the_node(name):
     c = plugin(name)
     assert flag(c["command"], "metrics-listen") == ":9394"
     assert c["ports"] == [{"name": "metrics", "containerPort": 9394, "hostPort": 9394}]
+
+
+@pytest.mark.parametrize("name", sorted(DAEMONSETS))
+def test_checks_the_extenders_signature_for_the_profiles_pods(name):
+    env = {e["name"]: e.get("value") for e in plugin(name)["env"]}
+    assert mounted_secret_file("DaemonSet", name, "device-plugin", env["GRANT_KEY_FILE"]) == ("vgpu-grant-key", "key")
+    config = yaml.safe_load(find("ConfigMap", "vgpu-scheduler-config")["data"]["config.yaml"])
+    assert env["SCHEDULER_NAMES"].split(",") == [p["schedulerName"] for p in config["profiles"]]
+    assert "ACCEPT_UNSIGNED_GRANTS" not in env and "DISABLE_CONTROL_NAMESPACES" not in env  # opt-ins, off

@@ -10,12 +10,14 @@ import pytest
 import yaml
 from deploy_helpers import DEPLOY, NAMESPACE, find, load_manifests, manifest_files
 
-# The oldest Kubernetes we claim, and the one whose kube-scheduler image the Deployment runs.
-K8S_VERSIONS = ("1.29", "1.34")
+# The oldest Kubernetes we claim (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy is GA in 1.30), and the
+# one whose kube-scheduler image the Deployment runs.
+K8S_VERSIONS = ("1.30", "1.34")
 SCHEDULER_IMAGE_TAG = "v1.34.0"
 # Kinds whose schema ships with no Kubernetes release (CRDs); their shape is checked below instead.
 CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
-CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}
 OUR_IMAGE = "vgpu-sharing/vgpu"
 
 MANIFESTS = load_manifests()
@@ -69,7 +71,7 @@ def test_objects_are_unique_and_namespaced_in_ours():
         seen.add(key)
         if m.doc["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in meta, m.id
-        elif m.doc["kind"] == "RoleBinding" and meta["name"] == "vgpu-scheduler-authentication-reader":
+        elif m.doc["kind"] == "RoleBinding" and meta["name"] == "vgpu-kube-scheduler-authentication-reader":
             assert meta["namespace"] == "kube-system", m.id  # the only object outside our namespace
         else:
             assert meta.get("namespace") == NAMESPACE, m.id

@@ -6,7 +6,7 @@ import re
 
 import pytest
 import yaml
-from deploy_helpers import NAMESPACE, find, flag
+from deploy_helpers import NAMESPACE, find, flag, mounted_secret_file
 
 from vgpu.resources import SCHEDULER_NAME, ResourceNames, SharingConfig
 
@@ -114,6 +114,17 @@ def test_extender_sidecar_serves_the_url_kube_scheduler_calls():
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         command = " ".join(ext[probe]["exec"]["command"])
         assert f"http://{host_port}{path}" in command
+
+
+def test_extender_signs_places_only_the_profiles_pods_and_elects_a_leader():
+    command = container("extender")["command"]
+    assert mounted_secret_file("Deployment", "vgpu-scheduler", "extender", flag(command, "grant-key-file")) == (
+        "vgpu-grant-key", "key")
+    assert flag(command, "scheduler-names").split(",") == [p["schedulerName"] for p in scheduler_config()["profiles"]]
+    assert "--leader-elect" in command
+    assert flag(command, "lease-namespace") == NAMESPACE
+    assert flag(command, "listen").startswith("127.0.0.1:")  # no TLS: loopback only
+    assert not any(a.startswith("--tls-") for a in command)
 
 
 COMPONENT_FILES = [

@@ -115,7 +115,7 @@ def test_key_settings_are_in_parsed_snippets():
 def test_install_guide_uses_our_names():
     text = (DOCS / "install.md").read_text()
     for needle in ("kubectl apply -k deploy/", "vgpu-sharing/device-plugin=true", "schedulerName: vgpu-scheduler",
-                   ":9394/metrics"):
+                   ":9394/metrics", "create secret generic vgpu-grant-key --from-literal=key="):
         assert needle in text, needle
 
 

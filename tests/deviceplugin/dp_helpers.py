@@ -8,6 +8,7 @@ device-plugin directory and `cluster.start_plugin(...)` which runs the plugin as
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -120,7 +121,7 @@ class PluginBed:
                     "volcano.sh/bind-phase": "allocating",
                 },
             },
-            "spec": {"nodeName": NODE, "containers": containers},
+            "spec": {"nodeName": NODE, "schedulerName": "vgpu-scheduler", "containers": containers},
         }
         if init_containers:
             body["spec"]["initContainers"] = init_containers
@@ -154,3 +155,19 @@ def gpu_container(name: str, number: int = 1, memory: int | None = None, cores: 
     if env:
         container["env"] = env
     return container
+
+
+def write_accounting_file(path: Path, uuid: str, limit: int, used: int, sm_util: int) -> None:
+    """A shared accounting file in HAMi-core's v1 layout with one process using `used` bytes on device 0."""
+    data = bytearray(2008952)
+    struct.pack_into("<iII", data, 0, 19920718, 1, 0)
+    struct.pack_into("<Q", data, 56, 1)
+    data[64:64 + len(uuid)] = uuid.encode()
+    struct.pack_into("<Q", data, 1600, limit)
+    slot = 1856
+    struct.pack_into("<ii", data, slot, 4242, 4242)
+    struct.pack_into("<QQQQQ", data, slot + 8, 0, 0, used, 0, used)  # context, module, data, offset, total
+    struct.pack_into("<QQQ", data, slot + 1160, 0, 0, sm_util)
+    struct.pack_into("<i", data, slot + 1928, 1)
+    struct.pack_into("<i", data, 2008896, 1)
+    path.write_bytes(bytes(data))

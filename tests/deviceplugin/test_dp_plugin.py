@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import re
-import struct
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from dp_helpers import NODE, RESOURCES, gpu_container
+from dp_helpers import NODE, RESOURCES, gpu_container, write_accounting_file
 from prometheus_client.parser import text_string_to_metric_families
 
 from vgpu.kube.client import read_json
@@ -108,7 +107,7 @@ def test_contract_example_allocate_response(cluster):
         mounts=[
             pb.Mount(container_path="/usr/local/vgpu/libvgpu.so", host_path=f"{hook}/vgpu/libvgpu.so", read_only=True),
             pb.Mount(container_path="/tmp/vgpu", host_path=f"{hook}/vgpu/containers/{uid}_worker", read_only=False),
-            pb.Mount(container_path="/tmp/vgpulock", host_path=str(cluster.lock), read_only=False),
+            pb.Mount(container_path="/tmp/vgpulock", host_path=f"{cluster.lock}/{uid}_worker", read_only=False),
             pb.Mount(container_path="/etc/ld.so.preload", host_path=f"{hook}/vgpu/ld.so.preload", read_only=True),
         ],
     )
@@ -131,7 +130,7 @@ def test_contract_example_allocate_response(cluster):
 
 def test_disable_control_and_core_policy(cluster, tmp_path):
     config = tmp_path / "dp.yaml"
-    config.write_text("core_policy: force\nsharing:\n  split_count: 4\n")
+    config.write_text("core_policy: force\ndisable_control_namespaces: [default]\nsharing:\n  split_count: 4\n")
     cluster.start_plugin("1xT4", "--config", str(config))
     (a,) = cluster.wait_inventory()
     pod = cluster.create_pod(
@@ -220,22 +219,6 @@ def test_missing_match_fails_clearly(cluster):
     assert "no pod with bind-phase=allocating waits" in failed[0]["message"]
 
 
-def _write_region(path: Path, uuid: str, limit: int, used: int, sm_util: int) -> None:
-    """A shared accounting file in HAMi-core's v1 layout with one process using `used` bytes on device 0."""
-    data = bytearray(2008952)
-    struct.pack_into("<iII", data, 0, 19920718, 1, 0)
-    struct.pack_into("<Q", data, 56, 1)
-    data[64:64 + len(uuid)] = uuid.encode()
-    struct.pack_into("<Q", data, 1600, limit)
-    slot = 1856
-    struct.pack_into("<ii", data, slot, 4242, 4242)
-    struct.pack_into("<QQQQQ", data, slot + 8, 0, 0, used, 0, used)  # context, module, data, offset, total
-    struct.pack_into("<QQQ", data, slot + 1160, 0, 0, sm_util)
-    struct.pack_into("<i", data, slot + 1928, 1)
-    struct.pack_into("<i", data, 2008896, 1)
-    path.write_bytes(bytes(data))
-
-
 def test_metrics_show_container_usage(cluster):
     cluster.start_plugin("1xT4")
     (a,) = cluster.wait_inventory()
@@ -244,7 +227,7 @@ def test_metrics_show_container_usage(cluster):
     response = app.responses["volcano.sh/vgpu-number"]
     host_dir = Path({m.container_path: m.host_path for m in response.mounts}["/tmp/vgpu"])
     cache_name = response.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"].rsplit("/", 1)[1]
-    _write_region(host_dir / cache_name, a, 3000 * 2**20, 123 * 2**20, 17)
+    write_accounting_file(host_dir / cache_name, a, 3000 * 2**20, 123 * 2**20, 17)
     with cluster.control.open("a") as control:
         control.write("usage 0 2048 42\n")
     gpu = tuple(sorted({"deviceidx": "0", "deviceuuid": a, "zone": "vGPU"}.items()))
@@ -290,13 +273,15 @@ def test_garbage_collection_keeps_live_pods_dirs(cluster):
 
     from vgpu.deviceplugin.allocator import Allocator
     from vgpu.deviceplugin.host import HostFiles
+    from vgpu.deviceplugin.matching import GrantRules
     from vgpu.deviceplugin.pods import NodePods
     from vgpu.resources import SharingConfig
 
     live = cluster.create_pod("alive", [gpu_container("c")], "GPU-x,NVIDIA,1,0:")
     pods = NodePods(cluster.api, NODE).start()
     try:
-        allocator = Allocator(NODE, SharingConfig(), pods, HostFiles(cluster.hook, str(cluster.lock)))
+        rules = GrantRules(scheduler_names=frozenset({"vgpu-scheduler"}), card_memory={})
+        allocator = Allocator(NODE, SharingConfig(), pods, HostFiles(cluster.hook, str(cluster.lock)), rules=rules)
         root = allocator.host.containers_root
         keep = root / f"{live['metadata']['uid']}_c"
         gone = root / "00000000-dead-beef-0000-000000000000_c"

@@ -14,6 +14,7 @@ from dp_helpers import NODE, gpu_container
 from vgpu.deviceplugin.allocator import Allocator
 from vgpu.deviceplugin.backends import GPUInfo
 from vgpu.deviceplugin.host import HostFiles
+from vgpu.deviceplugin.matching import GrantRules
 from vgpu.deviceplugin.pods import NodePods
 from vgpu.deviceplugin.server import MEMORY, NUMBER, DeviceState, ResourceService
 from vgpu.resources import SharingConfig
@@ -41,7 +42,8 @@ class LaggingPods:
 
 
 def service(cluster: Any, kind: str, resource: str, pods: Any) -> ResourceService:
-    allocator = Allocator(NODE, SharingConfig(), pods, HostFiles(cluster.hook, str(cluster.lock)))
+    rules = GrantRules(scheduler_names=frozenset({"vgpu-scheduler"}), card_memory={g.uuid: g.memory_mib for g in GPUS})
+    allocator = Allocator(NODE, SharingConfig(), pods, HostFiles(cluster.hook, str(cluster.lock)), rules=rules)
     per_gpu = {NUMBER: lambda g: 10, MEMORY: lambda g: g.memory_mib}[kind]
     return ResourceService(kind, resource, DeviceState(GPUS), per_gpu, allocator)
 

@@ -32,7 +32,8 @@ GPUS = ["4xA100-40GB", "2xT4,2xA100-80GB", "4xA100-40GB"]
 
 @pytest.fixture(scope="module")
 def cluster(make_cluster):
-    return make_cluster(nodes=3, gpus=GPUS)
+    # the administrator lets namespace "nocontrol" run without the isolation library
+    return make_cluster(nodes=3, gpus=GPUS, plugin_args=["--disable-control-namespaces=nocontrol"])
 
 
 def _units(cluster, mib: int) -> int:

@@ -3,6 +3,7 @@
 import itertools
 
 from vgpu import keys
+from vgpu.assignment import salvage
 from vgpu.inventory import GPUDevice, encode_volcano
 
 _uids = itertools.count(1)
@@ -48,6 +49,9 @@ def pod(name, *containers, namespace="default", annotations=None, uid=None, node
         ann[keys.VGPU_IDS] = ids
         if node_name:
             ann[keys.VGPU_NODE] = node_name
+    if not containers and ids:  # a pod whose spec asks exactly what its assignment grants
+        containers = tuple(container(f"c{i}", number=len(seg), memory=max(seg[0].memory, 1), cores=seg[0].cores)
+                           for i, seg in enumerate(salvage(ids)) if seg)
     spec = {"schedulerName": scheduler, "containers": list(containers) or [container(number=1)]}
     if node_name:
         spec["nodeName"] = node_name

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 from sched_builders import container, gpu, node, pod
-from sched_helpers import REPO
+from sched_helpers import REPO, ExtenderProcess, wait_until
 
 from vgpu.errors import ConfigError
 from vgpu.scheduler.config import load_config
@@ -17,7 +17,7 @@ def test_config_file_then_flags_override(tmp_path):
     config = load_config(str(path), {"mode": "decide", "listen": None})
     assert config.mode == "decide" and config.gpu_policy == "spread" and config.listen == "127.0.0.1:9000"
     assert config.sharing.split_count == 4
-    assert load_config(None, {}).listen == ":8888" and load_config(None, {}).metrics_listen == ":9395"
+    assert load_config(None, {}).listen == "127.0.0.1:8888" and load_config(None, {}).metrics_listen == ":9395"
 
 
 @pytest.mark.parametrize(
@@ -63,3 +63,25 @@ def test_inspect_table(kube, apiserver):
     assert "unhealthy" in next(line for line in lines if "GPU-b" in line)
     assert "unschedulable" in next(line for line in lines if line.startswith("n2"))
     assert lines[-1] == "allocated memory: 3000/16000 (18.8%)"
+
+
+def test_sigterm_releases_the_lease_and_exits_0(apiserver):
+    """A Deployment stops the extender with SIGTERM: it leaves leadership at once (the Lease's holder is cleared,
+    so a new pod need not wait the lease out) and exits 0."""
+    import signal
+
+    from kubernetes import client as k8s
+
+    from vgpu.kube.client import make_api_client, read_json
+
+    proc = ExtenderProcess(apiserver.kubeconfig, "--leader-elect", "--lease-namespace", "default").start()
+    leases = k8s.CoordinationV1Api(make_api_client(apiserver.kubeconfig))
+
+    def holder() -> str:
+        lease = read_json(leases.read_namespaced_lease("vgpu-scheduler", "default", _preload_content=False))
+        return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+    wait_until(holder, what="the extender leads")
+    proc.proc.send_signal(signal.SIGTERM)
+    assert proc.proc.wait(20) == 0
+    assert holder() == ""

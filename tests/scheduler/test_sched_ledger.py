@@ -74,11 +74,11 @@ def test_pod_lifecycle_charges_and_releases():
     assert usage(ledger, "n1") == [(0, 0, 0), (0, 0, 0)]
 
 
-def test_assumed_pod_of_another_scheduler_counts_via_vgpu_node():
+def test_an_unbound_pod_is_not_charged_from_its_annotations():
     ledger = Ledger()
     ledger.on_node(node("n1", [gpu("GPU-a")]))
     ledger.on_pod(pod("v", ids="GPU-a,NVIDIA,700,0:", annotations={keys.VGPU_NODE: "n1"}))
-    assert usage(ledger, "n1") == [(1, 700, 0)]
+    assert usage(ledger, "n1") == [(0, 0, 0)]  # anyone can write vgpu-node; only a binding places a pod
 
 
 def test_unknown_uuid_and_corrupt_entries_are_ignored():

@@ -14,6 +14,7 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,7 +58,7 @@ class EventRecorder:
         self._thread = threading.Thread(target=self._run, name=f"events-{component}", daemon=True)
         self._thread.start()
 
-    def event(self, obj: Obj, type: str, reason: str, message: str, kind: str | None = None) -> None:
+    def event(self, obj: Mapping[str, Any], type: str, reason: str, message: str, kind: str | None = None) -> None:
         """Record an event about `obj` (API dict); `type` is "Normal" or "Warning". Never raises, never blocks."""
         try:
             meta = obj.get("metadata") or {}
@@ -82,11 +83,11 @@ class EventRecorder:
         except Exception:
             log.exception("event recording failed reason=%s", reason)
 
-    def normal(self, obj: Obj, reason: str, message: str, kind: str | None = None) -> None:
+    def normal(self, obj: Mapping[str, Any], reason: str, message: str, kind: str | None = None) -> None:
         """Record a Normal event."""
         self.event(obj, "Normal", reason, message, kind)
 
-    def warning(self, obj: Obj, reason: str, message: str, kind: str | None = None) -> None:
+    def warning(self, obj: Mapping[str, Any], reason: str, message: str, kind: str | None = None) -> None:
         """Record a Warning event."""
         self.event(obj, "Warning", reason, message, kind)
 

@@ -1,0 +1,149 @@
+"""Tenants against the whole placement path: forged assignments and forged charges, in a cluster in a box (the
+API-server stand-in, kubelet stand-ins running pods as processes, our device plugins and extender, kube-scheduler's
+stand-in), with the scheduler signing grants and the plugins checking them, as deploy/ ships it.
+
+A tenant may create pods (with any spec and annotations, `nodeName` included) and patch its own pods; it cannot
+sign. Each attack ends refused or harmless while well-behaved pods run.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from e2e_helpers import TERMINAL, WORKLOAD, container, inventories, phase, pod, reports, scheduled_condition, wait_until
+
+from vgpu import grants, keys
+from vgpu.kube.patch import patch_pod_metadata
+from vgpu.testbed.cluster import LocalCluster
+from vgpu.testbed.podrunner import isolation_paths
+
+NS = "tenant"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    isolation_paths()  # a failed C build fails the module
+    workdir = tmp_path_factory.mktemp("hostile-cluster")
+    key = workdir / "grant-key"
+    key.write_text(secrets.token_hex(32))
+    signing = ["--grant-key-file", str(key)]
+    c = LocalCluster(workdir, nodes=2, gpus="2xA100-40GB", metrics_port=0, scheduler_metrics_port=0,
+                     scheduler_args=signing, plugin_args=signing)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def _units(cluster: LocalCluster, mib: int) -> int:
+    return -(-mib // cluster.memory_factor)
+
+
+def _get(cluster: LocalCluster, name: str) -> dict[str, Any]:
+    return cluster.api_get(f"/api/v1/namespaces/{NS}/pods/{name}") or {}
+
+
+def _finished(cluster: LocalCluster, name: str, timeout: float = 120) -> dict[str, Any]:
+    return wait_until(f"pod {name} finished", lambda: (p := _get(cluster, name)) and phase(p) in TERMINAL and p,
+                      timeout)
+
+
+def _forged(name: str, node: str, uuid: str, card_units: int, scheduler: str | None,
+            signature: str | None = None) -> dict[str, Any]:
+    """A pod written to land on `node` and take the whole of `uuid` while its spec asks 1 unit and 1 %."""
+    value = f"{uuid},NVIDIA,{card_units},100:"
+    annotations = {keys.VGPU_IDS: value, keys.DEVICES_TO_ALLOCATE: value, keys.VGPU_NODE: node,
+                   keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING, keys.BIND_TIME: "1784884863"}
+    if signature is not None:
+        annotations[grants.SIGNATURE] = signature
+    body = pod(name, [container("main", WORKLOAD + ["--mib", "30000"], memory=1, cores=1)], namespace=NS,
+               annotations=annotations)
+    body["spec"]["nodeName"] = node
+    if scheduler is None:
+        del body["spec"]["schedulerName"]
+    else:
+        body["spec"]["schedulerName"] = scheduler
+    return body
+
+
+def test_a_well_behaved_pod_runs_with_a_signed_grant(cluster):
+    """The positive control: a pod of our scheduler is signed at bind, admitted and runs within its limit."""
+    cluster.create_pod(pod("honest", [container("main", WORKLOAD + ["--mib", "1000"],
+                                                memory=_units(cluster, 2000), cores=10)], namespace=NS))
+    done = _finished(cluster, "honest")
+    assert phase(done) == "Succeeded", done.get("status")
+    annotations = done["metadata"]["annotations"]
+    assert annotations[grants.SIGNATURE].startswith("v1:")
+
+
+@pytest.mark.parametrize("scheduler, signed", [(None, False), ("vgpu-scheduler", False),
+                                               ("vgpu-scheduler", True)],
+                         ids=["no-scheduler", "unsigned", "signature-of-another-pod"])
+def test_a_forged_assignment_never_reaches_a_container(cluster, scheduler, signed):
+    """A pod created with nodeName and a self-written assignment of a whole GPU (spec: 1 unit, 1 %) is refused at
+    admission; no process of it ever runs with a limit (before: Allocate handed it the whole card)."""
+    name = f"forged-{scheduler or 'none'}-{'signed' if signed else 'unsigned'}"
+    node = "node-0"
+    gpu = inventories(cluster)[node][0]
+    signature = None
+    if signed:
+        honest = _get(cluster, "honest")
+        signature = honest["metadata"]["annotations"][grants.SIGNATURE]
+    cluster.create_pod(_forged(name, node, gpu.uuid, gpu.memory, scheduler, signature))
+    done = _finished(cluster, name)
+    assert phase(done) == "Failed", done.get("status")
+    assert "refuses" in (done["status"].get("message") or ""), done["status"]
+    assert not [r for (ns, p, _), r in reports(cluster).items() if (ns, p) == (NS, name)]
+    wait_until("the refusal recorded", lambda: any(
+        e.get("reason") == "VGPUGrantRefused" and e["involvedObject"]["name"] == name for e in cluster.events()), 30)
+
+
+def test_a_forged_charge_of_a_pod_nobody_schedules_fills_nothing(cluster):
+    """A never-scheduled pod of another scheduler carries an assignment claiming a whole GPU: the extender does not
+    charge it, and a pod pinned to that GPU runs (before: the claim filled the GPU for good)."""
+    node = "node-1"
+    gpu = inventories(cluster)[node][0]
+    value = f"{gpu.uuid},NVIDIA,{gpu.memory},100:"
+    squatter = pod("squatter", [container("main", ["sleep", "3600"], memory=1, cores=1)], namespace=NS,
+                   annotations={keys.VGPU_IDS: value, keys.VGPU_NODE: node})
+    squatter["spec"]["schedulerName"] = "nobody"
+    cluster.create_pod(squatter)
+    cluster.create_pod(pod("pinned", [container("main", WORKLOAD + ["--mib", "1000"],
+                                                memory=_units(cluster, 20000), cores=50)],
+                           namespace=NS, annotations={keys.USE_GPU_UUID: gpu.uuid}))
+    done = _finished(cluster, "pinned")
+    assert phase(done) == "Succeeded", done.get("status")
+    assert phase(_get(cluster, "squatter")) == "Pending"
+
+
+def test_a_running_pod_that_shrinks_its_own_claim_keeps_its_charge(cluster, tmp_path):
+    """A running pod patches its assignment down to 1 unit: the extender keeps charging what its spec asks, so a
+    pod that only fits by over-committing the GPU is not placed there, and the tenant is reported (event); once
+    the first pod ends the second runs (before: the charge fell to 1 unit and the GPU was over-committed)."""
+    node = "node-1"
+    gpu = inventories(cluster)[node][1]
+    release = tmp_path / "release"
+    cluster.create_pod(pod("big", [container("main", WORKLOAD + ["--mib", "1000", "--hold", "300",
+                                                                 "--release-file", str(release)],
+                                             memory=_units(cluster, 30000), cores=50)],
+                           namespace=NS, annotations={keys.USE_GPU_UUID: gpu.uuid}))
+    wait_until("big running", lambda: phase(_get(cluster, "big")) == "Running", 120)
+    patch_pod_metadata(cluster.core.api_client, NS, "big", annotations={keys.VGPU_IDS: f"{gpu.uuid},NVIDIA,1,1:"})
+    wait_until("the claim seen", lambda: _get(cluster, "big")["metadata"]["annotations"][keys.VGPU_IDS].endswith(
+        ",1,1:"), 10)
+    cluster.create_pod(pod("second", [container("main", WORKLOAD + ["--mib", "1000"],
+                                                memory=_units(cluster, 20000), cores=10)],
+                           namespace=NS, annotations={keys.USE_GPU_UUID: gpu.uuid}))
+    unschedulable = wait_until("second refused by the scheduler", lambda: (
+        (c := scheduled_condition(_get(cluster, "second"))) and c.get("status") == "False" and c), 60)
+    assert not _get(cluster, "second")["spec"].get("nodeName"), unschedulable
+    wait_until("the inconsistency reported", lambda: any(
+        e.get("reason") == "VGPUGrantInconsistent" and e["involvedObject"]["name"] == "big"
+        for e in cluster.events()), 30)
+    release.touch()
+    assert phase(_finished(cluster, "big")) == "Succeeded"
+    assert phase(_finished(cluster, "second", timeout=180)) == "Succeeded"

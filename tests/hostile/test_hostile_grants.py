@@ -1,0 +1,171 @@
+"""A tenant writes its own assignment: the device plugin (a real process, answering the kubelet stand-in over
+gRPC) serves only grants within the container's own spec, of its own scheduler, signed when a key is configured,
+and never lets the spec switch the isolation library off or override the limits it hands out.
+
+The pods are created directly on the node (as a tenant with `nodeName` can), annotated as if a scheduler had bound
+them; a refusal ends kubelet's admission with the plugin's reason.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import pytest
+from dp_helpers import NODE, PluginBed, gpu_container
+
+from vgpu import grants, keys
+from vgpu.testbed.kubelet import AdmissionError
+
+T4_UNITS = 15360  # memory units of a simulated T4 at factor 1
+
+
+def _make(node: PluginBed, name: str, containers: list[dict[str, Any]], assignment: str,
+          scheduler: str | None = "vgpu-scheduler", namespace: str = "default",
+          annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    from vgpu.kube.client import read_json
+
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": namespace, "annotations": {
+            keys.VGPU_NODE: NODE, keys.VGPU_IDS: assignment, keys.DEVICES_TO_ALLOCATE: assignment,
+            keys.BIND_TIME: "1784884863", keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING, **(annotations or {})}},
+        "spec": {"nodeName": NODE, "containers": containers},
+    }
+    if scheduler is not None:
+        body["spec"]["schedulerName"] = scheduler
+    return read_json(node.core.create_namespaced_pod(namespace, body, _preload_content=False))
+
+
+def _refused(node: PluginBed, pod: dict[str, Any], why: str) -> None:
+    with pytest.raises(AdmissionError, match="refuses") as caught:
+        node.kubelet.admit(pod)
+    assert why in str(caught.value), str(caught.value)
+
+
+def _limits(admitted: Any) -> dict[str, str]:
+    envs = admitted.responses["volcano.sh/vgpu-number"].envs
+    return {k: v for k, v in envs.items() if k.startswith(("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT"))}
+
+
+def test_a_grant_larger_than_the_spec_is_refused(node):
+    """Spec: 1 unit and 1 %; self-written grant: the whole T4 at 100 %. Refused (before: Allocate returned
+    CUDA_DEVICE_MEMORY_LIMIT_0=15360m and CUDA_DEVICE_SM_LIMIT=100)."""
+    node.start_plugin("2xT4")
+    a, _ = node.wait_inventory()
+    pod = _make(node, "greedy", [gpu_container("main", 1, 1, 1)], f"{a},NVIDIA,{T4_UNITS},100:")
+    _refused(node, pod, "the spec allows 1")
+
+
+def test_more_gpus_than_vgpu_number_are_refused(node):
+    """Spec: one GPU; grant: both GPUs of the node."""
+    node.start_plugin("2xT4")
+    a, b = node.wait_inventory()
+    pod = _make(node, "hoarder", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:{b},NVIDIA,1000,10:")
+    _refused(node, pod, "2 GPUs granted, vgpu-number is 1")
+
+
+@pytest.mark.parametrize("scheduler", [None, "default-scheduler", "someone-else"])
+def test_a_pod_of_another_scheduler_is_refused(node, scheduler):
+    """Within its spec, but not placed by our scheduler: refused (before: served like any other)."""
+    node.start_plugin("1xT4")
+    (a,) = node.wait_inventory()
+    pod = _make(node, "stranger", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:", scheduler=scheduler)
+    _refused(node, pod, "schedulerName")
+
+
+def test_the_spec_cannot_override_the_limits_it_is_handed(node):
+    """A container sets CUDA_DEVICE_MEMORY_LIMIT_0 and NVIDIA_VISIBLE_DEVICES in its own env, which kubelet would
+    put after the plugin's (and the runtime would keep): refused."""
+    node.start_plugin("1xT4")
+    (a,) = node.wait_inventory()
+    env = [{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "15360m"},
+           {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    pod = _make(node, "overrider", [gpu_container("main", 1, 1000, 10, env=env)], f"{a},NVIDIA,1000,10:")
+    _refused(node, pod, "CUDA_DEVICE_MEMORY_LIMIT_0, NVIDIA_VISIBLE_DEVICES")
+
+
+@pytest.mark.parametrize("value", ["true", "false", "1", ""])
+def test_cuda_disable_control_outside_the_allowed_namespaces_keeps_the_library(node, value):
+    """CUDA_DISABLE_CONTROL, whatever its value, in a namespace the administrator did not allow: the preload mount
+    stays (before: any value dropped it)."""
+    node.start_plugin("1xT4", "--disable-control-namespaces", "trusted")
+    (a,) = node.wait_inventory()
+    env = [{"name": "CUDA_DISABLE_CONTROL", "value": value}]
+    pod = _make(node, "escaper", [gpu_container("main", 1, 1000, 10, env=env)], f"{a},NVIDIA,1000,10:")
+    (admitted,) = node.kubelet.admit(pod)
+    mounts = {m.container_path for m in admitted.responses["volcano.sh/vgpu-number"].mounts}
+    assert "/etc/ld.so.preload" in mounts
+
+
+@pytest.mark.parametrize("value, preloaded", [("true", False), ("false", True), ("yes", True)])
+def test_cuda_disable_control_in_an_allowed_namespace_is_parsed_strictly(node, value, preloaded):
+    """In a namespace the administrator allowed, only the exact value "true" drops the preload mount."""
+    node.start_plugin("1xT4", "--disable-control-namespaces", "trusted")
+    (a,) = node.wait_inventory()
+    env = [{"name": "CUDA_DISABLE_CONTROL", "value": value}]
+    pod = _make(node, "admin-job", [gpu_container("main", 1, 1000, 10, env=env)], f"{a},NVIDIA,1000,10:",
+                namespace="trusted")
+    (admitted,) = node.kubelet.admit(pod)
+    mounts = {m.container_path for m in admitted.responses["volcano.sh/vgpu-number"].mounts}
+    assert ("/etc/ld.so.preload" in mounts) is preloaded
+
+
+class TestSignedGrants:
+    """The scheduler signs each assignment with a key it shares with the plugins (the vgpu-grant-key Secret)."""
+
+    @pytest.fixture
+    def key(self, tmp_path):
+        path = tmp_path / "grant-key"
+        path.write_text(secrets.token_hex(32))
+        return path
+
+    def _signed(self, node: PluginBed, name: str, uuid: str, key: bytes) -> dict[str, Any]:
+        """A pod as our scheduler leaves it: created, then its assignment signed for its UID (what /bind does)."""
+        from vgpu.kube.patch import patch_pod_metadata
+
+        value = f"{uuid},NVIDIA,1000,10:"
+        pod = _make(node, name, [gpu_container("main", 1, 1000, 10)], value)
+        signature = grants.sign(key, pod["metadata"]["uid"], NODE, value)
+        patch_pod_metadata(node.api, "default", name, annotations={grants.SIGNATURE: signature})
+        return node.pod(name)
+
+    def test_an_unsigned_assignment_is_refused(self, node, key):
+        """Within its spec and of our scheduler, but not signed: refused."""
+        node.start_plugin("1xT4", "--grant-key-file", str(key))
+        (a,) = node.wait_inventory()
+        pod = _make(node, "unsigned", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:")
+        _refused(node, pod, "no scheduler signature")
+
+    def test_a_signature_copied_from_another_pod_is_refused(self, node, key):
+        """A placed pod's signature, copied onto a pod with the same assignment: refused, since it signs the pod's
+        UID too; the signed original is served (the positive control)."""
+        node.start_plugin("1xT4", "--grant-key-file", str(key))
+        (a,) = node.wait_inventory()
+        original = self._signed(node, "original", a, key.read_bytes().strip())
+        (admitted,) = node.kubelet.admit(original)
+        assert _limits(admitted) == {"CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_SM_LIMIT": "10"}
+        copy = _make(node, "copy", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:",
+                     annotations={grants.SIGNATURE: original["metadata"]["annotations"][grants.SIGNATURE]})
+        _refused(node, copy, "signature does not match")
+
+    def test_a_signed_assignment_edited_afterwards_is_refused(self, node, key):
+        """The tenant raises devices-to-allocate of a signed pod: refused."""
+        from vgpu.kube.patch import patch_pod_metadata
+
+        node.start_plugin("1xT4", "--grant-key-file", str(key))
+        (a,) = node.wait_inventory()
+        self._signed(node, "edited", a, key.read_bytes().strip())
+        patch_pod_metadata(node.api, "default", "edited",
+                           annotations={keys.DEVICES_TO_ALLOCATE: f"{a},NVIDIA,1000,90:"})
+        _refused(node, node.pod("edited"), "not the signed assignment")
+
+    def test_unsigned_grants_within_the_spec_pass_only_when_allowed(self, node, key):
+        """--accept-unsigned-grants (clusters that mix in a scheduler that does not sign) serves an unsigned grant
+        within the spec, and still refuses one beyond it."""
+        node.start_plugin("1xT4", "--grant-key-file", str(key), "--accept-unsigned-grants")
+        (a,) = node.wait_inventory()
+        fair = _make(node, "fair", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:")
+        (admitted,) = node.kubelet.admit(fair)
+        assert _limits(admitted) == {"CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_SM_LIMIT": "10"}
+        greedy = _make(node, "greedy", [gpu_container("main", 1, 1, 1)], f"{a},NVIDIA,{T4_UNITS},100:")
+        _refused(node, greedy, "the spec allows 1")
