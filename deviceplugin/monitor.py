@@ -1,11 +1,12 @@
-"""Node monitor: `/metrics` on the device plugin's metrics port (default :9394), collected at scrape time.
+"""Node monitor: `/metrics` on the device plugin's metrics port (default :9394), declared once in `NODE_METRICS`
+(deploy/monitoring/METRICS.md is rendered from it; tests compare both with the live endpoint).
 
-`vgpu_device_plugin_backend_up` says whether the GPU backend started. Per GPU (from the backend): memory used and
-utilisation. Per container the plugin answered (its allocation records, deviceplugin.records): the pod, the GPUs and
-the limits granted, and the memory used, SM utilisation and last-kernel age the container's accounting file says
-(read without trusting the file: deviceplugin.accounting), within a time budget per scrape. Both the legacy names
-of volcano-vgpu-device-plugin (with their labels and the `zone="vGPU"` label) and `vgpu_`-prefixed snake_case
-names with units are exported.
+Collected at scrape time: whether the GPU backend started; per GPU (from the backend) memory, use, utilisation
+and health; per container the plugin answered (its allocation records, deviceplugin.records) the pod, the GPUs and
+the limits granted, and the memory used, SM utilisation and last-kernel age its accounting file says (read without
+trusting the file: deviceplugin.accounting), within a time budget per scrape. Allocate calls are counted and timed
+as kubelet makes them (`NodeMetrics.observe_allocate`, called by deviceplugin.server). The legacy names of
+volcano-vgpu-device-plugin keep their labels and the `zone="vGPU"` label; the `vgpu_` names carry the node.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -25,13 +26,58 @@ from vgpu.deviceplugin.backends import GPUBackend
 from vgpu.deviceplugin.records import AllocationRecord, RecordStore
 from vgpu.deviceplugin.server import DeviceState
 from vgpu.isolation.region import RegionSnapshot
+from vgpu.metricspec import MetricSpec
 
-__all__ = ["NodeCollector", "parse_listen", "serve_metrics"]
+__all__ = ["NODE_METRICS", "NodeCollector", "NodeMetrics", "parse_listen", "serve_metrics"]
 
 log = logging.getLogger(__name__)
 
-_LEGACY_CTR = ["podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid", "zone"]
-_NEW_CTR = ["namespace", "pod", "container", "device_index", "gpu_uuid"]
+_LEGACY_GPU = ("deviceidx", "deviceuuid", "zone")
+_LEGACY_CTR = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid", "zone")
+_GPU = ("node", "device_uuid", "device_index", "device_type")
+_CTR = ("node", "namespace", "pod", "container", "device_uuid", "device_index")
+
+HOST_MEMORY = MetricSpec("HostGPUMemoryUsage", "gauge", _LEGACY_GPU, "device memory in use on the GPU, bytes",
+                         legacy=True)
+HOST_UTIL = MetricSpec("HostCoreUtilization", "gauge", _LEGACY_GPU, "GPU utilisation, percent", legacy=True)
+LEGACY_USED = MetricSpec("vGPU_device_memory_usage_in_bytes", "gauge", _LEGACY_CTR,
+                         "memory used by the container on the GPU, bytes", legacy=True)
+LEGACY_LIMIT = MetricSpec("vGPU_device_memory_limit_in_bytes", "gauge", _LEGACY_CTR,
+                          "the container's memory limit on the GPU, bytes", legacy=True)
+LEGACY_UTIL = MetricSpec("Device_utilization_desc_of_container", "gauge", _LEGACY_CTR,
+                         "SM utilisation of the container on the GPU, percent", legacy=True)
+BACKEND_UP = MetricSpec("vgpu_device_plugin_backend_up", "gauge", ("node", "backend"),
+                        "1 when the GPU backend started, 0 when it failed and --fail-on-init-error=false kept the "
+                        "plugin up")
+DEVICE_MEMORY_TOTAL = MetricSpec("vgpu_device_memory_total_bytes", "gauge", _GPU, "memory of the GPU, bytes")
+DEVICE_MEMORY_USED = MetricSpec("vgpu_device_memory_used_bytes", "gauge", _GPU,
+                                "memory in use on the GPU (NVML or simulated), bytes")
+DEVICE_UTIL = MetricSpec("vgpu_device_core_utilization_percent", "gauge", _GPU, "GPU utilisation, percent")
+DEVICE_HEALTHY = MetricSpec("vgpu_device_healthy", "gauge", _GPU, "1 healthy, 0 unhealthy (an Xid, or lost)")
+CTR_MEMORY_USED = MetricSpec("vgpu_container_memory_used_bytes", "gauge", _CTR,
+                             "memory the container uses on the GPU (its accounting file), bytes")
+CTR_MEMORY_LIMIT = MetricSpec("vgpu_container_memory_limit_bytes", "gauge", _CTR,
+                              "memory granted to the container on the GPU, bytes")
+CTR_CORE_UTIL = MetricSpec("vgpu_container_core_utilization_percent", "gauge", _CTR,
+                           "SM utilisation of the container on the GPU (its accounting file), percent")
+CTR_CORE_LIMIT = MetricSpec("vgpu_container_core_limit_percent", "gauge", _CTR,
+                            "compute granted to the container (CUDA_DEVICE_SM_LIMIT), percent; 0 = no limit")
+CTR_KERNEL_AGE = MetricSpec("vgpu_container_last_kernel_age_seconds", "gauge", _CTR,
+                            "seconds since the container last launched a kernel")
+ALLOCATE = MetricSpec("vgpu_device_plugin_allocate", "counter", ("node", "resource", "result"),
+                      "Allocate calls by `result`: answered (the container's limits returned), pending (the call "
+                      "is kept until the container's next call) or refused")
+ALLOCATE_SECONDS = MetricSpec("vgpu_device_plugin_allocate_duration_seconds", "histogram", ("node",),
+                              "time to answer one Allocate call, seconds")
+
+NODE_METRICS = (HOST_MEMORY, HOST_UTIL, LEGACY_USED, LEGACY_LIMIT, LEGACY_UTIL, BACKEND_UP, DEVICE_MEMORY_TOTAL,
+                DEVICE_MEMORY_USED, DEVICE_UTIL, DEVICE_HEALTHY, CTR_MEMORY_USED, CTR_MEMORY_LIMIT, CTR_CORE_UTIL,
+                CTR_CORE_LIMIT, CTR_KERNEL_AGE, ALLOCATE, ALLOCATE_SECONDS)
+_ALLOCATE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
+    return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -41,10 +87,12 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 class NodeCollector(Collector):
-    """Builds every metric family on each scrape."""
+    """Builds the GPU and container families on each scrape."""
 
     def __init__(
         self,
+        node: str,
+        backend_name: str,
         backend: GPUBackend,
         state: DeviceState,
         containers_root: Path,
@@ -54,6 +102,8 @@ class NodeCollector(Collector):
         backend_up: bool = True,
         scrape_budget: float = 2.0,
     ) -> None:
+        self.node = node
+        self.backend_name = backend_name
         self.backend_up = backend_up
         self.backend = backend
         self.state = state
@@ -64,23 +114,15 @@ class NodeCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Yield GPU and container metrics."""
-        up = GaugeMetricFamily("vgpu_device_plugin_backend_up",
-                               "1 if the GPU backend started; 0 when it failed and --fail-on-init-error=false")
-        up.add_metric([], 1 if self.backend_up else 0)
+        up = _gauge(BACKEND_UP)
+        up.add_metric([self.node, self.backend_name], 1 if self.backend_up else 0)
         yield up
         yield from self._gpu_metrics()
         yield from self._container_metrics()
 
     def _gpu_metrics(self) -> Iterator[GaugeMetricFamily]:
-        host_mem = GaugeMetricFamily("HostGPUMemoryUsage", "GPU device memory used (bytes)",
-                                     labels=["deviceidx", "deviceuuid", "zone"])
-        host_util = GaugeMetricFamily("HostCoreUtilization", "GPU core utilisation (percent)",
-                                      labels=["deviceidx", "deviceuuid", "zone"])
-        gpu_labels = ["gpu_index", "gpu_uuid"]
-        mem = GaugeMetricFamily("vgpu_gpu_memory_used_bytes", "GPU device memory used", labels=gpu_labels)
-        util = GaugeMetricFamily("vgpu_gpu_utilization_percent", "GPU core utilisation", labels=gpu_labels)
-        total = GaugeMetricFamily("vgpu_gpu_memory_total_bytes", "GPU device memory", labels=gpu_labels)
-        healthy = GaugeMetricFamily("vgpu_gpu_healthy", "1 if the GPU is healthy", labels=gpu_labels)
+        families = {spec.name: _gauge(spec) for spec in (HOST_MEMORY, HOST_UTIL, DEVICE_MEMORY_TOTAL,
+                                                          DEVICE_MEMORY_USED, DEVICE_UTIL, DEVICE_HEALTHY)}
         try:
             usage = self.backend.usage()
         except Exception as exc:
@@ -88,19 +130,21 @@ class NodeCollector(Collector):
             usage = {}
         _, gpus, health = self.state.snapshot()
         for index, gpu in enumerate(sorted(gpus, key=lambda g: g.minor)):
-            labels = [str(index), gpu.uuid]
-            total.add_metric(labels, gpu.memory_mib * 1024 * 1024)
-            healthy.add_metric(labels, 1 if health.get(gpu.uuid) else 0)
+            labels = [self.node, gpu.uuid, str(index), gpu.name]
+            families[DEVICE_MEMORY_TOTAL.name].add_metric(labels, gpu.memory_mib << 20)
+            families[DEVICE_HEALTHY.name].add_metric(labels, 1 if health.get(gpu.uuid) else 0)
             if gpu.uuid in usage:
                 u = usage[gpu.uuid]
-                host_mem.add_metric(labels + ["vGPU"], u.memory_used_bytes)
-                host_util.add_metric(labels + ["vGPU"], u.utilization_percent)
-                mem.add_metric(labels, u.memory_used_bytes)
-                util.add_metric(labels, u.utilization_percent)
-        yield from (host_mem, host_util, mem, util, total, healthy)
+                legacy = [str(index), gpu.uuid, "vGPU"]
+                families[HOST_MEMORY.name].add_metric(legacy, u.memory_used_bytes)
+                families[HOST_UTIL.name].add_metric(legacy, u.utilization_percent)
+                families[DEVICE_MEMORY_USED.name].add_metric(labels, u.memory_used_bytes)
+                families[DEVICE_UTIL.name].add_metric(labels, u.utilization_percent)
+        yield from families.values()
 
-    def _snapshots(self) -> Iterator[tuple[AllocationRecord, RegionSnapshot]]:
-        """Each answered container's record and accounting snapshot, within the scrape's time budget."""
+    def _records(self) -> Iterator[tuple[AllocationRecord, RegionSnapshot | None]]:
+        """Each answered container's record and accounting snapshot (None: none readable), within the scrape's
+        time budget."""
         deadline = time.monotonic() + self.scrape_budget
         records = self.records.all()
         for position, record in enumerate(records):
@@ -108,52 +152,59 @@ class NodeCollector(Collector):
                 log.warning("event=scrape_budget_exceeded read=%d skipped=%d budget_s=%.1f", position,
                             len(records) - position, self.scrape_budget)
                 return
-            snapshot = read_snapshot(self.root, record)
-            if snapshot is not None:
-                yield record, snapshot
+            yield record, read_snapshot(self.root, record)
 
     def _container_metrics(self) -> Iterator[GaugeMetricFamily]:
-        legacy_used = GaugeMetricFamily("vGPU_device_memory_usage_in_bytes", "vGPU device usage", labels=_LEGACY_CTR)
-        legacy_limit = GaugeMetricFamily("vGPU_device_memory_limit_in_bytes", "vGPU device limit", labels=_LEGACY_CTR)
-        legacy_util = GaugeMetricFamily("Device_utilization_desc_of_container", "Container device utilization",
-                                        labels=_LEGACY_CTR)
-        used = GaugeMetricFamily("vgpu_container_memory_used_bytes", "device memory used by a container",
-                                 labels=_NEW_CTR)
-        limit = GaugeMetricFamily("vgpu_container_memory_limit_bytes", "device memory limit of a container",
-                                  labels=_NEW_CTR)
-        sm = GaugeMetricFamily("vgpu_container_sm_utilization_percent", "SM utilisation of a container",
-                               labels=_NEW_CTR)
-        sm_limit = GaugeMetricFamily("vgpu_container_sm_limit_percent", "SM limit of a container (0 = none)",
-                                     labels=_NEW_CTR)
-        age = GaugeMetricFamily("vgpu_container_last_kernel_age_seconds", "seconds since the last kernel launch",
-                                labels=_NEW_CTR)
+        families = {spec.name: _gauge(spec) for spec in (LEGACY_USED, LEGACY_LIMIT, LEGACY_UTIL, CTR_MEMORY_USED,
+                                                          CTR_MEMORY_LIMIT, CTR_CORE_UTIL, CTR_CORE_LIMIT,
+                                                          CTR_KERNEL_AGE)}
+
+        def add(spec: MetricSpec, labels: list[str], value: float) -> None:
+            families[spec.name].add_metric(labels, value)
+
         now = self.now()
         # identity, GPUs and limits come from the plugin's own record; usage is what the container's file says
-        for record, snap in self._snapshots():
-            by_index = {dev.index: dev for dev in snap.devices}
+        for record, snap in self._records():
+            by_index = {dev.index: dev for dev in snap.devices} if snap is not None else {}
             for index, uuid in enumerate(record.gpus):
-                dev = by_index.get(index)
-                base = [record.namespace, record.pod, record.container, str(index), uuid]
-                legacy = [*base, "vGPU"]
+                labels = [self.node, record.namespace, record.pod, record.container, uuid, str(index)]
+                legacy = [record.namespace, record.pod, record.container, str(index), uuid, "vGPU"]
                 granted = record.memory_bytes[index] if index < len(record.memory_bytes) else 0
-                legacy_limit.add_metric(legacy, granted)
-                limit.add_metric(base, granted)
-                sm_limit.add_metric(base, record.cores)
-                if dev is None:
+                add(LEGACY_LIMIT, legacy, granted)
+                add(CTR_MEMORY_LIMIT, labels, granted)
+                add(CTR_CORE_LIMIT, labels, record.cores)
+                dev = by_index.get(index)
+                if snap is None or dev is None:
                     continue
-                legacy_used.add_metric(legacy, dev.used)
-                legacy_util.add_metric(legacy, dev.sm_util)
-                used.add_metric(base, dev.used)
-                sm.add_metric(base, dev.sm_util)
+                add(LEGACY_USED, legacy, dev.used)
+                add(LEGACY_UTIL, legacy, dev.sm_util)
+                add(CTR_MEMORY_USED, labels, dev.used)
+                add(CTR_CORE_UTIL, labels, dev.sm_util)
                 if snap.last_kernel_time > 0 and now - snap.last_kernel_time >= 0:
-                    age.add_metric(base, now - snap.last_kernel_time)
-        yield from (legacy_used, legacy_limit, legacy_util, used, limit, sm, sm_limit, age)
+                    add(CTR_KERNEL_AGE, labels, now - snap.last_kernel_time)
+        yield from families.values()
 
 
-def serve_metrics(collector: NodeCollector, listen: str) -> tuple[Any, int]:
-    """Serve `collector` on HOST:PORT; returns (server, bound port)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+class NodeMetrics:
+    """The node's registry: the collector's families plus the Allocate counter and histogram."""
+
+    def __init__(self, node: str) -> None:
+        disable_created_metrics()  # no `_created` series beside counters and histograms: not in the declarations
+        self.node = node
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.allocations = Counter(ALLOCATE.name, ALLOCATE.help, list(ALLOCATE.labels), registry=self.registry)
+        self.allocate_seconds = Histogram(ALLOCATE_SECONDS.name, ALLOCATE_SECONDS.help, list(ALLOCATE_SECONDS.labels),
+                                          buckets=_ALLOCATE_BUCKETS, registry=self.registry)
+
+    def observe_allocate(self, resource: str, result: str, seconds: float) -> None:
+        """Count one Allocate call of `resource` and its duration."""
+        self.allocations.labels(self.node, resource, result).inc()
+        self.allocate_seconds.labels(self.node).observe(seconds)
+
+
+def serve_metrics(metrics: NodeMetrics, collector: NodeCollector, listen: str) -> tuple[Any, int]:
+    """Serve the node's metrics on HOST:PORT; returns (server, bound port)."""
+    metrics.registry.register(collector)
     host, port = parse_listen(listen)
-    server, _thread = start_http_server(port, addr=host, registry=registry)
+    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
     return server, server.server_address[1]

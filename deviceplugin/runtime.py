@@ -18,7 +18,7 @@ from vgpu.deviceplugin.host import HostFiles
 from vgpu.deviceplugin.matching import CORES as KIND_CORES
 from vgpu.deviceplugin.matching import GPUS, GrantRules
 from vgpu.deviceplugin.matching import MEMORY as KIND_MEMORY
-from vgpu.deviceplugin.monitor import NodeCollector, serve_metrics
+from vgpu.deviceplugin.monitor import NodeCollector, NodeMetrics, serve_metrics
 from vgpu.deviceplugin.podresources import KubeletPods, default_socket
 from vgpu.deviceplugin.pods import NodePods
 from vgpu.deviceplugin.registrar import Registrar
@@ -59,6 +59,7 @@ class DevicePluginRuntime:
         self.backend = backend or make_backend(config)
         self.started: list[Any] = []  # objects with stop()/close()/shutdown(), in start order
         self.metrics_server: Any = None
+        self.metrics = NodeMetrics(config.node_name)
 
     def start(self) -> DevicePluginRuntime:
         """Start serving; raises BackendUnavailable or ConfigError when the node cannot be served."""
@@ -72,9 +73,8 @@ class DevicePluginRuntime:
                       "(--fail-on-init-error=false)", config.backend, backend.init_error)
             if config.metrics_listen:
                 host = HostFiles(config.hook_path, config.lock_dir)
-                collector = NodeCollector(backend, DeviceState([]), host.containers_root, host.records,
-                                          backend_up=False)
-                self._serve_metrics(collector)
+                self._serve_metrics(NodeCollector(config.node_name, config.backend, backend, DeviceState([]),
+                                                  host.containers_root, host.records, backend_up=False))
             return self
         gpus = backend.devices()
         for gpu in gpus:
@@ -137,17 +137,19 @@ class DevicePluginRuntime:
         )
         manager = DevicePluginManager(
             config.kubelet_dir, backend, state, names, split_count=sharing.split_count, memory_factor=factor,
-            allocator=allocator, on_health_change=registrar.wake, health_filter=health_filter(config),
+            allocator=allocator, on_allocate=self.metrics.observe_allocate, on_health_change=registrar.wake,
+            health_filter=health_filter(config),
         )
         if config.metrics_listen:
-            self._serve_metrics(NodeCollector(backend, state, host.containers_root, host.records))
+            self._serve_metrics(NodeCollector(config.node_name, config.backend, backend, state, host.containers_root,
+                                              host.records))
         manager.start()
         registrar.start()
         self.started += [manager, registrar]
         return self
 
     def _serve_metrics(self, collector: NodeCollector) -> None:
-        self.metrics_server, port = serve_metrics(collector, self.config.metrics_listen)
+        self.metrics_server, port = serve_metrics(self.metrics, collector, self.config.metrics_listen)
         log.info("event=metrics_listening port=%d", port)
 
     def stop(self) -> None:

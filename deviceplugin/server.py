@@ -109,12 +109,14 @@ class ResourceService(pb_grpc.DevicePluginServicer):
         state: DeviceState,
         per_gpu: Callable[[GPUInfo], int],
         allocator: Allocator | None = None,
+        on_allocate: Callable[[str, str, float], None] | None = None,
     ) -> None:
         self.kind = kind
         self.resource_name = resource_name
         self.state = state
         self.per_gpu = per_gpu
         self.allocator = allocator
+        self.on_allocate = on_allocate  # (resource, result, seconds) of each container's Allocate call
         self.stopping = threading.Event()
         self._index: dict[str, _FakeID] = {}
         self._index_version = -1
@@ -220,10 +222,12 @@ class ResourceService(pb_grpc.DevicePluginServicer):
             if self.allocator is None:
                 responses.append(pb.ContainerAllocateResponse())
                 continue
+            start = time.perf_counter()
             uuids = []
             for device_id in creq.devices_ids:
                 fake = self._lookup(device_id)
                 if fake is None:
+                    self._observe("refused", start)
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown device {device_id!r}")
                 uuids.append(fake.uuid)
             try:
@@ -233,12 +237,19 @@ class ResourceService(pb_grpc.DevicePluginServicer):
                     allocation = self.allocator.allocate_call(self.resource_name, count=len(uuids))
             except AllocationError as exc:
                 log.warning("event=allocate_failed resource=%s error=%s", self.resource_name, exc)
+                self._observe("refused", start)
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, _status_detail(exc))
             except VGPUError as exc:
                 log.warning("event=allocate_failed resource=%s error=%s", self.resource_name, exc)
+                self._observe("refused", start)
                 context.abort(grpc.StatusCode.UNAVAILABLE, _status_detail(exc))
+            self._observe("pending" if allocation is None else "answered", start)
             responses.append(container_response(allocation))
         return pb.AllocateResponse(container_responses=responses)
+
+    def _observe(self, result: str, start: float) -> None:
+        if self.on_allocate is not None:
+            self.on_allocate(self.resource_name, result, time.perf_counter() - start)
 
     def PreStartContainer(self, request: pb.PreStartContainerRequest,
                           context: grpc.ServicerContext) -> pb.PreStartContainerResponse:
@@ -310,6 +321,7 @@ class DevicePluginManager:
         split_count: int,
         memory_factor: int,
         allocator: Allocator | None,
+        on_allocate: Callable[[str, str, float], None] | None = None,
         on_health_change: Callable[[], None] | None = None,
         poll_interval: float = 0.2,
         health_filter: Callable[[HealthEvent], bool] | None = None,
@@ -327,7 +339,8 @@ class DevicePluginManager:
             WHOLE: lambda g: 1,
         }
         self.services = {
-            kind: ResourceService(kind, name, state, per_gpu[kind], allocator) for kind, name in resource_names.items()
+            kind: ResourceService(kind, name, state, per_gpu[kind], allocator, on_allocate)
+            for kind, name in resource_names.items()
         }
         self.served = {
             kind: _Served(svc, self.dir / socket_name(svc.resource_name)) for kind, svc in self.services.items()

@@ -102,7 +102,8 @@ class ExtenderVerbs:
         start = time.perf_counter()
         slot = _LargeBodySlot(self.large_bodies)
         try:
-            status, payload, outcome = await self._answer(scope, receive, call, on_error, threaded, verb, slot)
+            status, payload, outcome, decision = await self._answer(scope, receive, call, on_error, threaded, verb,
+                                                                    slot)
         finally:
             slot.release()
         await send({"type": "http.response.start", "status": status,
@@ -112,29 +113,32 @@ class ExtenderVerbs:
         if self.metrics is not None:
             self.metrics.latency.labels(verb).observe(time.perf_counter() - start)
             self.metrics.requests.labels(verb, outcome).inc()
+            if decision:
+                self.metrics.decisions.labels(verb, decision).inc()
 
     async def _answer(self, scope: dict[str, Any], receive: Any, call: Callable[[Any], Any],
                       on_error: Callable[[str], Any], threaded: bool, verb: str,
-                      slot: _LargeBodySlot) -> tuple[int, bytes, str]:
+                      slot: _LargeBodySlot) -> tuple[int, bytes, str, str]:
+        """Status, body, outcome and decision (_decision) of one call."""
         try:
             body = await self._body(scope, receive, slot)
         except _TooLarge:
-            return 413, orjson.dumps({"Error": f"request body over {self.max_body} bytes"}), "too_large"
+            return 413, orjson.dumps({"Error": f"request body over {self.max_body} bytes"}), "too_large", ""
         try:
             # a large body is parsed on a worker thread so that it never holds up the event loop
             inline = len(body) <= INLINE_PARSE_BYTES
             args = orjson.loads(body) if inline else await run_in_threadpool(orjson.loads, body)
         except orjson.JSONDecodeError as exc:
-            return 400, orjson.dumps({"Error": f"request body is not valid JSON: {exc}"}), "bad_json"
+            return 400, orjson.dumps({"Error": f"request body is not valid JSON: {exc}"}), "bad_json", ""
         try:
             result = await run_in_threadpool(call, args) if threaded else call(args)
         except VGPUError as exc:
-            return 200, orjson.dumps(on_error(str(exc))), "invalid"
+            return 200, orjson.dumps(on_error(str(exc))), "invalid", ""
         except Exception as exc:
             log.exception("extender %s failed", verb)
-            return 200, orjson.dumps(on_error(f"internal error: {type(exc).__name__}: {exc}")), "internal"
+            return 200, orjson.dumps(on_error(f"internal error: {type(exc).__name__}: {exc}")), "internal", ""
         outcome = "error" if isinstance(result, dict) and result.get("Error") else "ok"
-        return 200, orjson.dumps(result), outcome
+        return 200, orjson.dumps(result), outcome, _decision(verb, result)
 
     async def _body(self, scope: dict[str, Any], receive: Any, slot: _LargeBodySlot) -> bytes:
         for name, value in scope.get("headers") or ():
@@ -158,6 +162,18 @@ class ExtenderVerbs:
             if not message.get("more_body"):
                 break
         return b"".join(chunks)
+
+
+def _decision(verb: str, result: Any) -> str:
+    """What a filter or bind answer decided ("" for other verbs and for answers that carry an Error about the
+    request rather than the pod)."""
+    if not isinstance(result, dict):
+        return ""
+    if verb == "bind":
+        return "refused" if result.get("Error") else "bound"
+    if verb == "filter" and not result.get("Error"):
+        return "placed" if result.get("NodeNames") or (result.get("Nodes") or {}).get("items") else "unschedulable"
+    return ""
 
 
 async def _every(interval: float, job: Callable[[], Any]) -> None:

@@ -21,7 +21,8 @@ metadata.resourceVersion), delete (immediate, as with gracePeriodSeconds=0; hono
 
 Semantics copied from kube-apiserver where our code depends on them:
   * one global, monotonically increasing resourceVersion (like an etcd revision);
-  * pods are created with uid, creationTimestamp and status.phase=Pending (a client-supplied status is dropped);
+  * pods are created with uid, creationTimestamp and status.phase=Pending (a client-supplied status is dropped),
+    and a container's limits without requests are copied to its requests;
   * the main pod/node endpoint ignores status changes, the status subresource ignores everything but status;
   * a patch or update that changes nothing does not bump the resourceVersion;
   * `POST pods/{name}/binding` sets spec.nodeName, merges the Binding's metadata.annotations into the pod, adds
@@ -72,6 +73,8 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from vgpu.testbed.discovery import CORE_VERSIONS, api_groups, as_table, resource_list, wants_table
+
 __all__ = [
     "ApiServerProcess",
     "ApiServerStandIn",
@@ -106,6 +109,7 @@ class _Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
+TABLE_KINDS = ("Pod", "Node", "Event", "Lease")  # what testbed.discovery prints as a Table
 _RESOURCES = {
     r.key: r
     for r in (
@@ -132,6 +136,24 @@ class StatusError(Exception):
         """The metav1.Status body of this error."""
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": self.message, "reason": self.reason, "details": self.details, "code": self.code}
+
+
+def _default_requests(spec: Any) -> None:
+    """kube-apiserver's defaulting: a container's limit without a request of the same resource is copied to
+    requests."""
+    if not isinstance(spec, dict):
+        return
+    for field in ("initContainers", "containers"):
+        for container in spec.get(field) or ():
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if not isinstance(resources, dict):
+                continue
+            limits = resources.get("limits")
+            if isinstance(limits, dict) and limits:
+                requests = resources.setdefault("requests", {})
+                if isinstance(requests, dict):
+                    for name, value in limits.items():
+                        requests.setdefault(name, value)
 
 
 def _not_found(res: _Resource, name: str) -> StatusError:
@@ -513,7 +535,7 @@ class Store:
             meta.pop("deletionTimestamp", None)
             if res.kind == "Pod":
                 obj["status"] = {"phase": "Pending"}
-                obj.setdefault("spec", {})
+                _default_requests(obj.setdefault("spec", {}))
             return self._commit(res, "ADDED", obj, None)
 
     def _store_update(self, res: _Resource, old: Obj, new: Obj, subresource: str | None) -> Obj:
@@ -844,6 +866,8 @@ class _Handler(BaseHTTPRequestHandler):
             rv = store.compact(drop_watches=q.get("dropWatches") in ("true", "1"))
             self._send_json(200, {"resourceVersion": str(rv)})
             return
+        if method == "GET" and self._discovery(url.path):
+            return
         m = _PATH.match(url.path)
         if not m:
             raise StatusError(404, "NotFound", f"the server could not find the requested resource ({url.path})")
@@ -869,10 +893,18 @@ class _Handler(BaseHTTPRequestHandler):
                 self._watch(res, m.group("ns"), q)
                 return
             items, rv = store.list(res.key, m.group("ns"), q.get("fieldSelector"), q.get("labelSelector"))
+            if res.kind in TABLE_KINDS and wants_table(self.headers.get("Accept", "")):
+                self._send_json(200, as_table(res.kind, items, str(rv), q.get("includeObject", "Metadata")))
+                return
             self._send_json(200, {"kind": res.kind + "List", "apiVersion": res.api_version,
                                   "metadata": {"resourceVersion": str(rv)}, "items": items})
         elif method == "GET":
-            self._send_json(200, store.get(res.key, ns, name))
+            obj = store.get(res.key, ns, name)
+            if sub is None and res.kind in TABLE_KINDS and wants_table(self.headers.get("Accept", "")):
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+                self._send_json(200, as_table(res.kind, [obj], version, q.get("includeObject", "Metadata")))
+                return
+            self._send_json(200, obj)
         elif method == "POST" and name is None:
             if not res.namespaced or m.group("ns") is not None:
                 self._send_json(201, store.create(res.key, ns, self._body()))
@@ -891,6 +923,24 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, store.delete(res.key, ns, name, self._body()))
         else:
             raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {url.path}")
+
+    def _discovery(self, path: str) -> bool:
+        """Answer a discovery path (testbed.discovery); False when `path` is not one."""
+        path = path.rstrip("/")
+        body: Any = None
+        if path == "/api":
+            body = CORE_VERSIONS
+        elif path == "/apis":
+            body = api_groups()
+        elif path == "/api/v1":
+            body = resource_list("", "v1")
+        elif path.startswith("/apis/") and path.count("/") == 3:
+            _, _, group, version = path.split("/")
+            body = resource_list(group, version)
+        if body is None:
+            return False
+        self._send_json(200, body)
+        return True
 
     def _alive(self) -> bool:
         """False once the client has closed its end of the connection."""

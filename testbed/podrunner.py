@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import queue
 import shlex
 import signal
@@ -631,7 +632,13 @@ class NodeAgent:
             now = _now()
             patch = {"status": {**status, "conditions": [{
                 "type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet stand-in is ready",
-                "lastHeartbeatTime": now, "lastTransitionTime": now}]}}
+                "lastHeartbeatTime": now, "lastTransitionTime": now}],
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                              {"type": "Hostname", "address": self.node_name}],
+                "nodeInfo": {"kubeletVersion": "v1.31.0-vgpu-testbed", "osImage": "vgpu-sharing test bed",
+                             "kernelVersion": platform.release(), "operatingSystem": "linux",
+                             "architecture": platform.machine(),
+                             "containerRuntimeVersion": "vgpu-testbed://processes"}}}
             try:
                 self.core.patch_node_status(self.node_name, patch, _preload_content=False)
                 self._published = status

@@ -1,11 +1,17 @@
-"""The Grafana dashboard parses and uses only the metric and label names of deploy/monitoring/METRICS.md,
-the list the device plugin and scheduler export; METRICS.md keeps the contract's legacy names."""
+"""The metrics are declared once in code (vgpu.deviceplugin.monitor.NODE_METRICS,
+vgpu.scheduler.metrics.SCHEDULER_METRICS): deploy/monitoring/METRICS.md is their rendering, the declarations keep
+the contract's legacy names, and the Grafana dashboard uses only declared names and labels. What the live endpoints
+serve is compared with the same declarations in tests/e2e/test_metrics_contract.py."""
 
 import json
 import re
 
 import pytest
 from deploy_helpers import DEPLOY
+
+from vgpu.deviceplugin.monitor import NODE_METRICS
+from vgpu.metricspec import markdown_table
+from vgpu.scheduler.metrics import SCHEDULER_METRICS
 
 METRICS_MD = DEPLOY / "monitoring" / "METRICS.md"
 DASHBOARD = DEPLOY / "monitoring" / "grafana-dashboard.json"
@@ -29,15 +35,11 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 def metrics_table() -> dict[str, tuple[str, set[str]]]:
-    """metric name -> (type, label names) from the tables of METRICS.md."""
+    """metric name as queried -> (type, label names), from the declarations."""
     out = {}
-    for line in METRICS_MD.read_text().splitlines():
-        if not line.startswith("| `"):
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        name = cells[0].strip("`")
-        assert name not in out, f"{name} listed twice in METRICS.md"
-        out[name] = (cells[1], set(re.findall(r"`([^`]+)`", cells[2])))
+    for spec in (*NODE_METRICS, *SCHEDULER_METRICS):
+        assert spec.exposed not in out, f"{spec.exposed} declared twice"
+        out[spec.exposed] = (spec.kind, set(spec.labels))
     return out
 
 
@@ -98,14 +100,20 @@ def scan(expr: str) -> tuple[set[str], set[str]]:
     return words, labels
 
 
-def test_metrics_md_keeps_the_contracts_legacy_names_and_labels():
+def test_metrics_md_is_the_rendering_of_the_declarations():
+    text = METRICS_MD.read_text()
+    for specs in (NODE_METRICS, SCHEDULER_METRICS):
+        assert markdown_table(specs) in text, f"METRICS.md is stale: paste\n{markdown_table(specs)}"
+
+
+def test_declarations_keep_the_contracts_legacy_names_and_labels():
     table = metrics_table()
     for name, labels in CONTRACT_LEGACY.items():
         assert name in table, name
         assert table[name][1] == labels, name
 
 
-def test_metrics_md_vgpu_names_are_snake_case_with_units():
+def test_vgpu_names_are_snake_case_with_units():
     for name, (kind, labels) in metrics_table().items():
         assert kind in ("gauge", "counter", "histogram"), name
         if name in CONTRACT_LEGACY:
@@ -119,7 +127,7 @@ def test_metrics_md_vgpu_names_are_snake_case_with_units():
             assert re.fullmatch(r"[a-z][a-z0-9_]*", label), (name, label)
 
 
-def test_metrics_md_has_the_names_the_components_were_asked_for():
+def test_the_names_the_components_were_asked_for_are_declared():
     table = metrics_table()
     for name in ("vgpu_device_memory_used_bytes", "vgpu_container_memory_limit_bytes"):
         assert name in table
@@ -148,7 +156,7 @@ def test_dashboard_query_uses_only_listed_names(title, expr, legend):
     words, labels = scan(expr)
     assert words, f"{title}: no metric in {expr!r}"
     unknown = words - set(known)
-    assert not unknown, f"{title}: names not in METRICS.md: {sorted(unknown)}"
+    assert not unknown, f"{title}: names not declared: {sorted(unknown)}"
     allowed_labels = set().union(*(known[w] for w in words)) | SCRAPE_LABELS
     assert labels <= allowed_labels, f"{title}: labels {sorted(labels - allowed_labels)} not on {sorted(words)}"
     legend_labels = set(re.findall(r"\{\{\s*(\w+)\s*\}\}", legend))

@@ -248,14 +248,19 @@ def test_metrics_show_container_usage(cluster):
     assert samples[("vGPU_device_memory_usage_in_bytes", legacy)] == 123 * 2**20
     assert samples[("vGPU_device_memory_limit_in_bytes", legacy)] == 3000 * 2**20
     assert samples[("Device_utilization_desc_of_container", legacy)] == 17
-    new = tuple(sorted({"namespace": "default", "pod": "metered", "container": "app", "device_index": "0",
-                        "gpu_uuid": a}.items()))
+    new = tuple(sorted({"node": NODE, "namespace": "default", "pod": "metered", "container": "app",
+                        "device_index": "0", "device_uuid": a}.items()))
     assert samples[("vgpu_container_memory_used_bytes", new)] == 123 * 2**20
     assert samples[("vgpu_container_memory_limit_bytes", new)] == 3000 * 2**20
-    assert samples[("vgpu_container_sm_utilization_percent", new)] == 17
+    assert samples[("vgpu_container_core_utilization_percent", new)] == 17
+    assert samples[("vgpu_container_core_limit_percent", new)] == 25
     assert samples[("HostGPUMemoryUsage", gpu)] == 2048 * 2**20
     assert samples[("HostCoreUtilization", gpu)] == 42
-    assert samples[("vgpu_gpu_utilization_percent", (("gpu_index", "0"), ("gpu_uuid", a)))] == 42
+    device = tuple(sorted({"node": NODE, "device_index": "0", "device_uuid": a,
+                           "device_type": "Tesla T4"}.items()))
+    assert samples[("vgpu_device_core_utilization_percent", device)] == 42
+    assert samples[("vgpu_device_plugin_allocate_total", (("node", NODE), ("resource", "volcano.sh/vgpu-number"),
+                                                          ("result", "answered")))] >= 1
 
 
 def test_bad_explicit_memory_factor_is_refused(cluster):

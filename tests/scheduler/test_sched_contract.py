@@ -84,8 +84,11 @@ def test_decide_mode_filter_and_bind_byte_for_byte(kube, served):
     wait_until(lambda: any(e.get("reason") == "BindingSucceeded" for e in kube.events()), what="event")
 
     text = generate_latest(ext.runtime.metrics.registry).decode()
-    assert 'vgpu_scheduler_gpu_memory_allocated_mebibytes{index="0",node="node-a"' in text
-    assert 'vgpu_scheduler_pod_memory_allocated_mebibytes{namespace="default",node="node-a",pod="trainer"' in text
+    assert 'vgpu_scheduler_device_memory_allocated_bytes{device_index="0",device_type=' in text
+    assert ('vgpu_scheduler_pod_memory_allocated_bytes{device_uuid="GPU-aaaa",namespace="default",node="node-a",'
+            'pod="trainer",state="observed"} 1.048576e+10') in text  # 10000 MiB
+    assert 'vgpu_scheduler_decisions_total{decision="bound",verb="bind"} 2.0' in text  # the bind and its retry
+    assert 'vgpu_scheduler_decisions_total{decision="placed",verb="filter"} 1.0' in text
     assert 'vgpu_scheduler_request_duration_seconds_count{verb="filter"} 1.0' in text
     assert 'vgpu_scheduler_cache_synced{cache="pods"} 1.0' in text
 

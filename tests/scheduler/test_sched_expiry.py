@@ -10,7 +10,7 @@ from sched_helpers import wait_until
 def assumed_lines(ext) -> list[str]:
     text = generate_latest(ext.runtime.metrics.registry).decode()
     return [line for line in text.splitlines()
-            if line.startswith("vgpu_scheduler_pod_memory_allocated_mebibytes{") and 'state="assumed"' in line]
+            if line.startswith("vgpu_scheduler_pod_memory_allocated_bytes{") and 'state="assumed"' in line]
 
 
 def test_a_reservation_without_bind_expires_with_no_further_request(kube, served):

@@ -1,0 +1,48 @@
+"""Metric declarations: each component declares its Prometheus metrics once, as `MetricSpec`s, and builds what it
+exports from them (vgpu.scheduler.metrics, vgpu.deviceplugin.monitor); deploy/monitoring/METRICS.md is rendered
+from the same declarations (`markdown_table`) and tests compare both with what the live endpoints serve.
+
+Units are in the names and are base units: bytes, seconds, percent of one GPU (the unit of `vgpu-cores`).
+Legacy names (Volcano's node monitor, kept byte for byte for existing dashboards) are marked `legacy`: they are the
+only names that break Prometheus' naming rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["MetricSpec", "markdown_table"]
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One metric family: its name (a counter's without `_total`), type, label names and meaning."""
+
+    name: str
+    kind: Literal["gauge", "counter", "histogram"]
+    labels: tuple[str, ...]
+    help: str
+    legacy: bool = False
+
+    @property
+    def exposed(self) -> str:
+        """The name in the exposition format and in queries (`_total` added to a counter)."""
+        return f"{self.name}_total" if self.kind == "counter" else self.name
+
+    @property
+    def sample_names(self) -> tuple[str, ...]:
+        """Every sample name the family produces (a histogram's `_bucket`, `_sum` and `_count`)."""
+        if self.kind == "histogram":
+            return tuple(f"{self.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+        return (self.exposed,)
+
+
+def markdown_table(specs: Iterable[MetricSpec]) -> str:
+    """The METRICS.md table of `specs`: metric, type, labels, meaning."""
+    rows = ["| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for spec in specs:
+        labels = ", ".join(f"`{label}`" for label in spec.labels) or "(none)"
+        rows.append(f"| `{spec.exposed}` | {spec.kind} | {labels} | {spec.help} |")
+    return "\n".join(rows) + "\n"
