@@ -1,9 +1,12 @@
-"""Added cost per call of libvgpu.so over the simulated GPU (prints figures; never pass/fail).
+"""Added cost per call of libvgpu.so (prints figures; never pass/fail).
 
 For cuLaunchKernel, cuMemAlloc and cuMemFree: ns per call without the library, and the extra ns with it
 (no limit; memory limit; memory + SM limit with a budget that never runs out, so only the accounting shows).
+The driver underneath is a neutral one built here (every call returns at once, so only our cost shows;
+`--driver neutral`, the default) or the test bed's simulated GPU (`--driver sim`).
 
-    .venv/bin/python bench/bench_isolation.py [--launches 200000] [--allocs 20000] [--repeat 5]
+    .venv/bin/python bench/bench_isolation.py [--driver neutral|sim] [--launches 200000] [--allocs 20000]
+        [--library path/to/other/libvgpu.so]
 """
 from __future__ import annotations
 
@@ -14,6 +17,44 @@ import tempfile
 from pathlib import Path
 
 from vgpu.isolation.build import ensure_built
+from vgpu.testbed.build import ensure_sim_built
+
+# a driver that does nothing: the calls libvgpu.so and the benchmark make, each returning at once
+NEUTRAL_C = r"""
+#include <cuda.h>
+#include <stdint.h>
+#include <string.h>
+#define API __attribute__((visibility("default")))
+static int ctx_token;
+static __thread CUcontext current;
+static uint64_t next_ptr = 1 << 20;
+API CUresult cuInit(unsigned f) { (void)f; return 0; }
+API CUresult cuDeviceGet(CUdevice *d, int i) { *d = i; return 0; }
+API CUresult cuDeviceGetCount(int *n) { *n = 1; return 0; }
+API CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { memset(u, 0x42, sizeof *u); u->bytes[0] = (char)d; return 0; }
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { (void)d; *c = (CUcontext)&ctx_token; return 0; }
+API CUresult cuCtxSetCurrent(CUcontext c) { current = c; return 0; }
+API CUresult cuCtxGetCurrent(CUcontext *c) { *c = current; return 0; }
+API CUresult cuCtxGetDevice(CUdevice *d) { *d = 0; return 0; }
+API CUresult cuModuleLoadData(CUmodule *m, const void *i) { (void)i; *m = (CUmodule)&ctx_token; return 0; }
+API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *n) {
+    (void)m; (void)n; *f = (CUfunction)&next_ptr; return 0;
+}
+API CUresult cuStreamCreate(CUstream *s, unsigned f) { (void)f; *s = (CUstream)&ctx_token; return 0; }
+API CUresult cuStreamSynchronize(CUstream s) { (void)s; return 0; }
+API CUresult cuLaunchKernel(CUfunction f, unsigned a, unsigned b, unsigned c, unsigned d, unsigned e, unsigned g,
+                            unsigned h, CUstream s, void **p, void **x) {
+    (void)f; (void)a; (void)b; (void)c; (void)d; (void)e; (void)g; (void)h; (void)s; (void)p; (void)x; return 0;
+}
+API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    *p = next_ptr; next_ptr += (n + 4095) & ~(size_t)4095; return 0;
+}
+API CUresult cuMemFree_v2(CUdeviceptr p) { (void)p; return 0; }
+API CUresult cuEventCreate(CUevent *e, unsigned f) { (void)f; *e = (CUevent)&ctx_token; return 0; }
+API CUresult cuEventRecord(CUevent e, CUstream s) { (void)e; (void)s; return 0; }
+API CUresult cuEventQuery(CUevent e) { (void)e; return 0; }
+API CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { (void)a; (void)b; *ms = 1e-6f; return 0; }
+"""
 
 BENCH_C = r"""
 #include <cuda.h>
@@ -56,21 +97,33 @@ def main() -> None:
     ap.add_argument("--allocs", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--driver", choices=("neutral", "sim"), default="neutral")
+    ap.add_argument("--library", type=Path, default=None, help="another libvgpu.so to measure (default: ours)")
     a = ap.parse_args()
-    paths = ensure_built()
+    library = a.library or ensure_built().libvgpu
     with tempfile.TemporaryDirectory() as tmp:
+        if a.driver == "sim":
+            sim_dir = ensure_sim_built().sim_dir
+        else:
+            sim_dir = Path(tmp) / "neutral"
+            sim_dir.mkdir()
+            (sim_dir / "neutral.c").write_text(NEUTRAL_C)
+            subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I/usr/local/cuda/include",
+                            "-Wl,-soname,libcuda.so.1", "-o", str(sim_dir / "libcuda.so.1"),
+                            str(sim_dir / "neutral.c")], check=True)
+            (sim_dir / "libcuda.so").symlink_to("libcuda.so.1")
         exe = Path(tmp) / "bench"
         src = Path(tmp) / "bench.c"
         src.write_text(BENCH_C)
-        subprocess.run(["gcc", "-O2", "-I/usr/local/cuda/include", "-o", str(exe), str(src), f"-L{paths.sim_dir}",
+        subprocess.run(["gcc", "-O2", "-I/usr/local/cuda/include", "-o", str(exe), str(src), f"-L{sim_dir}",
                         "-lcuda"], check=True)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "GPU_CORE_", "LD_PRELOAD"))}
-        base.update(LD_LIBRARY_PATH=str(paths.sim_dir), SIMGPU_STATE=str(Path(tmp) / "sim.state"))
+        base.update(LD_LIBRARY_PATH=str(sim_dir), SIMGPU_STATE=str(Path(tmp) / "sim.state"))
         configs = [
             ("without libvgpu", {}),
-            ("libvgpu, no limit", {"LD_PRELOAD": str(paths.libvgpu)}),
-            ("libvgpu, memory limit", {"LD_PRELOAD": str(paths.libvgpu), "CUDA_DEVICE_MEMORY_LIMIT": "16g"}),
-            ("libvgpu, memory + SM limit", {"LD_PRELOAD": str(paths.libvgpu), "CUDA_DEVICE_MEMORY_LIMIT": "16g",
+            ("libvgpu, no limit", {"LD_PRELOAD": str(library)}),
+            ("libvgpu, memory limit", {"LD_PRELOAD": str(library), "CUDA_DEVICE_MEMORY_LIMIT": "16g"}),
+            ("libvgpu, memory + SM limit", {"LD_PRELOAD": str(library), "CUDA_DEVICE_MEMORY_LIMIT": "16g",
                                             "CUDA_DEVICE_SM_LIMIT": "99", "GPU_CORE_UTILIZATION_POLICY": "force"}),
         ]
         best: dict[str, list[float]] = {}

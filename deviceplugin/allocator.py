@@ -4,7 +4,8 @@ Called by the gRPC services (server.py) for every Allocate kubelet sends, on eve
 (deviceplugin.matching) finds the container the calls belong to; on the call that fixes the match the container's
 environment, mounts and device specs (deviceplugin.response) go out, its host directory is made
 (deviceplugin.host) and the pod's annotations record the answered segment (`bind-phase=success` after the last
-one). Kubelet merges the responses of all resources of a container, so it does not matter which call carries
+one; when the API server cannot take that patch, deviceplugin.deferred writes it later and the container is
+admitted). Kubelet merges the responses of all resources of a container, so it does not matter which call carries
 them; the container's other calls get empty responses. A call nothing matches fails the pod's admission with a
 message naming what was waiting, and the pod gets `bind-phase=failed` and an event.
 """
@@ -18,6 +19,8 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from vgpu import assignment, keys
+from vgpu.deviceplugin.capacity import overcommit
+from vgpu.deviceplugin.deferred import DeferredPatches
 from vgpu.deviceplugin.host import HostFiles
 from vgpu.deviceplugin.matching import AllocationError, GrantRules, KubeletView, Matcher, PodSource
 from vgpu.deviceplugin.records import AllocationRecord
@@ -50,6 +53,7 @@ class Allocator:
     ) -> None:
         self.node_name = node_name
         self.factor = sharing.gpu_memory_factor
+        self.split = sharing.split_count
         self.source = pods
         self.host = host
         self.core_policy = core_policy
@@ -57,6 +61,7 @@ class Allocator:
         self.recorder = recorder
         self.matcher = Matcher(node_name, sharing, pods, resource_kinds=resource_kinds, clock=clock, kubelet=kubelet,
                                rules=rules, on_refused=self._refused)
+        self.deferred = DeferredPatches(pods.patch_annotations)
 
     def _refused(self, pod: dict[str, Any], reason: str) -> None:
         if self.recorder is not None:
@@ -84,6 +89,11 @@ class Allocator:
                 raise
             if grant is None:
                 return None
+            over = overcommit(grant, self.source.pods(), matcher.answered(), matcher.rules.card_memory, self.split,
+                              matcher.rules.scheduler_names)
+            if over:
+                raise AllocationError(f"node {self.node_name}: refusing pod {grant.namespace}/{grant.pod}: {over} "
+                                      "(placed by two schedulers at once?)")
             allocation = build_allocation(
                 grant, options=self.options, memory_factor=self.factor, vgpu_root=self.host.vgpu_root,
                 cache_dir=self.host.cache_dir(grant.pod_uid, grant.container),
@@ -110,7 +120,11 @@ class Allocator:
             patch[keys.VGPU_TIME] = keys.VGPU_TIME_DONE
         else:
             patch[keys.DEVICES_TO_ALLOCATE] = assignment.encode(left)
-        self.source.patch_annotations(grant.namespace, grant.pod, patch)
+        try:
+            self.source.patch_annotations(grant.namespace, grant.pod, patch)
+        except VGPUError as exc:  # the grant stands (the matcher remembers it): write the record later
+            log.warning("event=annotation_deferred pod=%s/%s error=%s", grant.namespace, grant.pod, exc)
+            self.deferred.add(grant.namespace, grant.pod, patch)
         log.info(
             "event=allocated pod=%s/%s container=%s gpus=%s last=%s",
             grant.namespace, grant.pod, grant.container, ",".join(g.uuid for g in grant.grants), grant.last,

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vgpu.configfile import read_yaml_mapping, validated
 from vgpu.errors import ConfigError
@@ -91,6 +91,11 @@ class PluginConfig(BaseModel):
         description="this node's MiB per memory unit, overriding sharing.gpu_memory_factor: a number, or auto "
         "(the smallest factor that fits kubelet's budget); unset = sharing.gpu_memory_factor",
     )
+    resource_mode: Literal["mib", "devices"] = Field(
+        "mib", description="mib: only vgpu-number is advertised and vgpu-memory is MiB on every node (the scheduler "
+        "places memory and cores); devices: Volcano's layout, memory and cores advertised as devices in units of "
+        "gpu_memory_factor MiB"
+    )
     memory_entry_budget: int = Field(MEMORY_ENTRY_BUDGET, ge=1, description="max memory fake devices per node")
     core_policy: Literal["default", "force", "disable"] | None = Field(
         None, description="GPU_CORE_UTILIZATION_POLICY given to containers; unset = not set"
@@ -131,6 +136,13 @@ class PluginConfig(BaseModel):
     isolation_fail_open: bool = Field(
         False, description="let the library run without limits when a container's accounting file is unusable"
     )
+    driver_memory_limits: Literal["off", "auto"] = Field(
+        "off", description="auto: also have the driver limit each container's cgroup to its grant, where it can"
+    )
+    cgroup_root: str = Field("/sys/fs/cgroup", description="mount point of the cgroup v2 hierarchy")
+    xid_recovery_seconds: float = Field(
+        60.0, gt=0, description="seconds without a critical Xid before a GPU that answers again is healthy (nvml)"
+    )
 
     @field_validator("gpu_memory_factor")
     @classmethod
@@ -144,6 +156,14 @@ class PluginConfig(BaseModel):
     def _healthchecks(cls, value: str) -> str:
         parse_healthchecks(value)
         return value
+
+    @model_validator(mode="after")
+    def _mib_has_no_factor(self) -> PluginConfig:
+        if self.resource_mode == "mib" and (self.gpu_memory_factor not in (None, 1)
+                                           or self.sharing.gpu_memory_factor != 1):
+            raise ValueError("resource_mode mib counts vgpu-memory in MiB: gpu_memory_factor (and "
+                             "sharing.gpu_memory_factor) apply to resource_mode devices only")
+        return self
 
     def sharing_for(self, factor: int) -> SharingConfig:
         """The shared configuration with this node's resolved memory factor."""
@@ -239,8 +259,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("advertise_nvidia_gpu", "--advertise-nvidia-gpu", "ADVERTISE_NVIDIA_GPU", "flags.vgpu.advertiseNvidiaGpu",
            "bool", "also advertise plain nvidia.com/gpu, one per GPU, for whole-GPU pods (needs "
            "sharing.hami_aliases)", default="false"),
+    Option("resource_mode", "--resource-mode", "RESOURCE_MODE", "flags.vgpu.resourceMode", "choice",
+           "mib: advertise only vgpu-number, vgpu-memory is MiB on every node; devices: Volcano's layout, memory "
+           "and cores as devices in units of the memory factor", choices=("mib", "devices"), default="mib"),
     Option("gpu_memory_factor", "--gpu-memory-factor", "GPU_MEMORY_FACTOR", "flags.vgpu.gpuMemoryFactor", "factor",
-           "MiB per memory unit on this node, or auto; overrides sharing.gpu_memory_factor",
+           "MiB per memory unit on this node, or auto (--resource-mode devices); overrides sharing.gpu_memory_factor",
            default="sharing.gpu_memory_factor (1)"),
     Option("sharing.split_count", "--split-count", None, None, "int",
            "vgpu-number devices per GPU; overrides sharing.split_count", default="sharing.split_count (10)"),
@@ -262,6 +285,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("isolation_fail_open", "--isolation-fail-open", "ISOLATION_FAIL_OPEN", "flags.vgpu.isolationFailOpen",
            "bool", "let libvgpu.so run a container without limits when its accounting file is unusable (default: "
            "CUDA initialisation is refused)", default="false"),
+    Option("driver_memory_limits", "--driver-memory-limits", "DRIVER_MEMORY_LIMITS", "flags.vgpu.driverMemoryLimits",
+           "choice", "auto: where the driver can (nvmlDeviceSetMemoryLimits_v1), also limit each container's cgroup to "
+           "its granted memory; off: libvgpu.so only", ("off", "auto"), "off"),
+    Option("cgroup_root", "--cgroup-root", None, "flags.vgpu.cgroupRoot", "path",
+           "mount point of the cgroup v2 hierarchy, where --driver-memory-limits finds containers",
+           default="/sys/fs/cgroup"),
+    Option("xid_recovery_seconds", "--xid-recovery-seconds", None, "flags.vgpu.xidRecoverySeconds", "float",
+           "seconds without a critical Xid after which a GPU that answers NVML again is healthy (backend nvml)",
+           default="60"),
     Option("handshake", "--handshake", None, "flags.vgpu.handshake", "bool",
            "write volcano.sh/node-vgpu-handshake (Volcano <= 1.15.0)", default="false"),
 )

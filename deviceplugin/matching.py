@@ -536,6 +536,10 @@ class Matcher:
         done.add(grant.segment_index)
         return tuple(() if i in done else seg for i, seg in enumerate(grant.segments))
 
+    def answered(self) -> frozenset[str]:
+        """UIDs of the pods this process has answered a container of."""
+        return frozenset(self._consumed)
+
     def settle(self) -> None:
         """The grant `match` returned is recorded: its container's other calls get empty answers."""
         if self._pending is not None:

@@ -14,6 +14,7 @@ from typing import Any
 from vgpu.deviceplugin.allocator import Allocator
 from vgpu.deviceplugin.backends import GPUBackend, HealthEvent, make_backend
 from vgpu.deviceplugin.config import WHOLE_GPU_RESOURCE, PluginConfig, resolve_memory_factor
+from vgpu.deviceplugin.driverlimits import start_driver_limits
 from vgpu.deviceplugin.host import HostFiles
 from vgpu.deviceplugin.matching import CORES as KIND_CORES
 from vgpu.deviceplugin.matching import GPUS, GrantRules
@@ -84,11 +85,12 @@ class DevicePluginRuntime:
                     f"this plugin does not support; disable it (nvidia-smi -i {gpu.nvml_index} -mig 0) or keep the "
                     "node off the vgpu-sharing device plugin"
                 )
-        factor = resolve_memory_factor(config, [g.memory_mib for g in gpus])
+        factor = resolve_memory_factor(config, [g.memory_mib for g in gpus]) if config.resource_mode == "devices" \
+            else 1
         key = read_key(config.grant_key_file, "--grant-key-file") if config.grant_key_file else None
         sharing = config.sharing_for(factor)
-        log.info("event=start node=%s gpus=%d factor=%d backend=%s", config.node_name, len(gpus), factor,
-                 config.backend)
+        log.info("event=start node=%s gpus=%d resource_mode=%s factor=%d backend=%s", config.node_name, len(gpus),
+                 config.resource_mode, factor, config.backend)
 
         api = make_api_client(config.kubeconfig, qps=config.kube_qps, burst=config.kube_burst)
         recorder = EventRecorder(api, "vgpu-device-plugin", host=config.node_name)
@@ -96,8 +98,11 @@ class DevicePluginRuntime:
         self.started += [recorder, pods]
         state = DeviceState(gpus)
         resources = sharing.resources
-        names = {NUMBER: resources.number, MEMORY: resources.memory, CORES: resources.cores}
-        kinds = {resources.number: GPUS, resources.memory: KIND_MEMORY, resources.cores: KIND_CORES}
+        names = {NUMBER: resources.number}
+        kinds = {resources.number: GPUS}
+        if config.resource_mode == "devices":  # Volcano's layout: memory and cores as devices too
+            names.update({MEMORY: resources.memory, CORES: resources.cores})
+            kinds.update({resources.memory: KIND_MEMORY, resources.cores: KIND_CORES})
         if config.advertise_nvidia_gpu:
             names[WHOLE] = WHOLE_GPU_RESOURCE
             kinds[WHOLE_GPU_RESOURCE] = GPUS
@@ -112,6 +117,7 @@ class DevicePluginRuntime:
         kubelet_pods = KubeletPods(config.pod_resources_socket or default_socket(config.kubelet_dir))
         self.started.append(kubelet_pods)
         host = HostFiles(config.hook_path, config.lock_dir)
+        self._report_vanished(host, {g.uuid for g in gpus}, recorder)
         rules = GrantRules(
             scheduler_names=frozenset(config.scheduler_names),
             card_memory={g.uuid: g.memory_mib // factor for g in gpus},
@@ -135,9 +141,14 @@ class DevicePluginRuntime:
             interval=config.register_interval, handshake=config.handshake, housekeeping=allocator.collect_garbage,
             labels=config.node_labels,
         )
+        limits = start_driver_limits(config.driver_memory_limits, backend, [g.uuid for g in gpus], host.records,
+                                     pods.pods, config.cgroup_root)
+        if limits is not None:
+            self.started.append(limits)
         manager = DevicePluginManager(
             config.kubelet_dir, backend, state, names, split_count=sharing.split_count, memory_factor=factor,
-            allocator=allocator, on_allocate=self.metrics.observe_allocate, on_health_change=registrar.wake,
+            allocator=allocator, on_allocate=self.metrics.observe_allocate,
+            on_health_change=lambda event: self._health_changed(event, registrar, recorder, host),
             health_filter=health_filter(config),
         )
         if config.metrics_listen:
@@ -147,6 +158,34 @@ class DevicePluginRuntime:
         registrar.start()
         self.started += [manager, registrar]
         return self
+
+    @staticmethod
+    def _report_vanished(host: HostFiles, present: set[str], recorder: EventRecorder) -> None:
+        """At start: containers answered before with a GPU this node no longer has (a changed GPU set) are told so;
+        the GPU is not published, so nothing is ever placed on it again."""
+        for record in host.records.all():
+            gone = sorted(set(record.gpus) - present)
+            if gone:
+                log.warning("event=granted_gpu_vanished pod=%s/%s container=%s gpus=%s", record.namespace,
+                            record.pod, record.container, ",".join(gone))
+                pod = {"metadata": {"namespace": record.namespace, "name": record.pod, "uid": record.pod_uid}}
+                recorder.warning(pod, "VGPUDeviceGone", f"GPU {', '.join(gone)} of container {record.container} "
+                                                        "is no longer on this node")
+
+    @staticmethod
+    def _health_changed(event: HealthEvent, registrar: Registrar, recorder: EventRecorder, host: HostFiles) -> None:
+        """A GPU went unhealthy or recovered: republish the inventory now, and tell each pod holding it."""
+        registrar.wake()
+        for record in host.records.all():
+            if event.uuid not in record.gpus:
+                continue
+            pod = {"metadata": {"namespace": record.namespace, "name": record.pod, "uid": record.pod_uid}}
+            if event.healthy:
+                recorder.normal(pod, "VGPUDeviceRecovered", f"GPU {event.uuid} of container {record.container} is "
+                                                             "healthy again")
+            else:
+                recorder.warning(pod, "VGPUDeviceUnhealthy", f"GPU {event.uuid} of container {record.container} is "
+                                                             f"unhealthy ({event.reason}); no new pod is placed on it")
 
     def _serve_metrics(self, collector: NodeCollector) -> None:
         self.metrics_server, port = serve_metrics(self.metrics, collector, self.config.metrics_listen)

@@ -322,7 +322,7 @@ class DevicePluginManager:
         memory_factor: int,
         allocator: Allocator | None,
         on_allocate: Callable[[str, str, float], None] | None = None,
-        on_health_change: Callable[[], None] | None = None,
+        on_health_change: Callable[[HealthEvent], None] | None = None,
         poll_interval: float = 0.2,
         health_filter: Callable[[HealthEvent], bool] | None = None,
     ) -> None:
@@ -425,17 +425,15 @@ class DevicePluginManager:
                 log.warning("event=health_poll_failed error=%s", exc)
                 time.sleep(1.0)
                 continue
-            changed = False
             for event in events:
                 if self.health_filter is not None and not self.health_filter(event):
                     log.info("event=health_ignored uuid=%s healthy=%s reason=%s", event.uuid, event.healthy,
                              event.reason)
                     continue
                 if self.state.set_health(event.uuid, event.healthy):
-                    changed = True
                     log.info("event=health uuid=%s healthy=%s reason=%s", event.uuid, event.healthy, event.reason)
-            if changed and self.on_health_change is not None:
-                self.on_health_change()
+                    if self.on_health_change is not None:
+                        self.on_health_change(event)
 
     def stop(self) -> None:
         """Stop the loops and the servers; remove our sockets."""

@@ -64,15 +64,16 @@ def _stale(outputs: Sequence[Path], sources: Sequence[Path]) -> bool:
 
 
 def ensure_made(folder: Path, out: Path, outputs: Sequence[Path], sources: Sequence[Path],
-                force: bool = False) -> None:
-    """Run `make -C folder BUILD=out` when an output is missing or older than a source; raises BuildError."""
+                force: bool = False, make_vars: Sequence[str] = ()) -> None:
+    """Run `make -C folder BUILD=out [make_vars]` when an output is missing or older than a source; raises
+    BuildError."""
     if not force and not _stale(outputs, sources):
         return
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if force or _stale(outputs, sources):
-            cmd = ["make", "-s", "-C", str(folder), f"BUILD={out}"]
+            cmd = ["make", "-s", "-C", str(folder), f"BUILD={out}", *make_vars]
             try:
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
             except FileNotFoundError as exc:

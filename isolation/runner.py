@@ -58,11 +58,13 @@ def limit_env(limits: Limits, driver_dir: str | os.PathLike[str] | None = None,
 
 def run(command: Sequence[str], limits: Limits, driver_dir: str | os.PathLike[str] | None = None,
         env: Mapping[str, str] | None = None) -> int:
-    """Run `command` under `limits`; returns its exit code.  A cache file we created is removed afterwards."""
+    """Run `command` under `limits`; returns its exit status as a shell reports it (128 + the signal number when a
+    signal killed it).  A cache file we created is removed afterwards."""
     full = limit_env(limits, driver_dir, env)
     own_cache = limits.cache is None
     try:
-        return subprocess.run(list(command), env=full).returncode
+        code = subprocess.run(list(command), env=full).returncode
+        return 128 - code if code < 0 else code
     finally:
         if own_cache:
             try:

@@ -45,6 +45,8 @@ def register(subparsers: Any) -> None:
     q = subparsers.add_parser("inspect", help="show GPU allocations per node",
                               description="Print nodes and GPUs with allocated/total memory, cores, shares, pods.")
     q.add_argument("--kubeconfig", help="kubeconfig path")
+    q.add_argument("--config", help="the scheduler's YAML configuration (its sharing section: resource names, and the "
+                                    "memory factor of resource_mode devices); default: MiB, Volcano's names")
     q.set_defaults(func=_run_inspect)
 
 
@@ -89,8 +91,9 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 
 def inspect_table(ledger: Any) -> str:
-    """Render the ledger as the `vgpu inspect` table (one row per GPU, pods listed on their GPU)."""
-    header = ("NODE", "GPU", "UUID", "TYPE", "MEMORY(alloc/total)", "CORES(alloc/100)", "SHARES(alloc/split)",
+    """Render the ledger as the `vgpu inspect` table (one row per GPU, pods listed on their GPU); memory in MiB."""
+    mib = ledger.config.gpu_memory_factor  # MiB per memory unit of the annotations
+    header = ("NODE", "GPU", "UUID", "TYPE", "MEMORY MiB(alloc/total)", "CORES(alloc/100)", "SHARES(alloc/split)",
               "HEALTH", "PODS")
     rows: list[tuple[str, ...]] = []
     total_mem = total_alloc = 0
@@ -103,22 +106,22 @@ def inspect_table(ledger: Any) -> str:
             for charge in charges:
                 grants = [g for g in charge.grants if g[0] == device.uuid]
                 if grants:
-                    mem = sum(g[1] for g in grants)
+                    mem = sum(g[1] for g in grants) * mib
                     cores = sum(g[2] for g in grants)
                     tag = "" if charge.state == "observed" else f",{charge.state}"
                     pods.append(f"{charge.namespace}/{charge.name}({mem},{cores}%{tag})")
-            total_mem += device.memory
-            total_alloc += used.memory
+            total_mem += device.memory * mib
+            total_alloc += used.memory * mib
             rows.append((
                 state.name, str(device.index), device.uuid, device.type,
-                f"{used.memory}/{device.memory}", f"{used.cores}/100", f"{used.shares}/{device.split}",
+                f"{used.memory * mib}/{device.memory * mib}", f"{used.cores}/100", f"{used.shares}/{device.split}",
                 "ok" if device.healthy else "unhealthy", " ".join(pods) or "-",
             ))
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i])
               for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in (header, *rows)]
     pct = 100.0 * total_alloc / total_mem if total_mem else 0.0
-    lines.append(f"allocated memory: {total_alloc}/{total_mem} ({pct:.1f}%)")
+    lines.append(f"allocated memory: {total_alloc}/{total_mem} MiB ({pct:.1f}%)")
     return "\n".join(lines) + "\n"
 
 
@@ -137,7 +140,9 @@ def _run_inspect(args: argparse.Namespace) -> int:
         pods = read_json(core.list_pod_for_all_namespaces(_preload_content=False, _request_timeout=60)) or {}
     except Exception as exc:
         raise translate(exc, "list nodes and pods") from exc
-    ledger = Ledger()
+    from vgpu.scheduler.config import load_config
+
+    ledger = Ledger(load_config(args.config, {}).sharing if args.config else None)
     for node in nodes.get("items") or ():
         ledger.on_node(node)
     for pod in pods.get("items") or ():

@@ -243,6 +243,12 @@ class Extender:
             return constraint_failure(pod, state.obj), found
         return "", found
 
+    def _describe(self, assignment: Assignment) -> str:
+        """The grants as a person reads them: `GPU-a (2000 MiB, 10% cores); GPU-b (...)`, containers by `|`."""
+        mib = self.config.gpu_memory_factor
+        return " | ".join("; ".join(f"{g.uuid} ({g.memory * mib} MiB, {g.cores}% cores)" for g in segment)
+                          for segment in assignment if segment)
+
     def evaluate(self, pod: Mapping[str, Any], node: str) -> tuple[FitResult, float]:
         """Fit and node-policy score of `pod` on one known node, without reserving (for tools and tests)."""
         info = self._pod_info(pod)
@@ -411,7 +417,7 @@ class Extender:
         with self._seen_lock:
             if key in self._seen:
                 self._seen[key] = None  # keep the key (the pod was learned from), drop the parsed request
-        self.events(ref, "Normal", "BindingSucceeded", f"bound to {node} with GPUs {value}")
+        self.events(ref, "Normal", "BindingSucceeded", f"bound to {node}: {self._describe(assignment)}")
         return {"Error": ""}
 
     def _bind_info(self, key: str, namespace: str, name: str) -> _PodInfo:

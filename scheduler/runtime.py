@@ -6,15 +6,18 @@ run the extender in-process against the API-server stand-in.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client as k8s
 
+from vgpu.errors import VGPUError
 from vgpu.grants import read_key
 from vgpu.kube import EventRecorder, LeaderElector, WatchCache, bind_pod, make_api_client
+from vgpu.kube.cache import Backoff
 from vgpu.kube.client import read_object
-from vgpu.kube.errors import ConflictError, NotFoundError, translate
+from vgpu.kube.errors import ApiError, ConflictError, NotFoundError, translate
 from vgpu.scheduler.config import SchedulerConfig
 from vgpu.scheduler.extender import BindConflict, Extender
 from vgpu.scheduler.ledger import Ledger
@@ -28,6 +31,7 @@ log = logging.getLogger(__name__)
 
 # seconds between two sweeps of expired reservations (requests sweep too; this covers an idle extender)
 EXPIRY_INTERVAL = 1.0
+BIND_ATTEMPTS = 6  # a binding turned away (429, 503) is sent at most this often
 
 
 class SchedulerRuntime:
@@ -36,6 +40,9 @@ class SchedulerRuntime:
     def __init__(self, config: SchedulerConfig, api_client: k8s.ApiClient | None = None) -> None:
         self.config = config
         self.api = api_client or make_api_client(config.kubeconfig, config.qps, config.burst)
+        # bindings retry in _bind, checking the leader lease before each attempt
+        self.bind_api = make_api_client(config.kubeconfig, config.qps, config.burst, retries=False) \
+            if api_client is None else api_client
         names = frozenset(config.scheduler_names)
         key = read_key(config.grant_key_file, "--grant-key-file") if config.grant_key_file else None
         self.ledger = Ledger(config.sharing, scheduler_names=names, assume_ttl=config.assume_ttl_seconds,
@@ -89,15 +96,27 @@ class SchedulerRuntime:
             return "node cache not synced"
         if not self.pods.synced:
             return "pod cache not synced"
-        if self.elector is not None and not self.elector.is_leader:
-            return "not the leader"
+        if self.elector is not None and not self.elector.holds_lease():
+            return "not the leader" if not self.elector.is_leader else "the leader's lease is not current"
         return ""
 
     def _bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None:
-        try:
-            bind_pod(self.api, namespace, name, node, annotations, uid or None)
-        except ConflictError as exc:
-            raise BindConflict(str(exc)) from exc
+        """Bind through the client without automatic retries, and retry here a binding the API server turned away
+        (429, 503: not acted on) while, and only while, this replica still holds its lease: a leader that lost it
+        while waiting never binds after another one may have started."""
+        backoff = Backoff(base=0.2, cap=2.0)
+        for attempt in range(BIND_ATTEMPTS):
+            if self.elector is not None and not self.elector.holds_lease():
+                raise VGPUError("this replica no longer holds the leader lease; not binding")
+            try:
+                bind_pod(self.bind_api, namespace, name, node, annotations, uid or None)
+                return
+            except ConflictError as exc:
+                raise BindConflict(str(exc)) from exc
+            except ApiError as exc:
+                if exc.status not in (429, 503) or attempt == BIND_ATTEMPTS - 1:
+                    raise
+                time.sleep(min(max(exc.retry_after or 0.0, backoff.next()), 5.0))
 
     def _lookup(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self.pods.get(f"{namespace}/{name}")

@@ -22,15 +22,20 @@ metadata.resourceVersion), delete (immediate, as with gracePeriodSeconds=0; hono
 Semantics copied from kube-apiserver where our code depends on them:
   * one global, monotonically increasing resourceVersion (like an etcd revision);
   * pods are created with uid, creationTimestamp and status.phase=Pending (a client-supplied status is dropped),
-    and a container's limits without requests are copied to its requests;
+    and a container's limits without requests are copied to its requests; a spec without containers, or whose
+    containers or resources are not objects, is refused with 422 Invalid;
   * the main pod/node endpoint ignores status changes, the status subresource ignores everything but status;
   * a patch or update that changes nothing does not bump the resourceVersion;
   * `POST pods/{name}/binding` sets spec.nodeName, merges the Binding's metadata.annotations into the pod, adds
     the PodScheduled condition, answers 409 when the pod is already bound or when the Binding's metadata.uid
     does not match the pod's uid;
   * a watch whose selector stops (starts) matching an object receives DELETED (ADDED) for it.
-Not served (on purpose): authentication (any bearer token is accepted), namespaces as objects, paging (`limit` is
-ignored, lists are whole), server-side apply, graceful deletion and finalizers, protobuf.
+Not served (on purpose): authentication (any bearer token is accepted), namespaces as objects, consistent paging
+(`limit` and `continue` page through the current objects, without a snapshot), server-side apply, graceful
+deletion and finalizers, protobuf.
+
+Faults (testbed/faults.py): rules installed by a test, in the process (`.faults`) or over HTTP
+(`/standin/faults`), make matching requests fail, wait, time out, or make watches stall, drop or answer 410.
 
 Recording (`ApiServerStandIn(record_requests=True)`): every request is kept with the bearer token it carried, so a
 test can give each component a kubeconfig with its own token and compare what each one called with its RBAC rules;
@@ -74,6 +79,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from vgpu.testbed.discovery import CORE_VERSIONS, api_groups, as_table, resource_list, wants_table
+from vgpu.testbed.faults import FaultPlan
 
 __all__ = [
     "ApiServerProcess",
@@ -136,6 +142,48 @@ class StatusError(Exception):
         """The metav1.Status body of this error."""
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": self.message, "reason": self.reason, "details": self.details, "code": self.code}
+
+
+def _validate_pod(name: str, spec: Any) -> None:
+    """What kube-apiserver refuses at create before anything can see the pod: a spec that is not an object, no
+    containers, a container that is not an object or has no name, resources that are not maps (422 Invalid)."""
+    def invalid(field: str, what: str) -> StatusError:
+        return StatusError(422, "Invalid", f'Pod "{name}" is invalid: {field}: {what}',
+                           {"name": name, "kind": "pods", "causes": [{"field": field, "message": what}]})
+
+    if not isinstance(spec, dict):
+        raise invalid("spec", "Invalid value: must be an object")
+    if not isinstance(spec.get("containers"), list) or not spec["containers"]:
+        raise invalid("spec.containers", "Required value")
+    for field in ("initContainers", "containers"):
+        items = spec.get(field) or []
+        if not isinstance(items, list):
+            raise invalid(f"spec.{field}", "Invalid value: must be a list")
+        for i, container in enumerate(items):
+            where = f"spec.{field}[{i}]"
+            if not isinstance(container, dict):
+                raise invalid(where, "Invalid value: must be an object")
+            if not isinstance(container.get("name"), str) or not container["name"]:
+                raise invalid(f"{where}.name", "Required value")
+            resources = container.get("resources", {})
+            if not isinstance(resources, dict):
+                raise invalid(f"{where}.resources", "Invalid value: must be an object")
+            for kind in ("limits", "requests"):
+                if not isinstance(resources.get(kind, {}), dict):
+                    raise invalid(f"{where}.resources.{kind}", "Invalid value: must be a map of quantities")
+
+
+def _page(items: list[Obj], limit: str | None, token: str | None) -> tuple[list[Obj], str]:
+    """One page of a list (`limit`, `continue`: an offset here) and the token of the next ("" at the end)."""
+    try:
+        start = int(token or 0)
+        size = int(limit) if limit else 0
+    except ValueError:
+        raise StatusError(400, "BadRequest", f"invalid limit {limit!r} or continue {token!r}") from None
+    if size <= 0:
+        return items[start:], ""
+    page = items[start:start + size]
+    return page, str(start + size) if start + size < len(items) else ""
 
 
 def _default_requests(spec: Any) -> None:
@@ -534,8 +582,9 @@ class Store:
             meta.pop("resourceVersion", None)
             meta.pop("deletionTimestamp", None)
             if res.kind == "Pod":
+                _validate_pod(meta["name"], obj.setdefault("spec", {}))
                 obj["status"] = {"phase": "Pending"}
-                _default_requests(obj.setdefault("spec", {}))
+                _default_requests(obj["spec"])
             return self._commit(res, "ADDED", obj, None)
 
     def _store_update(self, res: _Resource, old: Obj, new: Obj, subresource: str | None) -> Obj:
@@ -826,11 +875,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         n = int(self.headers.get("Content-Length") or 0)
         self._raw = self.rfile.read(n) if n else b""
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" else ""
         if self.server.recorded is not None:
-            scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
-            self.server.record(RecordedRequest(token.strip() if scheme.lower() == "bearer" else "", method,
-                                               self.path, self._raw))
+            self.server.record(RecordedRequest(token, method, self.path, self._raw))
         try:
+            if not self.path.startswith("/standin/") and self._inject(method, token):
+                return
             self._route(method)
         except StatusError as exc:
             self._send_json(exc.code, exc.status())
@@ -845,6 +896,47 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = lambda self: self._dispatch("PUT")  # noqa: E731
     do_PATCH = lambda self: self._dispatch("PATCH")  # noqa: E731
     do_DELETE = lambda self: self._dispatch("DELETE")  # noqa: E731
+
+    def _inject(self, method: str, token: str) -> bool:
+        """Act on the first fault rule matching this request (testbed.faults); True when it was answered."""
+        is_watch = parse_qs(urlsplit(self.path).query).get("watch", [""])[-1] in ("true", "1")
+        rule = self.server.faults.pick(method, self.path, is_watch, token)
+        if rule is None or (rule.action in ("stall", "drop", "gone") and not is_watch):
+            return False
+        if rule.action == "delay":
+            time.sleep(rule.seconds)
+            return False
+        if rule.action == "error":
+            err = StatusError(rule.status, {429: "TooManyRequests", 503: "ServiceUnavailable",
+                                            504: "Timeout"}.get(rule.status, "InternalError"),
+                              f"injected fault: {rule.status}")
+            data = orjson.dumps(err.status())
+            self.send_response(rule.status)
+            self.send_header("Content-Type", "application/json")
+            if rule.retry_after is not None:
+                self.send_header("Retry-After", str(rule.retry_after))
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return True
+        if rule.action == "timeout":
+            time.sleep(rule.seconds)
+            self.close_connection = True
+            return True
+        self.send_response(200)  # a watch: stall, drop or gone
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if rule.action == "stall":
+            deadline = time.monotonic() + rule.seconds
+            while time.monotonic() < deadline and self._alive():
+                time.sleep(0.05)
+        elif rule.action == "gone":
+            data = orjson.dumps(Store._expired(0)) + b"\n"
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        return True
 
     def _route(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -861,6 +953,16 @@ class _Handler(BaseHTTPRequestHandler):
         if url.path == "/version":
             self._send_json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-vgpu-standin",
                                   "platform": "linux/amd64"})
+            return
+        if url.path == "/standin/faults":
+            if method == "POST":
+                try:
+                    self.server.faults.set((self._body() or {}).get("rules") or [])
+                except (TypeError, ValueError, re.error) as exc:
+                    raise StatusError(400, "BadRequest", f"fault rules: {exc}") from None
+            elif method == "DELETE":
+                self.server.faults.clear()
+            self._send_json(200, {"rules": self.server.faults.view()})
             return
         if url.path == "/standin/compact" and method == "POST":
             rv = store.compact(drop_watches=q.get("dropWatches") in ("true", "1"))
@@ -896,8 +998,10 @@ class _Handler(BaseHTTPRequestHandler):
             if res.kind in TABLE_KINDS and wants_table(self.headers.get("Accept", "")):
                 self._send_json(200, as_table(res.kind, items, str(rv), q.get("includeObject", "Metadata")))
                 return
-            self._send_json(200, {"kind": res.kind + "List", "apiVersion": res.api_version,
-                                  "metadata": {"resourceVersion": str(rv)}, "items": items})
+            list_meta: dict[str, Any] = {"resourceVersion": str(rv)}
+            items, list_meta["continue"] = _page(items, q.get("limit"), q.get("continue"))
+            self._send_json(200, {"kind": res.kind + "List", "apiVersion": res.api_version, "metadata": list_meta,
+                                  "items": items})
         elif method == "GET":
             obj = store.get(res.key, ns, name)
             if sub is None and res.kind in TABLE_KINDS and wants_table(self.headers.get("Accept", "")):
@@ -993,6 +1097,7 @@ class _Server(ThreadingHTTPServer):
         self.watch_timeout = watch_timeout
         self.bookmark_interval = bookmark_interval
         self.open_watches = 0
+        self.faults = FaultPlan()
         self.recorded: list[RecordedRequest] | None = [] if record_requests else None
         self._lock = threading.Lock()
 
@@ -1043,6 +1148,11 @@ class ApiServerStandIn:
     def open_watches(self) -> int:
         """Number of watch streams being served right now."""
         return self._server.open_watches
+
+    @property
+    def faults(self) -> FaultPlan:
+        """The faults this stand-in injects (testbed.faults)."""
+        return self._server.faults
 
     @contextlib.contextmanager
     def hold_watches(self) -> Iterator[None]:

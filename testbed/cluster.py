@@ -231,7 +231,8 @@ class LocalCluster:
                  scheduler_config: str | None = None, metrics_port: int = 9394, scheduler_metrics_port: int = 9395,
                  node_cpu: str = "64", node_memory: str = "256Gi", log_level: str = "INFO",
                  scheduler_args: Iterable[str] = (), plugin_args: Iterable[str] = (),
-                 unschedulable_flush: float = 5.0, memory_factor: int | None = None) -> None:
+                 unschedulable_flush: float = 5.0, memory_factor: int | None = None,
+                 resource_mode: str = "mib", backend: str = "sim", cgroup_root: str | None = None) -> None:
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs = self.workdir / "logs"
@@ -268,7 +269,19 @@ class LocalCluster:
         per_node = [gpus] * nodes if isinstance(gpus, str) else list(gpus)
         if len(per_node) != nodes:
             raise ValueError(f"gpus: {len(per_node)} specs for {nodes} nodes")
-        self.memory_factor = memory_factor or max(memory_factor_for(spec) for spec in per_node)
+        # "mib" (the plugin's default): vgpu-memory is MiB everywhere; "devices": Volcano's layout, memory counted
+        # in units of the factor each node needs, told to the extender too (the sharing section they share)
+        self.resource_mode = resource_mode
+        if resource_mode == "mib":
+            self.memory_factor = 1
+        else:
+            self.memory_factor = memory_factor or max(memory_factor_for(spec) for spec in per_node)
+        mode_args = ["--resource-mode", resource_mode]
+        if resource_mode == "devices":
+            mode_args += ["--gpu-memory-factor", str(self.memory_factor)]
+            sharing = self.workdir / "scheduler-sharing.yaml"
+            sharing.write_text(f"sharing:\n  gpu_memory_factor: {self.memory_factor}\n")
+            self.scheduler_args = ["--config", str(sharing), *self.scheduler_args]
         self.trace = self.workdir / "trace.jsonl"
         self.apiserver = Proc("apiserver", [
             sys.executable, "-m", "vgpu.testbed.apiserver", "--listen", f"127.0.0.1:{self.api_port}",
@@ -284,21 +297,30 @@ class LocalCluster:
                        "--unschedulable-flush", str(unschedulable_flush), "--log-level", log_level]
         driver_args += ["--config", self.scheduler_config] if self.scheduler_config else ["--builtin-config"]
         self.driver = Proc("scheduler-driver", driver_args, self.logs / "scheduler-driver.log")
+        # backend "nvml": the plugin reads the node's GPUs through NVML, the simulated libnvidia-ml.so.1 over the
+        # same simulated GPUs the node's pods use; with a cgroup root each container runs in a cgroup of its own
+        self.backend = backend
         for node, node_gpus in zip(self.nodes, per_node):
             node.extra["gpus"] = node_gpus
+            cgroup_args = ["--cgroup-root", f"{cgroup_root}/{node.name}"] if cgroup_root else []
+            if cgroup_root:
+                Path(cgroup_root, node.name).mkdir(parents=True, exist_ok=True)
             node.kubelet = Proc(f"kubelet-{node.name}", [
                 sys.executable, "-m", "vgpu.testbed.podrunner", "--node-name", node.name,
                 "--kubelet-dir", str(node.kubelet_dir), "--kubeconfig", self.kubeconfig, "--workdir", str(node.dir),
                 "--trace", str(self.trace), "--memory-factor", str(self.memory_factor), "--cpu", node_cpu,
-                "--memory", node_memory, "--log-level", log_level],
+                "--memory", node_memory, "--log-level", log_level, *cgroup_args],
                 self.logs / f"kubelet-{node.name}.log")
+            source = ["--backend", "sim", "--sim-gpus", node_gpus, *self._sim_control_args(node)]
+            if backend == "nvml":
+                source = ["--backend", "nvml", *cgroup_args]
             node.plugin = Proc(f"device-plugin-{node.name}", _vgpu(
-                "--log-level", log_level, "device-plugin", "--backend", "sim", "--sim-gpus", node_gpus,
+                "--log-level", log_level, "device-plugin", *source,
                 "--node-name", node.name, "--kubelet-dir", str(node.kubelet_dir), "--hook-path", str(node.hook_path),
                 "--lock-dir", str(node.dir / "vgpulock"), "--kubeconfig", self.kubeconfig,
                 "--metrics-listen", f"0.0.0.0:{node.metrics_port}",
-                "--gpu-memory-factor", str(self.memory_factor),
-                *self._sim_control_args(node), *self.plugin_args), self.logs / f"device-plugin-{node.name}.log")
+                *mode_args, *self.plugin_args), self.logs / f"device-plugin-{node.name}.log",
+                env=self.nvml_env(node) if backend == "nvml" else None)
         self._http = httpx.Client(base_url=self.url, timeout=10)
         self._core: Any = None
 
@@ -532,9 +554,37 @@ class LocalCluster:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
+    def nvml_env(self, node: NodeProcs) -> dict[str, str]:
+        """The environment under which a process sees `node`'s GPUs through the simulated libnvidia-ml.so.1: the
+        GPUs the sim backend would report (same names, memory and UUIDs) and the node's simulated GPU state."""
+        from vgpu.deviceplugin.backends.sim import SimBackend
+        from vgpu.testbed.build import ensure_sim_built
+        from vgpu.testbed.podrunner import sim_devices_env
+
+        gpus = SimBackend.from_spec(node.extra["gpus"], node_name=node.name).devices()
+        inventory = {g.uuid: (g.name, g.memory_mib) for g in gpus}
+        env = sim_devices_env([g.uuid for g in gpus], inventory, node.dir / "simgpu")
+        env["LD_LIBRARY_PATH"] = str(ensure_sim_built().sim_dir)
+        return env
+
     # -- fault injection
     def inject_gpu_fault(self, node: NodeProcs, gpu: int | str, command: str = "xid", code: int = 79) -> None:
-        """Append a command to the node's simulated-GPU control file (xid/lost/recover)."""
+        """Inject an Xid, a lost GPU or its recovery (`gpu`: index or UUID): through the sim backend's control file,
+        or with backend nvml through the simulated NVML of the node."""
+        if self.backend == "nvml":
+            import ctypes
+
+            from vgpu.deviceplugin.backends.sim import SimBackend
+            from vgpu.testbed.build import ensure_sim_built
+
+            uuids = [g.uuid for g in SimBackend.from_spec(node.extra["gpus"], node_name=node.name).devices()]
+            uuid = uuids[int(gpu)] if isinstance(gpu, int) or str(gpu).isdigit() else str(gpu)
+            os.environ["SIMGPU_STATE"] = self.nvml_env(node)["SIMGPU_STATE"]
+            nvml = ctypes.CDLL(str(ensure_sim_built().sim_libnvml))
+            nvml.simgpu_fault.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint]
+            if nvml.simgpu_fault(uuid.encode(), command.encode(), code):
+                raise RuntimeError(f"simulated NVML: no GPU {uuid} on {node.name}")
+            return
         line = f"xid {gpu} {code}\n" if command == "xid" else f"{command} {gpu}\n"
         with open(node.sim_control, "a") as handle:
             handle.write(line)

@@ -33,8 +33,10 @@ import yaml
 
 from vgpu import keys
 from vgpu.assignment import salvage
-from vgpu.errors import ConfigError
+from vgpu.errors import ConfigError, VGPUError
 from vgpu.inventory import decode_volcano
+from vgpu.requests import pod_requests, pod_selectors
+from vgpu.resources import SharingConfig
 
 __all__ = ["Snapshot", "evaluate", "load_pods_file", "render", "run_demo", "sample_pods", "workload_reports"]
 
@@ -79,6 +81,10 @@ def sample_pods(inventories: dict[str, list[Any]], hold: float, factor: int = 1)
         return _make_container(name, args, factor=factor, **kwargs)
 
     nodes = sorted(inventories)
+    # the smallest card decides the sizes of the workloads that may land anywhere
+    smallest = min((d.memory * factor for devs in inventories.values() for d in devs), default=40960)
+    quarter_mib = min(5000, smallest // 5)  # within vgpu-memory-percentage 25 on any card
+    exclusive_mib = min(30000, smallest * 3 // 4)
     last_node = inventories[nodes[-1]] if nodes else []
     first_node = inventories[nodes[0]] if nodes else []
     pinned = last_node[-1].uuid if last_node else ""
@@ -90,10 +96,10 @@ def sample_pods(inventories: dict[str, list[Any]], hold: float, factor: int = 1)
         ]),
         _pod("infer-a100", [_container("server", ["--mib", "3000", "--kernels", "30", *h], number=1, memory=4000,
                                        cores=20)], annotations={keys.USE_GPU_TYPE: "A100"}),
-        _pod("notebook-quarter", [_container("notebook", ["--mib", "5000", "--kernels", "10", *h], number=1,
-                                             percent=25, cores=10)]),
-        _pod("exclusive-trainer", [_container("trainer", ["--mib", "30000", "--kernels", "50", *h], number=1,
-                                              cores=100)]),
+        _pod("notebook-quarter", [_container("notebook", ["--mib", str(quarter_mib), "--kernels", "10", *h],
+                                             number=1, percent=25, cores=10)]),
+        _pod("exclusive-trainer", [_container("trainer", ["--mib", str(exclusive_mib), "--kernels", "50", *h],
+                                              number=1, cores=100)]),
         _pod("cpu-only", [{"name": "main", "image": "busybox", "command": ["sleep", f"{max(1.0, hold):g}"],
                            "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}}}]),
     ]
@@ -114,9 +120,12 @@ def sample_pods(inventories: dict[str, list[Any]], hold: float, factor: int = 1)
 
 
 def load_pods_file(path: str) -> list[dict]:
-    """Pods from a YAML file (several documents, or a List); the demo's scheduler is set where none is named."""
+    """Pods from a YAML file (several documents, or a List); the demo's scheduler is set where none is named.
+    Raises ConfigError naming the pod, container and field of the first pod that cannot be scheduled as written."""
     try:
         docs = list(yaml.safe_load_all(Path(path).read_text()))
+    except UnicodeDecodeError:
+        raise ConfigError(f"--pods {path}: not a text file") from None
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"--pods {path}: {exc}") from None
     pods = []
@@ -127,12 +136,37 @@ def load_pods_file(path: str) -> list[dict]:
         for item in items or ():
             if not isinstance(item, dict) or item.get("kind", "Pod") != "Pod":
                 continue
-            item.setdefault("metadata", {}).setdefault("namespace", NAMESPACE)
-            item.setdefault("spec", {}).setdefault("schedulerName", "vgpu-scheduler")
+            _check_pod(path, item)
+            item["metadata"].setdefault("namespace", NAMESPACE)
+            item["spec"].setdefault("schedulerName", "vgpu-scheduler")
             pods.append(item)
     if not pods:
         raise ConfigError(f"--pods {path}: no Pod found")
     return pods
+
+
+def _check_pod(path: str, pod: dict) -> None:
+    """The shape kube-apiserver validates, then what the extender reads (requests, selectors); ConfigError."""
+    meta = pod.setdefault("metadata", {})
+    spec = pod.setdefault("spec", {})
+    name = meta.get("name") if isinstance(meta, dict) else None
+    where = f"--pods {path}: pod {name!r}"
+    if not isinstance(meta, dict) or not isinstance(name, str) or not name:
+        raise ConfigError(f"--pods {path}: a Pod without metadata.name")
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where}: spec must be a mapping")
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise ConfigError(f"{where}: spec.containers must be a non-empty list")
+    for field_name in ("initContainers", "containers"):
+        for i, container in enumerate(spec.get(field_name) or ()):
+            if not isinstance(container, dict) or not isinstance(container.get("name"), str):
+                raise ConfigError(f"{where}: spec.{field_name}[{i}] must be a mapping with a name")
+    try:
+        pod_requests(pod, SharingConfig())
+        pod_selectors(pod)
+    except VGPUError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------------------ observation
@@ -258,12 +292,8 @@ def _pending_reason(pod: dict) -> str:
     return ""
 
 
-def render(snap: Snapshot, header: str = "") -> str:
-    """The live table as text."""
-    lines = [header] if header else []
-    gpu_rows: list[tuple[str, ...]] = [
-        ("NODE", "GPU", "TYPE", "MEM alloc/total MiB", "CORES", "SHARES", "HEALTH", "PODS")]
-    index_of: dict[str, tuple[str, int]] = {}
+def allocated(snap: Snapshot) -> tuple[dict[str, list[int]], dict[str, list[str]]]:
+    """Per GPU UUID: [memory MiB, cores, shares] held by pods that have not ended, and the pods holding it."""
     alloc: dict[str, list[int]] = {}
     holders: dict[str, list[str]] = {}
     for pod in snap.pods:
@@ -273,10 +303,30 @@ def render(snap: Snapshot, header: str = "") -> str:
         for segment in salvage(ann.get(keys.VGPU_IDS, "")):
             for grant in segment:
                 entry = alloc.setdefault(grant.uuid, [0, 0, 0])
-                entry[0] += grant.memory
+                entry[0] += grant.memory * snap.factor
                 entry[1] += grant.cores
                 entry[2] += 1
                 holders.setdefault(grant.uuid, []).append((pod.get("metadata") or {}).get("name", "?"))
+    return alloc, holders
+
+
+def update_peaks(peaks: dict[str, list[int]], snap: Snapshot) -> None:
+    """Raise each GPU's peak [memory MiB, cores, shares] to what `snap` shows allocated."""
+    for uuid, taken in allocated(snap)[0].items():
+        peak = peaks.setdefault(uuid, [0, 0, 0])
+        peaks[uuid] = [max(a, b) for a, b in zip(peak, taken)]
+
+
+def render(snap: Snapshot, header: str = "", peaks: dict[str, list[int]] | None = None,
+           footer: str = "") -> str:
+    """The live table as text; with `peaks`, each GPU's peak allocation over the run too."""
+    lines = [header] if header else []
+    title = ["NODE", "GPU", "TYPE", "MEM alloc/total MiB", "CORES", "SHARES", "HEALTH", "PODS"]
+    if peaks is not None:
+        title[-1:-1] = ["PEAK MiB/cores/shares"]
+    gpu_rows: list[tuple[str, ...]] = [tuple(title)]
+    index_of: dict[str, tuple[str, int]] = {}
+    alloc, holders = allocated(snap)
     for node_obj in sorted(snap.nodes, key=lambda n: n["metadata"]["name"]):
         name = node_obj["metadata"]["name"]
         devices = _inventory(node_obj)
@@ -286,10 +336,13 @@ def render(snap: Snapshot, header: str = "") -> str:
         for i, dev in enumerate(devices):
             index_of[dev.uuid] = (name, i)
             taken = alloc.get(dev.uuid, [0, 0, 0])
-            memory = f"{taken[0] * snap.factor}/{dev.memory * snap.factor}"
-            gpu_rows.append((name, str(i), dev.type.removeprefix("NVIDIA-"), memory, f"{taken[1]}/100",
-                             f"{taken[2]}/{dev.split}", "ok" if dev.healthy else "UNHEALTHY",
-                             ",".join(sorted(set(holders.get(dev.uuid, [])))) or "-"))
+            memory = f"{taken[0]}/{dev.memory * snap.factor}"
+            row = [name, str(i), dev.type.removeprefix("NVIDIA-"), memory, f"{taken[1]}/100",
+                   f"{taken[2]}/{dev.split}", "ok" if dev.healthy else "UNHEALTHY",
+                   ",".join(sorted(set(holders.get(dev.uuid, [])))) or "-"]
+            if peaks is not None:
+                row[-1:-1] = ["/".join(str(v) for v in peaks.get(dev.uuid, [0, 0, 0]))]
+            gpu_rows.append(tuple(row))
     lines += _table(gpu_rows)
     lines.append("")
     pod_rows: list[tuple[str, ...]] = [("POD", "PHASE", "NODE", "CONTAINER", "GPUS", "MEM used/limit MiB", "LIMIT")]
@@ -334,6 +387,8 @@ def render(snap: Snapshot, header: str = "") -> str:
         lines.append("")
         lines.append("pending:")
         lines += pending
+    if footer:
+        lines += ["", footer]
     return "\n".join(lines)
 
 
@@ -357,6 +412,8 @@ def evaluate(snap: Snapshot, submitted: list[dict], running_ok: bool = False) ->
         reports = [r for (ns, name, _), r in snap.reports.items() if (ns, name) == key]
         good = phase == "Succeeded" or (running_ok and phase == "Running")
         verdict = "ok" if good else f"FAILED ({phase})"
+        if live and _phase(live) == "Pending(unschedulable)":
+            verdict = f"FAILED (unschedulable: {_pending_reason(live)[:200]})"
         if not good:
             ok = False
         if role == "over-limit":
@@ -377,9 +434,15 @@ def evaluate(snap: Snapshot, submitted: list[dict], running_ok: bool = False) ->
 
 def run_demo(args: argparse.Namespace) -> int:
     """Start the cluster, submit the pods, show the table (or the summary), stop everything; the exit status."""
+    from vgpu.deviceplugin.backends.sim import parse_sim_spec
     from vgpu.testbed.cluster import LocalCluster
     from vgpu.testbed.podrunner import isolation_paths
 
+    try:  # bad input fails before anything starts
+        parse_sim_spec(args.gpus)
+    except ConfigError as exc:
+        raise ConfigError(f"--gpus {args.gpus}: {str(exc).removeprefix('sim_gpus: ')}") from None
+    given_pods = load_pods_file(args.pods) if args.pods else None
     isolation_paths()  # builds libvgpu.so and the simulated driver now, or fails with BuildError
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="vgpu-demo-"))
     if args.workdir and workdir.exists() and any(workdir.iterdir()):
@@ -391,7 +454,8 @@ def run_demo(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     out = sys.stdout
     interactive = not args.headless and out.isatty()
-    cluster = LocalCluster(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO")
+    cluster = LocalCluster(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO",
+                           backend=getattr(args, "backend", "sim"))
     stopping = {"signal": 0}
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -400,6 +464,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     old_term = signal.signal(signal.SIGTERM, on_signal)
     status = 1
+    said_where = False
     try:
         print(f"vgpu demo: starting {args.nodes} node(s) x {args.gpus} in {workdir}", file=out, flush=True)
         t0 = time.monotonic()
@@ -412,18 +477,24 @@ def run_demo(args: argparse.Namespace) -> int:
               file=out, flush=True)
         inventories = {n["metadata"]["name"]: _inventory(n) for n in cluster.node_objects()}
         hold = args.hold if args.hold is not None else (2.0 if args.headless else 20.0)
-        pods = load_pods_file(args.pods) if args.pods else sample_pods(inventories, hold, cluster.memory_factor)
+        pods = given_pods or sample_pods(inventories, hold, cluster.memory_factor)
         # One pod at a time: each is submitted once the previous one has left Pending (or was found unschedulable).
         # See the module docstring for why the sample pods do not arrive all at once.
         queue = list(pods)
         current: dict | None = None
         current_since = 0.0
         deadline = time.monotonic() + (args.duration if args.duration else (180.0 if args.headless else 1e9))
-        header_base = f"vgpu demo  nodes={args.nodes} gpus={args.gpus}  node metrics {ports}  " \
-                      f"scheduler metrics :{cluster.scheduler_metrics_port}"
+        header_base = f"vgpu demo  nodes={args.nodes} gpus={args.gpus}"
+        footer = (f"kubeconfig {cluster.kubeconfig}\nnode metrics {ports}; scheduler metrics "
+                  f":{cluster.scheduler_metrics_port}\nCtrl-C stops; the work directory {workdir} is "
+                  + ("kept" if args.workdir or args.keep_workdir else "removed (--keep-workdir keeps it)"))
+        steady = interactive and not given_pods  # the live samples run again after they end, until Ctrl-C
+        ended_at: dict[str, float] = {}
+        peaks: dict[str, list[int]] = {}
         snap = Snapshot()
         while time.monotonic() < deadline:
             snap = Snapshot.take(cluster, with_metrics=interactive)
+            update_peaks(peaks, snap)
             while queue and (current is None or _left_pending(snap, [current])
                              or time.monotonic() - current_since > 30):
                 current, current_since = queue.pop(0), time.monotonic()
@@ -431,9 +502,11 @@ def run_demo(args: argparse.Namespace) -> int:
                 if not interactive:
                     print(f"vgpu demo: submitted {current['metadata']['name']}", file=out, flush=True)
                 break
-            done = not queue and _all_done(snap, pods, running_is_done=bool(args.pods))
+            if steady and not queue:
+                _rerun_ended(cluster, snap, pods, ended_at)
+            done = not queue and _all_done(snap, pods, running_is_done=bool(given_pods))
             if interactive:
-                text = render(snap, f"{header_base}  t={time.monotonic() - t0:.0f}s  (Ctrl-C to stop)")
+                text = render(snap, f"{header_base}  t={time.monotonic() - t0:.0f}s", peaks, footer)
                 out.write("\x1b[H\x1b[2J" + text + "\n")
                 out.flush()
             if done and (args.headless or not interactive) and not args.duration:
@@ -443,8 +516,9 @@ def run_demo(args: argparse.Namespace) -> int:
                     raise RuntimeError(f"{proc.name} exited unexpectedly:\n{proc.tail()}")
             time.sleep(1.0 if interactive else 0.5)
         snap = Snapshot.take(cluster, with_metrics=True)
-        print(render(snap, header_base), file=out)
-        ok, lines = evaluate(snap, pods, running_ok=bool(args.pods))
+        update_peaks(peaks, snap)
+        print(render(snap, header_base, peaks), file=out)
+        ok, lines = evaluate(snap, pods, running_ok=bool(given_pods))
         print("\nsummary:", file=out)
         for line in lines:
             print(line, file=out)
@@ -452,6 +526,7 @@ def run_demo(args: argparse.Namespace) -> int:
         where = f"logs in {workdir}/logs and {workdir}/node-*/logs" if kept else "--keep-workdir keeps the logs"
         print(f"vgpu demo: {'PASS' if ok else 'FAIL'}: {len(pods)} pod(s); {where}", file=out, flush=True)
         status = 0 if ok else 1
+        said_where = True
     except KeyboardInterrupt:
         print("\nvgpu demo: interrupted, stopping", file=out, flush=True)
         status = 130 if stopping["signal"] != signal.SIGTERM else 143
@@ -463,9 +538,28 @@ def run_demo(args: argparse.Namespace) -> int:
         cluster.stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, old_term)
-        if not args.workdir and not args.keep_workdir and status == 0:
+        if not args.workdir and not args.keep_workdir and status in (0, 130, 143):
             shutil.rmtree(workdir, ignore_errors=True)
+        elif not said_where:
+            print(f"vgpu demo: the work directory {workdir} is kept (logs in {workdir}/logs)", file=sys.stderr,
+                  flush=True)
     return status
+
+
+def _rerun_ended(cluster: Any, snap: Snapshot, pods: list[dict], ended_at: dict[str, float],
+                 pause: float = 5.0) -> None:
+    """Keep the live demo busy: a sample pod that ended `pause` seconds ago is deleted and submitted again."""
+    specs = {p["metadata"]["name"]: p for p in pods}
+    now = time.monotonic()
+    for pod in snap.pods:
+        name = pod["metadata"]["name"]
+        if name not in specs or (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            continue
+        since = ended_at.setdefault(name, now)
+        if now - since >= pause:
+            cluster.delete_pod(pod["metadata"].get("namespace") or NAMESPACE, name)
+            cluster.create_pod(specs[name])
+            del ended_at[name]
 
 
 def _left_pending(snap: Snapshot, submitted: list[dict]) -> bool:
@@ -477,8 +571,16 @@ def _left_pending(snap: Snapshot, submitted: list[dict]) -> bool:
 
 
 def _all_done(snap: Snapshot, submitted: list[dict], running_is_done: bool = False) -> bool:
+    """Every submitted pod has ended (or runs, with `running_is_done`), or can never be placed: the extender found
+    it unschedulable while no other pod holds anything that could still free up."""
     wanted = {(p["metadata"].get("namespace") or NAMESPACE, p["metadata"]["name"]) for p in submitted}
     final = ("Succeeded", "Failed", "Running") if running_is_done else ("Succeeded", "Failed")
-    done = {(p["metadata"].get("namespace"), p["metadata"]["name"]) for p in snap.pods
+    ours = [p for p in snap.pods if (p["metadata"].get("namespace"), p["metadata"]["name"]) in wanted]
+    done = {(p["metadata"].get("namespace"), p["metadata"]["name"]) for p in ours
             if (p.get("status") or {}).get("phase") in final}
+    holding = any((p.get("spec") or {}).get("nodeName") and (p.get("status") or {}).get("phase") not in final
+                  for p in ours)
+    if not holding:
+        done |= {(p["metadata"].get("namespace"), p["metadata"]["name"]) for p in ours
+                 if _phase(p) == "Pending(unschedulable)"}
     return wanted <= done

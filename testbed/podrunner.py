@@ -18,8 +18,10 @@ process sees through its environment instead, faithfully to what the container w
   * the GPU: `NVIDIA_VISIBLE_DEVICES` selects, from the node's published inventory, the simulated devices the
     process's `libcuda.so.1` (testbed/build/simgpu, first in `LD_LIBRARY_PATH`) exposes, in that order and
     under the UUIDs the device plugin advertised (NVML and cuDeviceGetUuid report them).
-    Processes on one node that hold the same single GPU share one simulated device state file, so they contend
-    for its memory and its kernel timeline as processes on one real GPU do.
+    Processes on one node share one simulated state file (`<workdir>/simgpu/node.state`, GPUs keyed by UUID), so
+    they contend for a GPU's memory and kernel timeline as processes on one real GPU do;
+  * with a cgroup root (`--cgroup-root`, a directory of a cgroup v2 hierarchy), each container runs in its own
+    cgroup `<root>/kubepods/pod<uid>/standin-<pid>`, as a runtime would place it (removed when it exits).
 
 Pod status is patched through the API server: Running when every container has started (init containers first,
 one at a time), then Succeeded or Failed with each container's exit code. Logs go to `<workdir>/logs/`.
@@ -49,6 +51,7 @@ import orjson
 __all__ = [
     "ContainerAllocation",
     "PodRunner",
+    "handed_out",
     "isolation_paths",
     "map_to_host",
     "sim_devices_env",
@@ -87,6 +90,18 @@ class ContainerAllocation:
             self.mounts.append((m.container_path, m.host_path, bool(m.read_only)))
 
 
+def handed_out(alloc: ContainerAllocation) -> dict[str, Any]:
+    """The limits the device plugin handed a container, from its env: GPU UUIDs in CUDA order, MiB on each, and
+    the SM percentage (empty when the container got no GPU)."""
+    gpus = [u for u in (alloc.envs.get("NVIDIA_VISIBLE_DEVICES") or "").split(",") if u and u not in ("all", "none")]
+    memory = []
+    for i in range(len(gpus)):
+        raw = alloc.envs.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "")
+        memory.append(int(raw[:-1]) if raw.endswith("m") and raw[:-1].isdigit() else 0)
+    cores = alloc.envs.get("CUDA_DEVICE_SM_LIMIT", "0")
+    return {"gpus": gpus, "memory_mib": memory, "cores": int(cores) if cores.isdigit() else 0}
+
+
 def isolation_paths() -> tuple[Path, Path]:
     """(libvgpu.so, directory of the simulated libcuda.so.1 / libnvidia-ml.so.1), building them if needed; raises
     vgpu.isolation.build.BuildError when they cannot be built."""
@@ -120,11 +135,7 @@ def sim_devices_env(visible: Sequence[str], inventory: Mapping[str, tuple[str, i
         sms = next((n for key, n in _SM_COUNTS.items() if key in name), 80)
         specs.append(f"{name.replace(',', ' ').replace(':', ' ')}:{memory_units * memory_factor}:{sms}:{uuid}")
     state_dir.mkdir(parents=True, exist_ok=True)
-    if len(visible) == 1:
-        state = state_dir / f"{visible[0]}.state"
-    else:
-        state = state_dir / ("multi-" + "+".join(u[-12:] for u in visible) + ".state")
-    env = {"SIMGPU_STATE": str(state)}
+    env = {"SIMGPU_STATE": str(state_dir / "node.state")}  # one per node: the simulator keys GPUs by UUID
     if specs:
         env["SIMGPU_DEVICES"] = ",".join(specs)
     return env
@@ -215,8 +226,9 @@ class PodRunner:
 
     def __init__(self, node_name: str, workdir: str | os.PathLike[str], kubeconfig: str | None = None,
                  api: Any = None, memory_factor: int = 1, trace: str | None = None,
-                 on_exit: Callable[[Obj, str], None] | None = None) -> None:
+                 on_exit: Callable[[Obj, str], None] | None = None, cgroup_root: str | None = None) -> None:
         self.node_name = node_name
+        self.cgroup_root = Path(cgroup_root) if cgroup_root else None
         self.workdir = Path(workdir)
         self.logs = self.workdir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -288,7 +300,8 @@ class PodRunner:
             if uid in self.pods:
                 return
             running = self.pods[uid] = _Running(pod=pod)
-        self._record(ev="admitted", uid=uid, pod=_key(pod), node=self.node_name)
+        self._record(ev="admitted", uid=uid, pod=_key(pod), node=self.node_name,
+                     limits={name: handed_out(alloc) for name, alloc in allocations.items()})
         running.thread = threading.Thread(target=self._lifecycle, args=(running, dict(allocations)),
                                           name=f"pod-{_key(pod)}", daemon=True)
         running.thread.start()
@@ -314,7 +327,32 @@ class PodRunner:
                                                                        if k != "PATH"}}) + b"\n")
             out.flush()
             return subprocess.Popen(argv, env=env, cwd=str(self.workdir), stdout=out,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=self._enter_cgroup(meta.get("uid") or ""))
+
+    def _leave_cgroup(self, pod: Obj, pid: int) -> None:
+        """Remove an exited container's cgroup (and its pod's, once empty); best effort."""
+        if self.cgroup_root is None:
+            return
+        pod_dir = self.cgroup_root / "kubepods" / f"pod{(pod.get('metadata') or {}).get('uid') or ''}"
+        for path in (pod_dir / f"standin-{pid}", pod_dir):
+            try:
+                path.rmdir()
+            except OSError:
+                return
+
+    def _enter_cgroup(self, uid: str) -> Callable[[], None] | None:
+        """What the child runs before exec to move into its own cgroup (None without a cgroup root)."""
+        if self.cgroup_root is None:
+            return None
+        pod_dir = self.cgroup_root / "kubepods" / f"pod{uid}"
+
+        def enter() -> None:
+            ctr = pod_dir / f"standin-{os.getpid()}"
+            ctr.mkdir(parents=True, exist_ok=True)
+            (ctr / "cgroup.procs").write_text(str(os.getpid()))
+
+        return enter
 
     def _save_state(self, running: _Running) -> None:
         """Record the pod's processes so that a restarted kubelet stand-in can adopt them."""
@@ -393,6 +431,7 @@ class PodRunner:
             self._patch_status(pod, {"phase": "Pending", "startTime": start_time, "initContainerStatuses": [
                 _running_status(name, ctr, started, proc.pid)]})
             code = proc.wait()
+            self._leave_cgroup(pod, proc.pid)
             running.init_statuses[name] = _terminated(name, ctr, code, "Completed" if code == 0 else "Error", "",
                                                       started)
             if code != 0:
@@ -428,6 +467,7 @@ class PodRunner:
             if waited is None:
                 continue
             code = waited.wait()
+            self._leave_cgroup(running.pod, waited.pid)
             started = running.statuses[name]["state"].get("running", {}).get("startedAt", start_time)
             reason = "Completed" if code == 0 else ("Error" if code > 0 else f"Signal {-code}")
             running.statuses[name] = _terminated(name, ctr, code if code >= 0 else 128 - code, reason, "", started)
@@ -542,7 +582,8 @@ class NodeAgent:
 
     def __init__(self, node_name: str, kubelet_dir: str | os.PathLike[str], workdir: str | os.PathLike[str],
                  kubeconfig: str | None, cpu: str = "64", memory: str = "256Gi", max_pods: str = "250",
-                 trace: str | None = None, admit_grace: float = 10.0, memory_factor: int = 1) -> None:
+                 trace: str | None = None, admit_grace: float = 10.0, memory_factor: int = 1,
+                 cgroup_root: str | None = None) -> None:
         from kubernetes import client as k8s
 
         from vgpu.kube.cache import WatchCache
@@ -555,7 +596,7 @@ class NodeAgent:
         self.api_client = make_api_client(kubeconfig, qps=500, burst=1000)
         self.core: Any = k8s.CoreV1Api(self.api_client)  # raw JSON calls: the client's model types do not apply
         self.runner = PodRunner(node_name, workdir, api=self.core, trace=trace, on_exit=self._on_exit,
-                                memory_factor=memory_factor)
+                                memory_factor=memory_factor, cgroup_root=cgroup_root)
         self.kubelet = KubeletStandIn(kubelet_dir, on_admitted=self._on_admitted)
         self.cache = WatchCache(self.api_client, "pods", field_selector=f"spec.nodeName={node_name}",
                                 on_add=self._on_pod, on_update=lambda _old, new: self._on_pod(new),
@@ -784,6 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--admit-grace", type=float, default=10.0,
                     help="seconds to wait for a device plugin to (re-)register before failing an admission")
     ap.add_argument("--log-level", default="WARNING")
+    ap.add_argument("--cgroup-root", default=None, help="run each container in a cgroup of its own under this dir")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     stop = threading.Event()
@@ -791,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     agent = NodeAgent(args.node_name, args.kubelet_dir, args.workdir, args.kubeconfig, cpu=args.cpu,
                       memory=args.memory, max_pods=args.max_pods, trace=args.trace, admit_grace=args.admit_grace,
-                      memory_factor=args.memory_factor)
+                      memory_factor=args.memory_factor, cgroup_root=args.cgroup_root)
     try:
         agent.start()
     except RuntimeError as exc:

@@ -13,7 +13,7 @@ import logging
 import sys
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, NoReturn
 
 from vgpu import __version__
 from vgpu.deviceplugin import cli as deviceplugin_cli
@@ -53,15 +53,25 @@ def _plugins() -> list[Callable[[Any], None]]:
     return found
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors on one line (the usage itself is one `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every subcommand of this installation."""
-    parser = argparse.ArgumentParser(prog="vgpu", description="GPU sharing for Kubernetes (Volcano compatible).")
+    """The top-level parser with every subcommand of this installation; `--log-level` is accepted before or after
+    the subcommand."""
+    parser = _Parser(prog="vgpu", description="GPU sharing for Kubernetes (Volcano compatible).")
     parser.add_argument("--version", action="version", version=f"vgpu-sharing {__version__}")
-    parser.add_argument("--log-level", type=_log_level, default="WARNING",
-                        help=f"logging level: {', '.join(LOG_LEVELS)} (default WARNING)")
+    level_help = f"logging level: {', '.join(LOG_LEVELS)} (default WARNING)"
+    parser.add_argument("--log-level", type=_log_level, default="WARNING", help=level_help)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in (*COMPONENTS, *_plugins()):
         register(subparsers)
+    for sub in subparsers.choices.values():
+        sub.add_argument("--log-level", type=_log_level, default=argparse.SUPPRESS, help=level_help)
     return parser
 
 
@@ -85,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug or an input nothing validated: one line; the traceback at DEBUG
+        logging.getLogger("vgpu").debug("unexpected error", exc_info=True)
+        print(f"vgpu {args.command}: unexpected {type(exc).__name__}: {exc} (--log-level DEBUG shows where)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

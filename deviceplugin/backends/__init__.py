@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from vgpu.deviceplugin.config import PluginConfig
 
-__all__ = ["GPUBackend", "GPUInfo", "GPUReading", "HealthEvent", "make_backend"]
+__all__ = ["GPUBackend", "GPUInfo", "GPUReading", "HealthEvent", "MemoryLimitBackend", "make_backend"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +77,19 @@ class GPUBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class MemoryLimitBackend(Protocol):
+    """A backend whose driver enforces device-memory limits per cgroup (NVML's nvmlDeviceSetMemoryLimits_v1)."""
+
+    def memory_limits_supported(self, uuid: str, cgroup_dir: str) -> bool:
+        """Whether the driver can limit a cgroup on this GPU."""
+        ...
+
+    def set_memory_limit(self, uuid: str, cgroup_dir: str, limit_bytes: int | None) -> None:
+        """Set (None: clear) the limit of a cgroup on this GPU; raises RuntimeError."""
+        ...
+
+
 def make_backend(config: PluginConfig) -> GPUBackend:
     """The backend named in the configuration."""
     if config.backend == "sim":
@@ -89,7 +102,8 @@ def make_backend(config: PluginConfig) -> GPUBackend:
     if config.backend == "nvml":
         from vgpu.deviceplugin.backends.nvml import NVMLBackend
 
-        return NVMLBackend(ignored_xids=config.effective_ignored_xids(), driver_root=config.nvidia_driver_root)
+        return NVMLBackend(ignored_xids=config.effective_ignored_xids(), driver_root=config.nvidia_driver_root,
+                           recovery_seconds=config.xid_recovery_seconds)
     from vgpu.deviceplugin.backends.null import NullBackend
 
     return NullBackend()

@@ -4,7 +4,9 @@ Every NVML call is guarded: an error marks the GPU unhealthy (or leaves it out o
 propagates. If NVML cannot be initialised the backend has no GPUs and `init_error` says why (the plugin then
 exits or idles, per --fail-on-init-error). With a driver root other than `/` (the GPU Operator's
 `/run/nvidia/driver`), `libnvidia-ml.so.1` is loaded from under that root. Unhealthy GPUs are re-probed; a GPU
-that answers again and has had no critical Xid for `recovery_seconds` becomes healthy again.
+that answers again and has had no critical Xid for `recovery_seconds` becomes healthy again. Where the driver has
+them (`nvmlDeviceSetMemoryLimits_v1`), the backend also sets device-memory limits per cgroup
+(`deviceplugin.driverlimits`).
 """
 
 from __future__ import annotations
@@ -182,6 +184,35 @@ class NVMLBackend:
                 continue
             if now - self._last_xid.get(gpu.uuid, -1e18) >= self._recovery:
                 self._change(gpu.uuid, True, "recovered", events)
+
+    def memory_limits_supported(self, uuid: str, cgroup_dir: str) -> bool:
+        """Whether the driver can limit a cgroup's memory on this GPU (asks about `cgroup_dir`, an existing cgroup)."""
+        nv = self._nvml
+        if nv is None or not hasattr(nv, "nvmlDeviceGetMemoryLimits_v1"):
+            return False
+        query = nv.c_nvmlGetMemoryLimits_v1_t()
+        query.nameSpace = cgroup_dir.encode()
+        try:
+            nv.nvmlDeviceGetMemoryLimits_v1(nv.nvmlDeviceGetHandleByUUID(uuid), query)
+        except Exception as exc:
+            # NOT_FOUND: supported, no limit on that cgroup yet; anything else (not supported, no such function)
+            return getattr(exc, "value", None) == getattr(nv, "NVML_ERROR_NOT_FOUND", -1)
+        return True
+
+    def set_memory_limit(self, uuid: str, cgroup_dir: str, limit_bytes: int | None) -> None:
+        """Let the processes of cgroup `cgroup_dir` hold at most `limit_bytes` of this GPU (None: no limit);
+        raises RuntimeError with the driver's reason."""
+        nv = self._nvml
+        if nv is None or not hasattr(nv, "nvmlDeviceSetMemoryLimits_v1"):
+            raise RuntimeError("NVML has no nvmlDeviceSetMemoryLimits_v1")
+        limits = nv.c_nvmlSetMemoryLimits_v1_t()
+        limits.nameSpace = cgroup_dir.encode()
+        limits.softLimit = 0 if limit_bytes is None else limit_bytes
+        limits.hardLimit = nv.NVML_DEVICE_MEMORY_LIMIT_MAX if limit_bytes is None else limit_bytes
+        try:
+            nv.nvmlDeviceSetMemoryLimits_v1(nv.nvmlDeviceGetHandleByUUID(uuid), limits)
+        except Exception as exc:
+            raise RuntimeError(f"nvmlDeviceSetMemoryLimits_v1 on {uuid} for {cgroup_dir}: {exc}") from exc
 
     def usage(self) -> dict[str, GPUReading]:
         """Memory used and utilisation per GPU; unreadable GPUs are left out."""

@@ -202,6 +202,7 @@ static int g_prim_refs[64];
 static pthread_mutex_t g_map_mu = PTHREAD_MUTEX_INITIALIZER;
 static vmap_t g_map;
 enum { K_PTR = 1, K_HANDLE, K_MAPPING, K_ARRAY, K_CTX, K_POOL, K_FUNC };
+static unsigned g_ctx_gen;   /* bumped when a context is destroyed: invalidates per-thread context caches */
 
 static void *sym(void *lib, const char *name) { return lib ? vgpu_real_dlsym(lib, name) : NULL; }
 
@@ -336,6 +337,9 @@ static uint64_t alloc_granule(uint64_t size) {
 
 #define OOM CUDA_ERROR_OUT_OF_MEMORY
 
+/* A refused allocation hands back a null handle: a caller that frees it anyway passes 0, not garbage. */
+#define refuse(out) ({ if (out) memset((out), 0, sizeof *(out)); OOM; })
+
 /* ------------------------------------------------------------------------------------------ init and config */
 EXPORT CUresult cuInit(unsigned int flags) {
     vgpu_ensure_init();
@@ -388,7 +392,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     int r = cur_ridx();
     if (r < 0) { VLOG(VLOG_DEBUG, "alloc: no current device, not accounted"); return f(p, n); }
     uint64_t c = alloc_granule(n);
-    if (vgpu_reserve(r, c, ACCT_DATA)) return OOM;
+    if (vgpu_reserve(r, c, ACCT_DATA)) return refuse(p);
     return charged_alloc(r, c, f(p, n), p, K_PTR);
 }
 
@@ -415,7 +419,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size
     if (r < 0) return f(p, pitch, w, h, elem);
     /* reserve with the widest pitch the driver uses (512-byte rows), then settle on the returned pitch */
     uint64_t est = alloc_granule((uint64_t)((w + 511) & ~(size_t)511) * h);
-    if (vgpu_reserve(r, est, ACCT_DATA)) return OOM;
+    if (vgpu_reserve(r, est, ACCT_DATA)) return refuse(p);
     CUresult res = f(p, pitch, w, h, elem);
     if (res != CUDA_SUCCESS) { vgpu_release(r, est, ACCT_DATA); return res; }
     uint64_t real_sz = alloc_granule((uint64_t)*pitch * h);
@@ -423,7 +427,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size
         if (vgpu_reserve(r, real_sz - est, ACCT_DATA)) {
             real_cuMemFree_v2(*p);
             vgpu_release(r, est, ACCT_DATA);
-            return OOM;
+            return refuse(p);
         }
     } else if (real_sz < est) {
         vgpu_release(r, est - real_sz, ACCT_DATA);
@@ -439,7 +443,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned int flags) 
     int r = cur_ridx();
     if (r < 0) return f(p, n, flags);
     uint64_t c = alloc_granule(n);
-    if (vgpu_reserve(r, c, ACCT_DATA)) return OOM;
+    if (vgpu_reserve(r, c, ACCT_DATA)) return refuse(p);
     return charged_alloc(r, c, f(p, n, flags), p, K_PTR);
 }
 
@@ -458,7 +462,7 @@ static CUresult alloc_async(int ptsz, CUdeviceptr *p, size_t n, CUstream s) {
     int r = cur_ridx();
     if (r < 0) return f(p, n, s);
     uint64_t c = alloc_granule(n);
-    if (vgpu_reserve(r, c, ACCT_DATA)) return OOM;
+    if (vgpu_reserve(r, c, ACCT_DATA)) return refuse(p);
     return charged_alloc(r, c, f(p, n, s), p, K_PTR);
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { return alloc_async(0, p, n, s); }
@@ -472,7 +476,7 @@ static CUresult alloc_pool(int ptsz, CUdeviceptr *p, size_t n, CUmemoryPool pool
     int r = pool_ridx(pool);
     if (r < 0) return f(p, n, pool, s);
     uint64_t c = alloc_granule(n);
-    if (vgpu_reserve(r, c, ACCT_DATA)) return OOM;
+    if (vgpu_reserve(r, c, ACCT_DATA)) return refuse(p);
     return charged_alloc(r, c, f(p, n, pool, s), p, K_PTR);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
@@ -524,7 +528,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
         return f(h, size, prop, flags);
     int r = ord2ridx(prop->location.id);
     if (r < 0) return f(h, size, prop, flags);
-    if (vgpu_reserve(r, size, ACCT_DATA)) return OOM;
+    if (vgpu_reserve(r, size, ACCT_DATA)) return refuse(h);
     CUresult res = f(h, size, prop, flags);
     if (res != CUDA_SUCCESS) { vgpu_release(r, size, ACCT_DATA); return res; }
     rec_put(K_HANDLE, (uint64_t)*h, r, size, 1);
@@ -601,11 +605,11 @@ EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) {
     int r = cur_ridx();
     if (r < 0) return f(a, d);
     uint64_t est = array_est(d->Width, d->Height, 1, d->Format, d->NumChannels);
-    if (vgpu_reserve(r, est, ACCT_DATA)) return OOM;
+    if (vgpu_reserve(r, est, ACCT_DATA)) return refuse(a);
     CUresult res = f(a, d);
     if (res != CUDA_SUCCESS) { vgpu_release(r, est, ACCT_DATA); return res; }
     res = settle_array(r, est, *a, 0);
-    if (res != CUDA_SUCCESS) real_cuArrayDestroy(*a);
+    if (res != CUDA_SUCCESS) { real_cuArrayDestroy(*a); *a = NULL; }
     return res;
 }
 
@@ -616,11 +620,11 @@ EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
     int r = cur_ridx();
     if (r < 0) return f(a, d);
     uint64_t est = array_est(d->Width, d->Height, d->Depth, d->Format, d->NumChannels);
-    if (vgpu_reserve(r, est, ACCT_DATA)) return OOM;
+    if (vgpu_reserve(r, est, ACCT_DATA)) return refuse(a);
     CUresult res = f(a, d);
     if (res != CUDA_SUCCESS) { vgpu_release(r, est, ACCT_DATA); return res; }
     res = settle_array(r, est, *a, 0);
-    if (res != CUDA_SUCCESS) real_cuArrayDestroy(*a);
+    if (res != CUDA_SUCCESS) { real_cuArrayDestroy(*a); *a = NULL; }
     return res;
 }
 
@@ -635,11 +639,11 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_D
         est += array_est(w ? w : 1, h, z, d->Format, d->NumChannels);
         w = w > 1 ? w / 2 : 1; h = h > 1 ? h / 2 : h; z = z > 1 ? z / 2 : z;
     }
-    if (vgpu_reserve(r, est, ACCT_DATA)) return OOM;
+    if (vgpu_reserve(r, est, ACCT_DATA)) return refuse(a);
     CUresult res = f(a, d, levels);
     if (res != CUDA_SUCCESS) { vgpu_release(r, est, ACCT_DATA); return res; }
     res = settle_array(r, est, *a, 1);
-    if (res != CUDA_SUCCESS) real_cuMipmappedArrayDestroy(*a);
+    if (res != CUDA_SUCCESS) { real_cuMipmappedArrayDestroy(*a); *a = NULL; }
     return res;
 }
 
@@ -661,7 +665,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pc, CUdevice dev) {
     int first = __atomic_fetch_add(&g_prim_refs[dev], 1, __ATOMIC_ACQ_REL) == 0;
     if (first && r >= 0 && vgpu_reserve(r, vg.context_overhead, ACCT_CONTEXT)) {
         __atomic_fetch_sub(&g_prim_refs[dev], 1, __ATOMIC_ACQ_REL);
-        return OOM;
+        return refuse(pc);
     }
     CUresult res = f(pc, dev);
     if (res != CUDA_SUCCESS && __atomic_sub_fetch(&g_prim_refs[dev], 1, __ATOMIC_ACQ_REL) == 0 && r >= 0)
@@ -694,23 +698,24 @@ static CUresult ctx_post(int r, CUresult res, CUcontext *pc) {
 EXPORT CUresult cuCtxCreate_v2(CUcontext *pc, unsigned int flags, CUdevice dev) {
     vgpu_ensure_init();
     int r = ctx_pre(dev);
-    if (r == -2) return OOM;
+    if (r == -2) return refuse(pc);
     return ctx_post(r, CALL(cuCtxCreate_v2, pc, flags, dev), pc);
 }
 EXPORT CUresult cuCtxCreate_v3(CUcontext *pc, CUexecAffinityParam *p, int n, unsigned int flags, CUdevice dev) {
     vgpu_ensure_init();
     int r = ctx_pre(dev);
-    if (r == -2) return OOM;
+    if (r == -2) return refuse(pc);
     return ctx_post(r, CALL(cuCtxCreate_v3, pc, p, n, flags, dev), pc);
 }
 EXPORT CUresult cuCtxCreate_v4(CUcontext *pc, CUctxCreateParams *p, unsigned int flags, CUdevice dev) {
     vgpu_ensure_init();
     int r = ctx_pre(dev);
-    if (r == -2) return OOM;
+    if (r == -2) return refuse(pc);
     return ctx_post(r, CALL(cuCtxCreate_v4, pc, p, flags, dev), pc);
 }
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     CUresult res = CALL(cuCtxDestroy_v2, c);
+    __atomic_add_fetch(&g_ctx_gen, 1, __ATOMIC_RELAXED);
     int r; uint64_t sz;
     if (res == CUDA_SUCCESS && vg.active && rec_take(K_CTX, (uint64_t)(uintptr_t)c, &r, &sz, NULL))
         vgpu_release(r, sz, ACCT_CONTEXT);

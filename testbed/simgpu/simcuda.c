@@ -1,758 +1,954 @@
 /*
- * simcuda.c - a simulated CUDA driver (libcuda.so.1) for tests.  TEST INFRASTRUCTURE, never shipped.
+ * simcuda.c - a simulated CUDA driver (libcuda.so.1).  TEST INFRASTRUCTURE, never shipped.
  *
- * Device memory is pure accounting: pointers come from a per-device address range and are never dereferenceable.
- * Kernels "run" on a per-device timeline kept in the shared state file (see simcommon.h): a launch is placed at
- * max(now, device busy_until) and lasts
- *   - *(uint64_t *)kernelParams[0] ns for a function named "sleep" (explicit per-launch duration), or
- *   - gridX*gridY*gridZ * N ns for a function whose name ends in "_N" (e.g. "work_2000"), or
- *   - gridX*gridY*gridZ * SIMGPU_NS_PER_BLOCK ns otherwise.
- * Launches are asynchronous; a launch blocks only while the device timeline is more than SIMGPU_MAX_QUEUE_US
- * ahead of now (the driver's queue is full).  Events, stream and context synchronisation follow the timeline.
+ * Device memory is bookkeeping only: addresses come from a private range per GPU and cannot be dereferenced.
+ * Allocations fail with CUDA_ERROR_OUT_OF_MEMORY past the GPU's memory and past the hard limit NVML set for the
+ * calling process's cgroup (nvmlDeviceSetMemoryLimits_v1, see simnvml.c).
+ * Kernels run on the GPU's engine (gpusim.h) for a duration drawn at launch (kerneltime.h).  Launches are
+ * asynchronous; a stream with SIMGPU_QUEUE_DEPTH launches in flight makes the next launch wait.  An event gets
+ * the time at which the engine reaches it.  Graphs run their kernel nodes one after another.
  */
-#include "simcommon.h"
-#include "vgpu_map.h"
+#include "gpusim.h"
+#include "kerneltime.h"
+#include "objtable.h"
 #include <cuda.h>
-#include <ctype.h>
 
 #undef cuGetProcAddress
 #undef cuEventElapsedTime
-CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
-CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b);
-
-#define EXPORT __attribute__((visibility("default")))
-
-typedef struct sim_stream { int dev; uint64_t last_end; } sim_stream_t;
-typedef struct sim_ctx { int dev; int primary; int refs; sim_stream_t dflt; uint64_t charge; } sim_ctx_t;
-typedef struct sim_event { uint64_t ts; int recorded; } sim_event_t;
-typedef struct sim_func { char name[64]; uint64_t ns_per_block; int sleep_param; } sim_func_t;
-typedef struct { sim_func_t *f; uint64_t blocks; uint64_t fixed_ns; } sim_node_t;
-typedef struct sim_graph { int n; sim_node_t nodes[64]; } sim_graph_t;
-typedef struct sim_pool { int dev; } sim_pool_t;
-typedef struct sim_handle { int dev; uint64_t size; int refs; } sim_handle_t;
-typedef struct sim_array { int dev; uint64_t size; int mip; } sim_array_t;
-
-enum { K_PTR = 1, K_VA = 2, K_MAPPING = 3 };
-
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-static vmap_t g_map;
-static int g_inited;
-static uint64_t g_next_addr[SIM_MAX_DEV];
-static sim_ctx_t g_primary[SIM_MAX_DEV];
-static sim_pool_t g_default_pool[SIM_MAX_DEV];
-static __thread sim_ctx_t *t_stack[16];
-static __thread int t_depth;
-static uint64_t g_ns_per_block = 1000, g_max_queue_ns = 20000000ULL, g_ctx_bytes;
-
-static sim_ctx_t *cur_ctx(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
-
-static int sim_ready(void) { return g_inited && g_st; }
-
-EXPORT CUresult cuInit(unsigned int flags) {
-    (void)flags;
-    pthread_mutex_lock(&g_mu);
-    sim_common_init();
-    if (g_ndev == 0 || sim_register()) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_NO_DEVICE; }
-    if (!g_inited) {
-        g_ns_per_block = sim_env_u64("SIMGPU_NS_PER_BLOCK", 1000);
-        g_max_queue_ns = sim_env_u64("SIMGPU_MAX_QUEUE_US", 20000) * 1000ULL;
-        g_ctx_bytes = sim_env_u64("SIMGPU_CTX_BYTES", 0);
-        for (int d = 0; d < SIM_MAX_DEV; d++) {
-            g_next_addr[d] = 0x200000000000ULL + (uint64_t)d * 0x10000000000ULL;
-            g_primary[d].dev = d;
-            g_primary[d].primary = 1;
-            g_primary[d].dflt.dev = d;
-            g_default_pool[d].dev = d;
-        }
-        g_inited = 1;
-    }
-    pthread_mutex_unlock(&g_mu);
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuDriverGetVersion(int *v) {
-    if (!v) return CUDA_ERROR_INVALID_VALUE;
-    *v = (int)sim_env_u64("SIMGPU_DRIVER_VERSION", 13000);
-    return CUDA_SUCCESS;
-}
-
-EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
-    static const char *oom = "out of memory", *other = "simulated error", *ok = "no error";
-    if (!s) return CUDA_ERROR_INVALID_VALUE;
-    *s = e == CUDA_SUCCESS ? ok : e == CUDA_ERROR_OUT_OF_MEMORY ? oom : other;
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuGetErrorName(CUresult e, const char **s) {
-    if (!s) return CUDA_ERROR_INVALID_VALUE;
-    *s = e == CUDA_SUCCESS ? "CUDA_SUCCESS" : e == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY" : "CUDA_ERROR";
-    return CUDA_SUCCESS;
-}
-
-/* ---------------------------------------------------------------- devices */
-#define NEED_INIT() do { if (!sim_ready()) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
-#define CHECK_DEV(d) do { if ((d) < 0 || (d) >= g_ndev) return CUDA_ERROR_INVALID_DEVICE; } while (0)
-
-EXPORT CUresult cuDeviceGetCount(int *n) { NEED_INIT(); if (!n) return CUDA_ERROR_INVALID_VALUE; *n = g_ndev; return 0; }
-EXPORT CUresult cuDeviceGet(CUdevice *d, int ord) {
-    NEED_INIT(); CHECK_DEV(ord); if (!d) return CUDA_ERROR_INVALID_VALUE; *d = ord; return 0;
-}
-EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
-    NEED_INIT(); CHECK_DEV(d); if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    snprintf(name, (size_t)len, "%s", g_cfg[d].name);
-    return 0;
-}
-static void uuid_bytes(int d, unsigned char out[16]) {
-    const char *s = g_cfg[d].uuid + 4;
-    int i = 0;
-    while (*s && i < 16) {
-        if (*s == '-') { s++; continue; }
-        unsigned v; sscanf(s, "%2x", &v); out[i++] = (unsigned char)v; s += 2;
-    }
-}
-EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) {
-    NEED_INIT(); CHECK_DEV(d); if (!u) return CUDA_ERROR_INVALID_VALUE;
-    uuid_bytes(d, (unsigned char *)u->bytes);
-    return 0;
-}
 #undef cuDeviceGetUuid
-EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) { return cuDeviceGetUuid_v2(u, d); }
-EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
-    NEED_INIT(); CHECK_DEV(d); if (!bytes) return CUDA_ERROR_INVALID_VALUE; *bytes = g_cfg[d].total; return 0;
-}
-EXPORT CUresult cuDeviceGetAttribute(int *v, CUdevice_attribute a, CUdevice d) {
-    NEED_INIT(); CHECK_DEV(d); if (!v) return CUDA_ERROR_INVALID_VALUE;
-    switch (a) {
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = g_cfg[d].sms; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *v = 2048; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *v = 8; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: *v = 512; break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: *v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: *v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *v = d + 1; break;
-    default: *v = 0; break;
-    }
-    return 0;
+CUresult cuGetProcAddress(const char *name, void **fn, int version, cuuint64_t opts);
+CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end);
+CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev);
+
+#define API __attribute__((visibility("default")))
+
+typedef struct {
+    int gpu;                  /* index into gs_view */
+    uint64_t done_at;         /* end of the last work submitted to it */
+    uint32_t depth, issued;
+    uint64_t *ends;           /* end times of the last `depth` launches */
+} sc_stream_t;
+
+typedef struct {
+    int gpu;
+    int primary, retained;
+    uint64_t overhead;        /* bytes the context itself takes (SIMGPU_CTX_BYTES) */
+    sc_stream_t null_stream;
+} sc_ctx_t;
+
+typedef struct { uint64_t at; int valid; } sc_event_t;
+typedef struct { char *image; } sc_module_t;
+typedef struct { kt_func_t fn; uint64_t blocks; uint64_t param; } sc_node_t;
+typedef struct { int count; sc_node_t node[64]; } sc_graph_t;
+typedef struct { int gpu; } sc_pool_t;
+typedef struct { int gpu; uint64_t bytes; int refs; } sc_phys_t;
+typedef struct { int gpu; uint64_t bytes; } sc_array_t;
+
+enum { TAG_PTR = 11, TAG_MAP = 12 };
+
+static pthread_mutex_t sc_mu = PTHREAD_MUTEX_INITIALIZER;
+static ot_table_t sc_objs;
+static int sc_up;
+static uint64_t sc_next_va[GS_NDEV];
+static sc_ctx_t sc_primary[GS_NDEV];
+static sc_pool_t sc_pools[GS_NDEV];
+static uint32_t sc_depth = 1024;
+static uint64_t sc_ctx_bytes;
+static __thread sc_ctx_t *sc_cur[16];
+static __thread int sc_ncur;
+
+static sc_ctx_t *current(void) { return sc_ncur ? sc_cur[sc_ncur - 1] : NULL; }
+
+static void stream_setup(sc_stream_t *s, int gpu) {
+    s->gpu = gpu;
+    s->depth = sc_depth;
+    s->ends = calloc(sc_depth, sizeof *s->ends);
 }
 
-/* ---------------------------------------------------------------- memory accounting */
-static CUresult charge(int dev, uint64_t size) {
-    for (int attempt = 0; attempt < 2; attempt++) {
-        sim_dev_t *sd = &g_st->dev[dev];
-        sim_lock(&sd->lock);
-        if (sd->used + size <= g_cfg[dev].total) {
-            sd->used += size;
-            g_st->proc[g_myslot].used[dev] += size;
-            sim_unlock(&sd->lock);
-            return CUDA_SUCCESS;
+API CUresult cuInit(unsigned int flags) {
+    (void)flags;
+    pthread_mutex_lock(&sc_mu);
+    int bad = gs_join() || gs_nview == 0;
+    if (!bad && !sc_up) {
+        sc_depth = (uint32_t)gs_env_num("SIMGPU_QUEUE_DEPTH", 1024);
+        if (!sc_depth) sc_depth = 1;
+        sc_ctx_bytes = gs_env_num("SIMGPU_CTX_BYTES", 0);
+        for (int g = 0; g < GS_NDEV; g++) {
+            sc_next_va[g] = 0x7f0000000000ULL - (uint64_t)(g + 1) * 0x40000000000ULL;
+            sc_primary[g].gpu = g;
+            sc_primary[g].primary = 1;
+            stream_setup(&sc_primary[g].null_stream, g);
+            sc_pools[g].gpu = g;
         }
-        sim_unlock(&sd->lock);
-        sim_lock(&g_st->plock);
-        sim_reap_nolock();
-        sim_unlock(&g_st->plock);
+        sc_up = 1;
     }
-    return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&sc_mu);
+    return bad ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
 }
-static void uncharge(int dev, uint64_t size) {
-    sim_dev_t *sd = &g_st->dev[dev];
-    sim_lock(&sd->lock);
-    sd->used -= size;
-    g_st->proc[g_myslot].used[dev] -= size;
-    sim_unlock(&sd->lock);
+
+#define UP() do { if (!sc_up) return CUDA_ERROR_NOT_INITIALIZED; } while (0)
+#define GPU_OK(g) do { if ((g) < 0 || (g) >= gs_nview) return CUDA_ERROR_INVALID_DEVICE; } while (0)
+#define CTX_GPU(var) int var; do { UP(); sc_ctx_t *c_ = current(); if (!c_) return CUDA_ERROR_INVALID_CONTEXT; \
+    var = c_->gpu; } while (0)
+
+static gs_gpu_t *hw(int gpu) { return &gs_st->gpu[gs_view[gpu].slot]; }
+
+API CUresult cuDriverGetVersion(int *version) {
+    if (!version) return CUDA_ERROR_INVALID_VALUE;
+    *version = (int)gs_env_num("SIMGPU_DRIVER_VERSION", 13000);
+    return CUDA_SUCCESS;
 }
-static uint64_t round_alloc(uint64_t size) {
-    if (size > (1ULL << 20)) return (size + (2ULL << 20) - 1) & ~((2ULL << 20) - 1);
-    return (size + 511) & ~511ULL;
+
+API CUresult cuGetErrorString(CUresult code, const char **text) {
+    if (!text) return CUDA_ERROR_INVALID_VALUE;
+    *text = code == CUDA_SUCCESS ? "no error" : code == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "sim error";
+    return CUDA_SUCCESS;
 }
-static uint64_t new_va(int dev, uint64_t size) {
-    uint64_t a = __atomic_fetch_add(&g_next_addr[dev], (size + (2ULL << 20) - 1) & ~((2ULL << 20) - 1),
-                                    __ATOMIC_RELAXED);
-    return a;
+
+API CUresult cuGetErrorName(CUresult code, const char **text) {
+    if (!text) return CUDA_ERROR_INVALID_VALUE;
+    *text = code == CUDA_SUCCESS ? "CUDA_SUCCESS" : code == CUDA_ERROR_OUT_OF_MEMORY ? "CUDA_ERROR_OUT_OF_MEMORY"
+                                                                                    : "CUDA_ERROR_UNKNOWN";
+    return CUDA_SUCCESS;
 }
-/* charge + record a device pointer */
-static CUresult sim_alloc(int dev, uint64_t bytes, CUdeviceptr *out) {
+
+/* ------------------------------------------------------------------------------------------------ devices */
+API CUresult cuDeviceGetCount(int *count) {
+    UP();
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = gs_nview;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    UP();
+    GPU_OK(ordinal);
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    UP();
+    GPU_OK(dev);
+    if (!name || len < 1) return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "%s", gs_view[dev].name);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetUuid_v2(CUuuid *out, CUdevice dev) {
+    UP();
+    GPU_OK(dev);
     if (!out) return CUDA_ERROR_INVALID_VALUE;
-    if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t sz = round_alloc(bytes);
-    CUresult r = charge(dev, sz);
-    if (r) return r;
-    uint64_t a = new_va(dev, sz);
-    pthread_mutex_lock(&g_mu);
-    vmap_entry_t *e = vmap_put(&g_map, K_PTR, a);
-    if (e) { e->dev = dev; e->size = sz; }
-    pthread_mutex_unlock(&g_mu);
-    *out = (CUdeviceptr)a;
-    return 0;
+    const char *hex = gs_view[dev].uuid + 4;
+    for (int i = 0; i < 16 && *hex;) {
+        if (*hex == '-') { hex++; continue; }
+        char pair[3] = {hex[0], hex[1], 0};
+        out->bytes[i++] = (char)strtoul(pair, NULL, 16);
+        hex += 2;
+    }
+    return CUDA_SUCCESS;
 }
-static CUresult sim_free(CUdeviceptr p) {
-    if (p == 0) return CUDA_SUCCESS;
-    pthread_mutex_lock(&g_mu);
-    vmap_entry_t *e = vmap_find(&g_map, K_PTR, p);
-    if (!e) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
-    int dev = e->dev; uint64_t sz = e->size;
-    vmap_del(&g_map, e);
-    pthread_mutex_unlock(&g_mu);
-    uncharge(dev, sz);
-    return 0;
-}
-static int cur_dev(void) { sim_ctx_t *c = cur_ctx(); return c ? c->dev : -1; }
-#define NEED_CTX(dev) int dev = cur_dev(); do { NEED_INIT(); if (dev < 0) return CUDA_ERROR_INVALID_CONTEXT; } while (0)
 
-EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { NEED_CTX(dev); return sim_alloc(dev, n, p); }
-EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { NEED_INIT(); return sim_free(p); }
-EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int elem) {
-    NEED_CTX(dev);
-    if (!pitch || (elem != 4 && elem != 8 && elem != 16)) return CUDA_ERROR_INVALID_VALUE;
-    size_t pp = (w + 511) & ~(size_t)511;
-    CUresult r = sim_alloc(dev, (uint64_t)pp * h, p);
-    if (!r) *pitch = pp;
-    return r;
-}
-EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned int flags) {
-    (void)flags; NEED_CTX(dev); return sim_alloc(dev, n, p);
-}
-EXPORT CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) {
-    NEED_CTX(dev);
-    if (!fr || !tot) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t used = __atomic_load_n(&g_st->dev[dev].used, __ATOMIC_RELAXED);
-    *tot = g_cfg[dev].total;
-    *fr = used > g_cfg[dev].total ? 0 : g_cfg[dev].total - used;
-    return 0;
-}
-EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t n) { NEED_INIT(); *pp = malloc(n ? n : 1); return *pp ? 0 : CUDA_ERROR_OUT_OF_MEMORY; }
-EXPORT CUresult cuMemFreeHost(void *p) { free(p); return 0; }
-EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { (void)d; (void)s; (void)n; NEED_INIT(); return 0; }
-EXPORT CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { (void)s; NEED_INIT(); memset(d, 0, n); return 0; }
-EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { (void)d; (void)v; (void)n; NEED_INIT(); return 0; }
+API CUresult cuDeviceGetUuid(CUuuid *out, CUdevice dev) { return cuDeviceGetUuid_v2(out, dev); }
 
-/* pools (no caching: pool memory is charged as allocated) */
-EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) {
-    NEED_INIT(); CHECK_DEV(d); *pool = (CUmemoryPool)&g_default_pool[d]; return 0;
+API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    UP();
+    GPU_OK(dev);
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    *bytes = gs_view[dev].total;
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d) { return cuDeviceGetDefaultMemPool(pool, d); }
-EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
-    NEED_INIT();
-    if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
-    CHECK_DEV(props->location.id);
-    sim_pool_t *p = calloc(1, sizeof *p);
-    p->dev = props->location.id;
-    *pool = (CUmemoryPool)p;
-    return 0;
+
+API CUresult cuDeviceGetAttribute(int *value, CUdevice_attribute attr, CUdevice dev) {
+    UP();
+    GPU_OK(dev);
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    int v = 0;
+    if (attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) v = gs_view[dev].sms;
+    else if (attr == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) v = 2048;
+    else if (attr == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK) v = 1024;
+    else if (attr == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) v = 8;
+    else if (attr == CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT) v = 512;
+    else if (attr == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) v = dev + 1;
+    else if (attr == CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED ||
+             attr == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED ||
+             attr == CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)
+        v = 1;
+    *value = v;
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
-    sim_pool_t *p = (sim_pool_t *)pool;
-    if (p >= g_default_pool && p < g_default_pool + SIM_MAX_DEV) return CUDA_ERROR_INVALID_VALUE;
-    free(p);
-    return 0;
+
+/* ------------------------------------------------------------------------------------------------ memory */
+/* Bytes the processes of cgroup subtree `dir` hold on state GPU `slot`.  Caller holds gs_st->mu. */
+static uint64_t cgroup_usage(const char *dir, int slot) {
+    uint64_t sum = 0;
+    for (int i = 0; i < GS_NPROC; i++)
+        if (gs_st->proc[i].pid && gs_cgroup_covers(dir, gs_st->proc[i].cgroup)) sum += gs_st->proc[i].mem[slot];
+    return sum;
 }
-EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) { (void)pool; (void)keep; return 0; }
-EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void *v) { (void)pool; (void)a; (void)v; return 0; }
-EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void *v) {
-    (void)pool; (void)a; if (v) *(cuuint64_t *)v = 0; return 0;
+
+/* Takes `bytes` of GPU `gpu` for this process; OOM past the GPU or past a cgroup hard limit. */
+static CUresult take_memory(int gpu, uint64_t bytes) {
+    gs_gpu_t *g = hw(gpu);
+    int slot = gs_view[gpu].slot;
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    for (int tries = 0; tries < 2 && rc != CUDA_SUCCESS; tries++) {
+        gs_lock(&gs_st->mu);
+        if (tries) gs_reap_locked();
+        int within = 1;
+        const char *mine = gs_st->proc[gs_me].cgroup;
+        for (int l = 0; l < GS_NLIMIT && within; l++) {
+            gs_limit_t *lim = &gs_st->limit[l];
+            if (lim->path[0] && !strcmp(lim->uuid, g->uuid) && gs_cgroup_covers(lim->path, mine))
+                within = cgroup_usage(lim->path, slot) + bytes <= lim->hard;
+        }
+        gs_lock(&g->mu);
+        if (within && g->used + bytes <= g->total) {
+            g->used += bytes;
+            gs_st->proc[gs_me].mem[slot] += bytes;
+            rc = CUDA_SUCCESS;
+        }
+        gs_unlock(&g->mu);
+        gs_unlock(&gs_st->mu);
+        if (!within) break;
+    }
+    return rc;
 }
-EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
-    (void)s; NEED_INIT();
+
+static void give_memory(int gpu, uint64_t bytes) {
+    gs_gpu_t *g = hw(gpu);
+    gs_lock(&g->mu);
+    g->used -= bytes;
+    gs_st->proc[gs_me].mem[gs_view[gpu].slot] -= bytes;
+    gs_unlock(&g->mu);
+}
+
+/* the driver hands out 2 MiB pages for large buffers and 512-byte pieces of shared pages for small ones */
+static uint64_t page_round(uint64_t n) {
+    const uint64_t big = 2ULL << 20;
+    return n > (big >> 1) ? (n + big - 1) / big * big : (n + 511) / 512 * 512;
+}
+
+#define VA_STEP 0x200000ULL   /* each buffer starts on its own 2 MiB boundary */
+static CUresult new_buffer(int gpu, uint64_t n, CUdeviceptr *out) {
+    if (!out || !n) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t bytes = page_round(n);
+    CUresult rc = take_memory(gpu, bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    pthread_mutex_lock(&sc_mu);
+    uint64_t addr = sc_next_va[gpu];
+    sc_next_va[gpu] += (bytes / VA_STEP + (bytes % VA_STEP != 0)) * VA_STEP;
+    ot_node_t *rec = ot_add(&sc_objs, TAG_PTR, addr);
+    if (rec) { rec->gpu = gpu; rec->bytes = bytes; }
+    pthread_mutex_unlock(&sc_mu);
+    *out = (CUdeviceptr)addr;
+    return CUDA_SUCCESS;
+}
+
+static CUresult drop_buffer(CUdeviceptr p) {
+    if (!p) return CUDA_SUCCESS;
+    pthread_mutex_lock(&sc_mu);
+    ot_node_t *rec = ot_remove(&sc_objs, TAG_PTR, (uint64_t)p);
+    pthread_mutex_unlock(&sc_mu);
+    if (!rec) return CUDA_ERROR_INVALID_VALUE;
+    give_memory(rec->gpu, rec->bytes);
+    free(rec);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { CTX_GPU(g); return new_buffer(g, n, p); }
+API CUresult cuMemFree_v2(CUdeviceptr p) { UP(); return drop_buffer(p); }
+API CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned int flags) {
+    (void)flags;
+    CTX_GPU(g);
+    return new_buffer(g, n, p);
+}
+API CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t width, size_t height, unsigned int elem) {
+    CTX_GPU(g);
+    if (!pitch || !(elem == 4 || elem == 8 || elem == 16)) return CUDA_ERROR_INVALID_VALUE;
+    size_t row = (width + 511) / 512 * 512;
+    CUresult rc = new_buffer(g, (uint64_t)row * height, p);
+    if (rc == CUDA_SUCCESS) *pitch = row;
+    return rc;
+}
+API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    CTX_GPU(g);
+    if (!free_bytes || !total_bytes) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t used = __atomic_load_n(&hw(g)->used, __ATOMIC_RELAXED);
+    *total_bytes = gs_view[g].total;
+    *free_bytes = used < gs_view[g].total ? gs_view[g].total - used : 0;
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemAllocHost_v2(void **pp, size_t n) {
+    UP();
+    if (!pp) return CUDA_ERROR_INVALID_VALUE;
+    *pp = malloc(n ? n : 1);
+    return *pp ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+API CUresult cuMemFreeHost(void *p) { free(p); return CUDA_SUCCESS; }
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) { (void)dst; (void)src; (void)n; UP(); return 0; }
+API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) { (void)src; UP(); memset(dst, 0, n); return 0; }
+API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) { (void)dst; (void)v; (void)n; UP(); return 0; }
+
+/* stream-ordered allocation: pools hand memory to the GPU as it is allocated (no caching) */
+API CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    UP();
+    GPU_OK(dev);
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
-    return sim_alloc(((sim_pool_t *)pool)->dev, n, p);
+    *pool = (CUmemoryPool)&sc_pools[dev];
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
+API CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetDefaultMemPool(pool, dev); }
+API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    UP();
+    if (!pool || !props || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    GPU_OK(props->location.id);
+    sc_pool_t *made = calloc(1, sizeof *made);
+    made->gpu = props->location.id;
+    *pool = (CUmemoryPool)made;
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    sc_pool_t *x = (sc_pool_t *)pool;
+    if (!x || (x >= sc_pools && x < sc_pools + GS_NDEV)) return CUDA_ERROR_INVALID_VALUE;
+    free(x);
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) { (void)pool; (void)keep; return 0; }
+API CUresult cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void *v) { (void)pool; (void)a; (void)v; return 0; }
+API CUresult cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute a, void *v) {
+    (void)pool; (void)a;
+    if (v) *(cuuint64_t *)v = 0;
+    return 0;
+}
+API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
+    (void)s;
+    UP();
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    return new_buffer(((sc_pool_t *)pool)->gpu, n, p);
+}
+API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
     return cuMemAllocFromPoolAsync(p, n, pool, s);
 }
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
-    (void)s; NEED_CTX(dev); return sim_alloc(dev, n, p);
-}
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; NEED_INIT(); return sim_free(p); }
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+API CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { (void)s; CTX_GPU(g); return new_buffer(g, n, p); }
+API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
+API CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; UP(); return drop_buffer(p); }
+API CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
 
-/* virtual memory management: a physical handle lives while created, retained or mapped */
-#define VMM_GRAN (2ULL << 20)
-EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags o) {
-    (void)prop; (void)o; NEED_INIT(); if (!g) return CUDA_ERROR_INVALID_VALUE; *g = VMM_GRAN; return 0;
+/* virtual memory management: physical memory lives while its handle, a retain or a mapping refers to it */
+#define VMM_PAGE (2ULL << 20)
+API CUresult cuMemGetAllocationGranularity(size_t *gran, const CUmemAllocationProp *prop,
+                                           CUmemAllocationGranularity_flags opt) {
+    (void)prop; (void)opt;
+    UP();
+    if (!gran) return CUDA_ERROR_INVALID_VALUE;
+    *gran = VMM_PAGE;
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags) {
-    (void)flags; NEED_INIT();
-    if (!h || !prop || size == 0 || size % VMM_GRAN) return CUDA_ERROR_INVALID_VALUE;
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                         unsigned long long flags) {
+    (void)flags;
+    UP();
+    if (!handle || !prop || !size || size % VMM_PAGE) return CUDA_ERROR_INVALID_VALUE;
     if (prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_NOT_SUPPORTED;
-    CHECK_DEV(prop->location.id);
-    CUresult r = charge(prop->location.id, size);
-    if (r) return r;
-    sim_handle_t *x = calloc(1, sizeof *x);
-    x->dev = prop->location.id; x->size = size; x->refs = 1;
-    *h = (CUmemGenericAllocationHandle)(uintptr_t)x;
-    return 0;
+    GPU_OK(prop->location.id);
+    CUresult rc = take_memory(prop->location.id, size);
+    if (rc != CUDA_SUCCESS) return rc;
+    sc_phys_t *ph = calloc(1, sizeof *ph);
+    ph->gpu = prop->location.id;
+    ph->bytes = size;
+    ph->refs = 1;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)ph;
+    return CUDA_SUCCESS;
 }
-static void handle_unref(sim_handle_t *x) {
-    if (__atomic_sub_fetch(&x->refs, 1, __ATOMIC_ACQ_REL) == 0) { uncharge(x->dev, x->size); free(x); }
-}
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
-    NEED_INIT(); if (!h) return CUDA_ERROR_INVALID_VALUE; handle_unref((sim_handle_t *)(uintptr_t)h); return 0;
-}
-EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags) {
-    (void)align; (void)addr; (void)flags; NEED_INIT();
-    if (!p || size == 0) return CUDA_ERROR_INVALID_VALUE;
-    *p = new_va(SIM_MAX_DEV - 1, size) + 0x8000000000ULL;
-    return 0;
-}
-EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) { (void)p; (void)size; return 0; }
-EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h, unsigned long long flags) {
-    (void)size; (void)off; (void)flags; NEED_INIT();
-    if (!h || !p) return CUDA_ERROR_INVALID_VALUE;
-    sim_handle_t *x = (sim_handle_t *)(uintptr_t)h;
-    __atomic_add_fetch(&x->refs, 1, __ATOMIC_ACQ_REL);
-    pthread_mutex_lock(&g_mu);
-    vmap_entry_t *e = vmap_put(&g_map, K_MAPPING, p);
-    if (e) e->aux = (uint64_t)(uintptr_t)x;
-    pthread_mutex_unlock(&g_mu);
-    return 0;
-}
-EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
-    (void)size; NEED_INIT();
-    pthread_mutex_lock(&g_mu);
-    vmap_entry_t *e = vmap_find(&g_map, K_MAPPING, p);
-    sim_handle_t *x = e ? (sim_handle_t *)(uintptr_t)e->aux : NULL;
-    if (e) vmap_del(&g_map, e);
-    pthread_mutex_unlock(&g_mu);
-    if (!x) return CUDA_ERROR_INVALID_VALUE;
-    handle_unref(x);
-    return 0;
-}
-EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *d, size_t n) {
-    (void)p; (void)size; (void)d; (void)n; return 0;
-}
-EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
-    NEED_INIT();
-    pthread_mutex_lock(&g_mu);
-    vmap_entry_t *e = vmap_find(&g_map, K_MAPPING, (uint64_t)(uintptr_t)addr);
-    sim_handle_t *x = e ? (sim_handle_t *)(uintptr_t)e->aux : NULL;
-    pthread_mutex_unlock(&g_mu);
-    if (!x) return CUDA_ERROR_INVALID_VALUE;
-    __atomic_add_fetch(&x->refs, 1, __ATOMIC_ACQ_REL);
-    *h = (CUmemGenericAllocationHandle)(uintptr_t)x;
-    return 0;
-}
-
-/* arrays */
-static uint64_t fmt_bytes(CUarray_format f) {
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
-    default: return 4;
+static void phys_put(sc_phys_t *ph) {
+    if (__atomic_sub_fetch(&ph->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+        give_memory(ph->gpu, ph->bytes);
+        free(ph);
     }
 }
-static uint64_t array_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format f, unsigned ch) {
-    uint64_t row = (w * fmt_bytes(f) * (ch ? ch : 1) + 511) & ~511ULL;  /* rows are padded to 512 bytes */
-    return row * (h ? h : 1) * (d ? d : 1);
+API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    UP();
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    phys_put((sc_phys_t *)(uintptr_t)handle);
+    return CUDA_SUCCESS;
 }
-static CUresult new_array(int dev, uint64_t bytes, int mip, void **out) {
+API CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr, unsigned long long f) {
+    (void)align; (void)addr; (void)f;
+    UP();
+    if (!p || !size) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sc_mu);
+    *p = (CUdeviceptr)sc_next_va[GS_NDEV - 1];
+    sc_next_va[GS_NDEV - 1] += (size / VMM_PAGE + (size % VMM_PAGE != 0)) * VMM_PAGE;
+    pthread_mutex_unlock(&sc_mu);
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemAddressFree(CUdeviceptr p, size_t size) { (void)p; (void)size; return CUDA_SUCCESS; }
+API CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                      unsigned long long flags) {
+    (void)size; (void)offset; (void)flags;
+    UP();
+    if (!p || !handle) return CUDA_ERROR_INVALID_VALUE;
+    sc_phys_t *ph = (sc_phys_t *)(uintptr_t)handle;
+    __atomic_add_fetch(&ph->refs, 1, __ATOMIC_ACQ_REL);
+    pthread_mutex_lock(&sc_mu);
+    ot_node_t *rec = ot_add(&sc_objs, TAG_MAP, (uint64_t)p);
+    if (rec) rec->obj = ph;
+    pthread_mutex_unlock(&sc_mu);
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+    (void)size;
+    UP();
+    pthread_mutex_lock(&sc_mu);
+    ot_node_t *rec = ot_remove(&sc_objs, TAG_MAP, (uint64_t)p);
+    pthread_mutex_unlock(&sc_mu);
+    if (!rec) return CUDA_ERROR_INVALID_VALUE;
+    phys_put(rec->obj);
+    free(rec);
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    (void)p; (void)size; (void)desc; (void)count;
+    return CUDA_SUCCESS;
+}
+API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    UP();
+    pthread_mutex_lock(&sc_mu);
+    ot_node_t *rec = ot_get(&sc_objs, TAG_MAP, (uint64_t)(uintptr_t)addr);
+    sc_phys_t *ph = rec ? rec->obj : NULL;
+    if (ph) __atomic_add_fetch(&ph->refs, 1, __ATOMIC_ACQ_REL);
+    pthread_mutex_unlock(&sc_mu);
+    if (!ph || !handle) return CUDA_ERROR_INVALID_VALUE;
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)ph;
+    return CUDA_SUCCESS;
+}
+
+/* arrays: rows are laid out in 512-byte units */
+static uint64_t texel_bytes(CUarray_format fmt) {
+    if (fmt == CU_AD_FORMAT_UNSIGNED_INT8 || fmt == CU_AD_FORMAT_SIGNED_INT8) return 1;
+    if (fmt == CU_AD_FORMAT_UNSIGNED_INT16 || fmt == CU_AD_FORMAT_SIGNED_INT16 || fmt == CU_AD_FORMAT_HALF) return 2;
+    return 4;
+}
+static uint64_t layout_bytes(uint64_t w, uint64_t h, uint64_t d, CUarray_format fmt, unsigned channels) {
+    uint64_t rows = h > 1 ? h : 1, slices = d > 1 ? d : 1;
+    uint64_t row = w * texel_bytes(fmt) * (channels > 1 ? channels : 1);
+    return (row + 511) / 512 * 512 * rows * slices;
+}
+static CUresult new_array(int gpu, uint64_t bytes, void **out) {
     if (!out) return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = charge(dev, bytes);
-    if (r) return r;
-    sim_array_t *a = calloc(1, sizeof *a);
-    a->dev = dev; a->size = bytes; a->mip = mip;
+    CUresult rc = take_memory(gpu, bytes);
+    if (rc != CUDA_SUCCESS) return rc;
+    sc_array_t *a = calloc(1, sizeof *a);
+    a->gpu = gpu;
+    a->bytes = bytes;
     *out = a;
-    return 0;
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) {
-    NEED_CTX(dev); if (!d) return CUDA_ERROR_INVALID_VALUE;
-    return new_array(dev, array_bytes(d->Width, d->Height, 1, d->Format, d->NumChannels), 0, (void **)a);
+API CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    CTX_GPU(g);
+    if (!desc) return CUDA_ERROR_INVALID_VALUE;
+    return new_array(g, layout_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels), (void **)arr);
 }
-EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) {
-    NEED_CTX(dev); if (!d) return CUDA_ERROR_INVALID_VALUE;
-    return new_array(dev, array_bytes(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), 0, (void **)a);
+API CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+    CTX_GPU(g);
+    if (!desc) return CUDA_ERROR_INVALID_VALUE;
+    return new_array(g, layout_bytes(desc->Width, desc->Height, desc->Depth, desc->Format, desc->NumChannels),
+                     (void **)arr);
 }
-static uint64_t mip_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels) {
-    uint64_t total = 0, w = d->Width, h = d->Height, z = d->Depth;
-    for (unsigned l = 0; l < levels; l++) {
-        total += array_bytes(w ? w : 1, h, z, d->Format, d->NumChannels);
-        w = w > 1 ? w / 2 : 1; h = h > 1 ? h / 2 : h; z = z > 1 ? z / 2 : z;
+API CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc, unsigned int levels) {
+    CTX_GPU(g);
+    if (!desc || !levels) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t sum = 0;
+    for (unsigned level = 0; level < levels; level++) {
+        uint64_t wl = desc->Width >> level, hl = desc->Height >> level, dl = desc->Depth >> level;
+        sum += layout_bytes(wl > 1 ? wl : 1, hl ? hl : (desc->Height > 0), dl ? dl : (desc->Depth > 0), desc->Format,
+                            desc->NumChannels);
     }
-    return total;
+    return new_array(g, sum, (void **)arr);
 }
-EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
-    NEED_CTX(dev); if (!d || levels == 0) return CUDA_ERROR_INVALID_VALUE;
-    return new_array(dev, mip_bytes(d, levels), 1, (void **)a);
+static CUresult drop_array(void *p) {
+    sc_array_t *a = p;
+    if (!a) return CUDA_ERROR_INVALID_VALUE;
+    give_memory(a->gpu, a->bytes);
+    free(a);
+    return CUDA_SUCCESS;
 }
-static CUresult free_array(void *p) {
-    if (!p) return CUDA_ERROR_INVALID_VALUE;
-    sim_array_t *a = p; uncharge(a->dev, a->size); free(a); return 0;
+API CUresult cuArrayDestroy(CUarray arr) { UP(); return drop_array(arr); }
+API CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) { UP(); return drop_array(arr); }
+API CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUarray arr, CUdevice dev) {
+    (void)dev;
+    if (!req || !arr) return CUDA_ERROR_INVALID_VALUE;
+    memset(req, 0, sizeof *req);
+    req->size = ((sc_array_t *)arr)->bytes;
+    req->alignment = 512;
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuArrayDestroy(CUarray a) { NEED_INIT(); return free_array(a); }
-EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) { NEED_INIT(); return free_array(a); }
-EXPORT CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUarray a, CUdevice d) {
-    (void)d; if (!req || !a) return CUDA_ERROR_INVALID_VALUE;
-    memset(req, 0, sizeof *req); req->size = ((sim_array_t *)a)->size; req->alignment = 512; return 0;
-}
-EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUmipmappedArray a, CUdevice d) {
-    return cuArrayGetMemoryRequirements(req, (CUarray)a, d);
+API CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *req, CUmipmappedArray arr,
+                                                   CUdevice dev) {
+    return cuArrayGetMemoryRequirements(req, (CUarray)arr, dev);
 }
 
-/* ---------------------------------------------------------------- contexts */
-static CUresult ctx_charge(sim_ctx_t *c) {
-    if (!g_ctx_bytes) return 0;
-    CUresult r = charge(c->dev, g_ctx_bytes);
-    if (!r) c->charge = g_ctx_bytes;
-    return r;
+/* ------------------------------------------------------------------------------------------------ contexts */
+static CUresult ctx_take(sc_ctx_t *c) {
+    if (!sc_ctx_bytes) return CUDA_SUCCESS;
+    CUresult rc = take_memory(c->gpu, sc_ctx_bytes);
+    if (rc == CUDA_SUCCESS) c->overhead = sc_ctx_bytes;
+    return rc;
 }
-EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pc, CUdevice d) {
-    NEED_INIT(); CHECK_DEV(d); if (!pc) return CUDA_ERROR_INVALID_VALUE;
-    pthread_mutex_lock(&g_mu);
-    CUresult r = 0;
-    if (g_primary[d].refs == 0) r = ctx_charge(&g_primary[d]);
-    if (!r) g_primary[d].refs++;
-    pthread_mutex_unlock(&g_mu);
-    if (!r) *pc = (CUcontext)&g_primary[d];
-    return r;
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    UP();
+    GPU_OK(dev);
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&sc_mu);
+    if (!sc_primary[dev].retained) rc = ctx_take(&sc_primary[dev]);
+    if (rc == CUDA_SUCCESS) sc_primary[dev].retained++;
+    pthread_mutex_unlock(&sc_mu);
+    if (rc == CUDA_SUCCESS) *pctx = (CUcontext)&sc_primary[dev];
+    return rc;
 }
-EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
-    NEED_INIT(); CHECK_DEV(d);
-    pthread_mutex_lock(&g_mu);
-    if (g_primary[d].refs > 0 && --g_primary[d].refs == 0 && g_primary[d].charge) {
-        uncharge(d, g_primary[d].charge); g_primary[d].charge = 0;
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    UP();
+    GPU_OK(dev);
+    pthread_mutex_lock(&sc_mu);
+    sc_ctx_t *c = &sc_primary[dev];
+    if (c->retained > 0 && --c->retained == 0 && c->overhead) {
+        give_memory(dev, c->overhead);
+        c->overhead = 0;
     }
-    pthread_mutex_unlock(&g_mu);
-    return 0;
+    pthread_mutex_unlock(&sc_mu);
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned int *flags, int *active) {
-    NEED_INIT(); CHECK_DEV(d); if (flags) *flags = 0; if (active) *active = g_primary[d].refs > 0; return 0;
+API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+    UP();
+    GPU_OK(dev);
+    if (flags) *flags = 0;
+    if (active) *active = sc_primary[dev].retained > 0;
+    return CUDA_SUCCESS;
 }
-static CUresult ctx_new(CUcontext *pc, CUdevice d) {
-    NEED_INIT(); CHECK_DEV(d); if (!pc) return CUDA_ERROR_INVALID_VALUE;
-    sim_ctx_t *c = calloc(1, sizeof *c);
-    c->dev = d; c->refs = 1; c->dflt.dev = d;
-    CUresult r = ctx_charge(c);
-    if (r) { free(c); return r; }
-    if (t_depth < 16) t_stack[t_depth++] = c;
-    *pc = (CUcontext)c;
-    return 0;
+static CUresult ctx_make(CUcontext *pctx, CUdevice dev) {
+    UP();
+    GPU_OK(dev);
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    sc_ctx_t *c = calloc(1, sizeof *c);
+    c->gpu = dev;
+    c->retained = 1;
+    CUresult rc = ctx_take(c);
+    if (rc != CUDA_SUCCESS) { free(c); return rc; }
+    stream_setup(&c->null_stream, dev);
+    if (sc_ncur < 16) sc_cur[sc_ncur++] = c;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuCtxCreate_v4(CUcontext *pc, CUctxCreateParams *p, unsigned int flags, CUdevice d) {
-    (void)p; (void)flags; return ctx_new(pc, d);
+API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) { (void)flags; return ctx_make(pctx, dev); }
+API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *p, int n, unsigned int flags, CUdevice dev) {
+    (void)p; (void)n; (void)flags;
+    return ctx_make(pctx, dev);
 }
-EXPORT CUresult cuCtxCreate_v2(CUcontext *pc, unsigned int flags, CUdevice d) { (void)flags; return ctx_new(pc, d); }
-EXPORT CUresult cuCtxCreate_v3(CUcontext *pc, CUexecAffinityParam *p, int n, unsigned int flags, CUdevice d) {
-    (void)p; (void)n; (void)flags; return ctx_new(pc, d);
+API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *p, unsigned int flags, CUdevice dev) {
+    (void)p; (void)flags;
+    return ctx_make(pctx, dev);
 }
-EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
-    NEED_INIT(); sim_ctx_t *x = (sim_ctx_t *)c;
-    if (!x || x->primary) return CUDA_ERROR_INVALID_CONTEXT;
-    for (int i = 0; i < t_depth; i++) if (t_stack[i] == x) { memmove(&t_stack[i], &t_stack[i + 1], (size_t)(t_depth - i - 1) * sizeof(void *)); t_depth--; i--; }
-    if (x->charge) uncharge(x->dev, x->charge);
-    free(x);
-    return 0;
+API CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    UP();
+    sc_ctx_t *c = (sc_ctx_t *)ctx;
+    if (!c || c->primary) return CUDA_ERROR_INVALID_CONTEXT;
+    int keep = 0;
+    for (int i = 0; i < sc_ncur; i++)
+        if (sc_cur[i] != c) sc_cur[keep++] = sc_cur[i];
+    sc_ncur = keep;
+    if (c->overhead) give_memory(c->gpu, c->overhead);
+    free(c->null_stream.ends);
+    free(c);
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
-    NEED_INIT();
-    if (!c) { if (t_depth) t_depth--; return 0; }
-    if (t_depth == 0) t_depth = 1;
-    t_stack[t_depth - 1] = (sim_ctx_t *)c;
-    return 0;
-}
-EXPORT CUresult cuCtxGetCurrent(CUcontext *c) { NEED_INIT(); if (!c) return CUDA_ERROR_INVALID_VALUE; *c = (CUcontext)cur_ctx(); return 0; }
-EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) { NEED_INIT(); if (!c || t_depth >= 16) return CUDA_ERROR_INVALID_VALUE; t_stack[t_depth++] = (sim_ctx_t *)c; return 0; }
-EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
-    NEED_INIT(); if (!t_depth) return CUDA_ERROR_INVALID_CONTEXT;
-    sim_ctx_t *x = t_stack[--t_depth]; if (c) *c = (CUcontext)x; return 0;
-}
-EXPORT CUresult cuCtxGetDevice(CUdevice *d) { NEED_CTX(dev); if (!d) return CUDA_ERROR_INVALID_VALUE; *d = dev; return 0; }
-
-/* ---------------------------------------------------------------- streams, events, timeline */
-static sim_stream_t *stream_of(CUstream s) {
-    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD) return (sim_stream_t *)s;
-    sim_ctx_t *c = cur_ctx();
-    return c ? &c->dflt : NULL;
-}
-static void wait_until(uint64_t t) {
-    uint64_t now = sim_now();
-    if (t > now) sim_sleep_ns(t - now);
-}
-EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
-    (void)flags; NEED_CTX(dev);
-    sim_stream_t *x = calloc(1, sizeof *x); x->dev = dev; *s = (CUstream)x; return 0;
-}
-EXPORT CUresult cuStreamDestroy_v2(CUstream s) { if (s) free(s); return 0; }
-EXPORT CUresult cuStreamSynchronize(CUstream s) {
-    NEED_INIT(); sim_stream_t *x = stream_of(s); if (!x) return CUDA_ERROR_INVALID_CONTEXT;
-    wait_until(__atomic_load_n(&x->last_end, __ATOMIC_ACQUIRE)); return 0;
-}
-EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
-EXPORT CUresult cuStreamQuery(CUstream s) {
-    NEED_INIT(); sim_stream_t *x = stream_of(s); if (!x) return CUDA_ERROR_INVALID_CONTEXT;
-    return sim_now() >= x->last_end ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
-}
-EXPORT CUresult cuCtxSynchronize(void) {
-    NEED_INIT(); if (g_myslot < 0) return 0;
-    /* the device timeline's end bounds every stream of this process */
-    sim_ctx_t *c = cur_ctx(); if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    wait_until(__atomic_load_n(&g_st->dev[c->dev].busy_until, __ATOMIC_ACQUIRE));
-    return 0;
-}
-EXPORT CUresult cuEventCreate(CUevent *e, unsigned int flags) {
-    (void)flags; NEED_INIT(); if (!e) return CUDA_ERROR_INVALID_VALUE; *e = (CUevent)calloc(1, sizeof(sim_event_t)); return 0;
-}
-EXPORT CUresult cuEventDestroy_v2(CUevent e) { free(e); return 0; }
-EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
-    NEED_INIT(); sim_stream_t *x = stream_of(s); sim_event_t *ev = (sim_event_t *)e;
-    if (!x || !ev) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t now = sim_now(), le = __atomic_load_n(&x->last_end, __ATOMIC_ACQUIRE);
-    ev->ts = le > now ? le : now; ev->recorded = 1;
-    return 0;
-}
-EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
-EXPORT CUresult cuEventQuery(CUevent e) {
-    sim_event_t *ev = (sim_event_t *)e; if (!ev) return CUDA_ERROR_INVALID_VALUE;
-    return sim_now() >= ev->ts ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
-}
-EXPORT CUresult cuEventSynchronize(CUevent e) {
-    sim_event_t *ev = (sim_event_t *)e; if (!ev) return CUDA_ERROR_INVALID_VALUE; wait_until(ev->ts); return 0;
-}
-EXPORT CUresult cuEventElapsedTime_v2(float *ms, CUevent a, CUevent b) {
-    sim_event_t *x = (sim_event_t *)a, *y = (sim_event_t *)b;
-    if (!ms || !x || !y || !x->recorded || !y->recorded) return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t now = sim_now();
-    if (now < x->ts || now < y->ts) return CUDA_ERROR_NOT_READY;
-    *ms = (float)(((double)y->ts - (double)x->ts) / 1e6);
-    return 0;
-}
-EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) { return cuEventElapsedTime_v2(ms, a, b); }
-
-/* Places `dur` ns of work on the device timeline for stream x. */
-static void enqueue(int dev, sim_stream_t *x, uint64_t dur) {
-    sim_dev_t *sd = &g_st->dev[dev];
-    for (;;) {
-        sim_lock(&sd->lock);
-        uint64_t now = sim_now();
-        uint64_t start = sd->busy_until > now ? sd->busy_until : now;
-        if (start - now > g_max_queue_ns) {
-            sim_unlock(&sd->lock);
-            sim_sleep_ns(start - now - g_max_queue_ns);
-            continue;
-        }
-        uint64_t end = start + dur;
-        __atomic_store_n(&sd->busy_until, end, __ATOMIC_RELEASE);
-        sd->busy_total += dur;
-        sd->launches++;
-        sim_bucket_add(sd->util, start, end);
-        sim_proc_t *p = &g_st->proc[g_myslot];
-        p->busy_total[dev] += dur;
-        sim_bucket_add(p->util[dev], start, end);
-        sim_unlock(&sd->lock);
-        __atomic_store_n(&x->last_end, end, __ATOMIC_RELEASE);
-        return;
+API CUresult cuCtxSetCurrent(CUcontext ctx) {
+    UP();
+    if (!ctx) {
+        if (sc_ncur) sc_ncur--;
+        return CUDA_SUCCESS;
     }
+    if (!sc_ncur) sc_ncur = 1;
+    sc_cur[sc_ncur - 1] = (sc_ctx_t *)ctx;
+    return CUDA_SUCCESS;
 }
-static uint64_t kernel_ns(sim_func_t *f, uint64_t blocks, void **params) {
-    if (f->sleep_param) return (params && params[0]) ? *(uint64_t *)params[0] : 0;
-    return blocks * (f->ns_per_block ? f->ns_per_block : g_ns_per_block);
+API CUresult cuCtxGetCurrent(CUcontext *ctx) {
+    UP();
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = (CUcontext)current();
+    return CUDA_SUCCESS;
 }
-static CUresult launch(CUfunction fn, uint64_t blocks, CUstream s, void **params) {
-    NEED_INIT();
-    sim_stream_t *x = stream_of(s);
-    if (!fn) return CUDA_ERROR_INVALID_HANDLE;
+API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    UP();
+    if (!ctx || sc_ncur >= 16) return CUDA_ERROR_INVALID_VALUE;
+    sc_cur[sc_ncur++] = (sc_ctx_t *)ctx;
+    return CUDA_SUCCESS;
+}
+API CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
+    UP();
+    if (!sc_ncur) return CUDA_ERROR_INVALID_CONTEXT;
+    sc_ncur--;
+    if (ctx) *ctx = (CUcontext)sc_cur[sc_ncur];
+    return CUDA_SUCCESS;
+}
+API CUresult cuCtxGetDevice(CUdevice *dev) {
+    CTX_GPU(g);
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    *dev = g;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------------------------------------ the engine */
+static sc_stream_t *stream_for(CUstream s) {
+    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD) return (sc_stream_t *)s;
+    sc_ctx_t *c = current();
+    return c ? &c->null_stream : NULL;
+}
+
+static void sleep_until(uint64_t when) {
+    uint64_t now = gs_clock();
+    if (when > now) gs_nap(when - now);
+}
+
+/* Puts kernels of the given durations on the engine, back to back, after everything submitted before. */
+static void submit(sc_stream_t *s, const uint64_t *dur, int n) {
+    uint32_t at = s->issued % s->depth;
+    sleep_until(s->ends[at]);   /* the queue of this stream is full until that launch is done */
+    gs_gpu_t *g = hw(s->gpu);
+    int slot = gs_view[s->gpu].slot;
+    gs_proc_t *me = &gs_st->proc[gs_me];
+    gs_lock(&g->mu);
+    uint64_t now = gs_clock(), t = g->tail > now ? g->tail : now;
+    for (int i = 0; i < n; i++) {
+        gs_tl_add(g->tl, GS_DEV_BINS, GS_DEV_TICK, t, t + dur[i]);
+        gs_tl_add(me->tl[slot], GS_PROC_BINS, GS_PROC_TICK, t, t + dur[i]);
+        g->busy_ns += dur[i];
+        me->busy_ns[slot] += dur[i];
+        t += dur[i];
+    }
+    g->launches += (uint64_t)n;
+    __atomic_store_n(&g->tail, t, __ATOMIC_RELEASE);
+    gs_unlock(&g->mu);
+    s->ends[at] = t;
+    s->issued++;
+    __atomic_store_n(&s->done_at, t, __ATOMIC_RELEASE);
+}
+
+API CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+    (void)flags;
+    CTX_GPU(g);
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    sc_stream_t *x = calloc(1, sizeof *x);
+    stream_setup(x, g);
+    *s = (CUstream)x;
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamDestroy_v2(CUstream s) {
+    sc_stream_t *x = (sc_stream_t *)s;
+    if (x) { free(x->ends); free(x); }
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamSynchronize(CUstream s) {
+    UP();
+    sc_stream_t *x = stream_for(s);
     if (!x) return CUDA_ERROR_INVALID_CONTEXT;
-    enqueue(x->dev, x, kernel_ns((sim_func_t *)fn, blocks, params));
-    return 0;
+    sleep_until(__atomic_load_n(&x->done_at, __ATOMIC_ACQUIRE));
+    return CUDA_SUCCESS;
+}
+API CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+API CUresult cuStreamQuery(CUstream s) {
+    UP();
+    sc_stream_t *x = stream_for(s);
+    if (!x) return CUDA_ERROR_INVALID_CONTEXT;
+    return gs_clock() >= __atomic_load_n(&x->done_at, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+API CUresult cuCtxSynchronize(void) {
+    CTX_GPU(g);
+    sleep_until(__atomic_load_n(&hw(g)->tail, __ATOMIC_ACQUIRE));
+    return CUDA_SUCCESS;
 }
 
-/* ---------------------------------------------------------------- modules and launches */
-EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
-    (void)image; NEED_INIT(); if (!m) return CUDA_ERROR_INVALID_VALUE; *m = (CUmodule)calloc(1, 16); return 0;
+API CUresult cuEventCreate(CUevent *e, unsigned int flags) {
+    (void)flags;
+    UP();
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    *e = (CUevent)calloc(1, sizeof(sc_event_t));
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuModuleLoad(CUmodule *m, const char *fname) { (void)fname; return cuModuleLoadData(m, NULL); }
-EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, CUjit_option *o, void **v) {
-    (void)n; (void)o; (void)v; return cuModuleLoadData(m, image);
+API CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
+API CUresult cuEventRecord(CUevent e, CUstream s) {
+    UP();
+    sc_stream_t *x = stream_for(s);
+    sc_event_t *ev = (sc_event_t *)e;
+    if (!x || !ev) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t now = gs_clock(), tail = __atomic_load_n(&hw(x->gpu)->tail, __ATOMIC_ACQUIRE);
+    ev->at = tail > now ? tail : now;   /* the engine reaches it after all work submitted before */
+    ev->valid = 1;
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuModuleUnload(CUmodule m) { free(m); return 0; }
-EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
-    NEED_INIT(); if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
-    sim_func_t *x = calloc(1, sizeof *x);
-    snprintf(x->name, sizeof x->name, "%s", name);
-    if (!strcmp(name, "sleep")) x->sleep_param = 1;
-    const char *u = strrchr(name, '_');
-    if (u && isdigit((unsigned char)u[1])) x->ns_per_block = strtoull(u + 1, NULL, 10);
-    *f = (CUfunction)x;
-    return 0;
+API CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
+API CUresult cuEventQuery(CUevent e) {
+    sc_event_t *ev = (sc_event_t *)e;
+    if (!ev) return CUDA_ERROR_INVALID_VALUE;
+    return gs_clock() >= ev->at ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
-EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                               unsigned shm, CUstream s, void **params, void **extra) {
-    (void)bx; (void)by; (void)bz; (void)shm; (void)extra;
-    return launch(f, (uint64_t)gx * gy * gz, s, params);
+API CUresult cuEventSynchronize(CUevent e) {
+    sc_event_t *ev = (sc_event_t *)e;
+    if (!ev) return CUDA_ERROR_INVALID_VALUE;
+    sleep_until(ev->at);
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                                    unsigned shm, CUstream s, void **params, void **extra) {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+API CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end) {
+    sc_event_t *a = (sc_event_t *)start, *b = (sc_event_t *)end;
+    if (!ms || !a || !b || !a->valid || !b->valid) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = gs_clock();
+    if (now < a->at || now < b->at) return CUDA_ERROR_NOT_READY;
+    *ms = (float)(((double)b->at - (double)a->at) / 1e6);
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    (void)extra; if (!c) return CUDA_ERROR_INVALID_VALUE;
-    return launch(f, (uint64_t)c->gridDimX * c->gridDimY * c->gridDimZ, c->hStream, params);
+API CUresult cuEventElapsedTime(float *ms, CUevent start, CUevent end) { return cuEventElapsedTime_v2(ms, start, end); }
+
+/* ------------------------------------------------------------------------------------------------ modules */
+API CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+    UP();
+    if (!m) return CUDA_ERROR_INVALID_VALUE;
+    sc_module_t *mod = calloc(1, sizeof *mod);
+    mod->image = image ? strdup((const char *)image) : NULL;
+    *m = (CUmodule)mod;
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    return cuLaunchKernelEx(c, f, params, extra);
+API CUresult cuModuleLoad(CUmodule *m, const char *path) { (void)path; return cuModuleLoadData(m, NULL); }
+API CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, CUjit_option *o, void **v) {
+    (void)n; (void)o; (void)v;
+    return cuModuleLoadData(m, image);
 }
-EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
-                                          unsigned bz, unsigned shm, CUstream s, void **params) {
-    (void)bx; (void)by; (void)bz; (void)shm;
-    return launch(f, (uint64_t)gx * gy * gz, s, params);
+API CUresult cuModuleUnload(CUmodule m) {
+    sc_module_t *mod = (sc_module_t *)m;
+    if (mod) { free(mod->image); free(mod); }
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
-    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shm, s, params);
+API CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    UP();
+    if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
+    kt_func_t *fn = calloc(1, sizeof *fn);
+    if (kt_from_image(((sc_module_t *)m)->image, name, fn)) kt_default(name, fn);
+    *f = (CUfunction)fn;
+    return CUDA_SUCCESS;
 }
 
-/* graphs: a linear list of kernel nodes, run back to back as one unit of work */
-EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags) {
-    (void)flags; NEED_INIT(); if (!g) return CUDA_ERROR_INVALID_VALUE; *g = (CUgraph)calloc(1, sizeof(sim_graph_t)); return 0;
+static uint64_t first_param(void **params) { return params && params[0] ? *(uint64_t *)params[0] : 0; }
+
+static CUresult run_kernel(CUfunction f, uint64_t blocks, CUstream s, void **params) {
+    UP();
+    sc_stream_t *x = stream_for(s);
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (!x) return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t d = kt_draw((kt_func_t *)f, blocks, gs_clock(), first_param(params));
+    submit(x, &d, 1);
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuGraphDestroy(CUgraph g) { free(g); return 0; }
-EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t nd,
-                                        const CUDA_KERNEL_NODE_PARAMS *p) {
-    (void)deps; (void)nd; NEED_INIT();
-    sim_graph_t *x = (sim_graph_t *)g;
-    if (!x || !p || x->n >= 64) return CUDA_ERROR_INVALID_VALUE;
-    sim_node_t *n = &x->nodes[x->n++];
-    n->f = (sim_func_t *)p->func;
+
+API CUresult cuLaunchKernel(CUfunction f, unsigned gridX, unsigned gridY, unsigned gridZ, unsigned blockX,
+                            unsigned blockY, unsigned blockZ, unsigned sharedBytes, CUstream s, void **params,
+                            void **extra) {
+    (void)blockX; (void)blockY; (void)blockZ; (void)sharedBytes; (void)extra;
+    return run_kernel(f, (uint64_t)gridX * gridY * gridZ, s, params);
+}
+API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gridX, unsigned gridY, unsigned gridZ, unsigned blockX,
+                                 unsigned blockY, unsigned blockZ, unsigned sharedBytes, CUstream s, void **params,
+                                 void **extra) {
+    return cuLaunchKernel(f, gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes, s, params, extra);
+}
+API CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra) {
+    (void)extra;
+    if (!cfg) return CUDA_ERROR_INVALID_VALUE;
+    return run_kernel(f, (uint64_t)cfg->gridDimX * cfg->gridDimY * cfg->gridDimZ, cfg->hStream, params);
+}
+API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra) {
+    return cuLaunchKernelEx(cfg, f, params, extra);
+}
+API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gridX, unsigned gridY, unsigned gridZ, unsigned blockX,
+                                       unsigned blockY, unsigned blockZ, unsigned sharedBytes, CUstream s,
+                                       void **params) {
+    (void)blockX; (void)blockY; (void)blockZ; (void)sharedBytes;
+    return run_kernel(f, (uint64_t)gridX * gridY * gridZ, s, params);
+}
+API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gridX, unsigned gridY, unsigned gridZ,
+                                            unsigned blockX, unsigned blockY, unsigned blockZ, unsigned sharedBytes,
+                                            CUstream s, void **params) {
+    return cuLaunchCooperativeKernel(f, gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes, s, params);
+}
+
+/* graphs: kernel nodes, run one after another; every launch draws each node's duration anew */
+API CUresult cuGraphCreate(CUgraph *g, unsigned int flags) {
+    (void)flags;
+    UP();
+    if (!g) return CUDA_ERROR_INVALID_VALUE;
+    *g = (CUgraph)calloc(1, sizeof(sc_graph_t));
+    return CUDA_SUCCESS;
+}
+API CUresult cuGraphDestroy(CUgraph g) { free(g); return CUDA_SUCCESS; }
+API CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                     const CUDA_KERNEL_NODE_PARAMS *p) {
+    (void)deps; (void)ndeps;
+    UP();
+    sc_graph_t *gr = (sc_graph_t *)g;
+    if (!gr || !p || !p->func || gr->count >= 64) return CUDA_ERROR_INVALID_VALUE;
+    sc_node_t *n = &gr->node[gr->count++];
+    n->fn = *(kt_func_t *)p->func;
     n->blocks = (uint64_t)p->gridDimX * p->gridDimY * p->gridDimZ;
-    n->fixed_ns = kernel_ns(n->f, n->blocks, p->kernelParams);
+    n->param = first_param(p->kernelParams);
     if (node) *node = (CUgraphNode)n;
-    return 0;
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
-    (void)flags; NEED_INIT(); if (!e || !g) return CUDA_ERROR_INVALID_VALUE;
-    sim_graph_t *c = malloc(sizeof *c); memcpy(c, g, sizeof *c); *e = (CUgraphExec)c; return 0;
+API CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long flags) {
+    (void)flags;
+    UP();
+    if (!exec || !g) return CUDA_ERROR_INVALID_VALUE;
+    sc_graph_t *copy = malloc(sizeof *copy);
+    memcpy(copy, g, sizeof *copy);
+    *exec = (CUgraphExec)copy;
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) { free(e); return 0; }
-EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
-    NEED_INIT(); sim_graph_t *x = (sim_graph_t *)e; sim_stream_t *st = stream_of(s);
-    if (!x) return CUDA_ERROR_INVALID_HANDLE;
-    if (!st) return CUDA_ERROR_INVALID_CONTEXT;
-    uint64_t dur = 0;
-    for (int i = 0; i < x->n; i++) dur += x->nodes[i].fixed_ns;
-    enqueue(st->dev, st, dur);
-    return 0;
+API CUresult cuGraphExecDestroy(CUgraphExec exec) { free(exec); return CUDA_SUCCESS; }
+API CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
+    UP();
+    sc_graph_t *gr = (sc_graph_t *)exec;
+    sc_stream_t *x = stream_for(s);
+    if (!gr) return CUDA_ERROR_INVALID_HANDLE;
+    if (!x) return CUDA_ERROR_INVALID_CONTEXT;
+    uint64_t d[64], now = gs_clock();
+    for (int i = 0; i < gr->count; i++) d[i] = kt_draw(&gr->node[i].fn, gr->node[i].blocks, now, gr->node[i].param);
+    if (gr->count) submit(x, d, gr->count);
+    return CUDA_SUCCESS;
 }
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s); }
+API CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) { return cuGraphLaunch(exec, s); }
 
-EXPORT CUresult cuGetExportTable(const void **t, const CUuuid *id) { (void)t; (void)id; return CUDA_ERROR_NOT_SUPPORTED; }
+API CUresult cuGetExportTable(const void **table, const CUuuid *id) {
+    (void)table; (void)id;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
 
-/* ---------------------------------------------------------------- cuGetProcAddress */
-typedef struct { const char *base; const char *name; int since; int ptsz; void *fn; } proc_t;
-#define P(base, fn, since) {base, #fn, since, 0, (void *)fn}
-#define PZ(base, fn, since) {base, #fn, since, 1, (void *)fn}
-static const proc_t g_procs[] = {
-    P("cuInit", cuInit, 2000), P("cuDriverGetVersion", cuDriverGetVersion, 2020),
-    P("cuGetErrorString", cuGetErrorString, 6000), P("cuGetErrorName", cuGetErrorName, 6000),
-    P("cuGetProcAddress", cuGetProcAddress, 11030), P("cuGetProcAddress", cuGetProcAddress_v2, 12000),
-    P("cuGetExportTable", cuGetExportTable, 3000),
-    P("cuDeviceGetCount", cuDeviceGetCount, 2000), P("cuDeviceGet", cuDeviceGet, 2000),
-    P("cuDeviceGetName", cuDeviceGetName, 2000), P("cuDeviceGetUuid", cuDeviceGetUuid, 9020),
-    P("cuDeviceGetUuid", cuDeviceGetUuid_v2, 11040), P("cuDeviceTotalMem", cuDeviceTotalMem_v2, 3020),
-    P("cuDeviceGetAttribute", cuDeviceGetAttribute, 2000),
-    P("cuMemAlloc", cuMemAlloc_v2, 3020), P("cuMemFree", cuMemFree_v2, 3020),
-    P("cuMemAllocPitch", cuMemAllocPitch_v2, 3020), P("cuMemAllocManaged", cuMemAllocManaged, 6000),
-    P("cuMemGetInfo", cuMemGetInfo_v2, 3020), P("cuMemAllocHost", cuMemAllocHost_v2, 3020),
-    P("cuMemFreeHost", cuMemFreeHost, 2000), P("cuMemcpyHtoD", cuMemcpyHtoD_v2, 3020),
-    P("cuMemcpyDtoH", cuMemcpyDtoH_v2, 3020), P("cuMemsetD8", cuMemsetD8_v2, 3020),
-    P("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool, 11020),
-    P("cuDeviceGetMemPool", cuDeviceGetMemPool, 11020), P("cuMemPoolCreate", cuMemPoolCreate, 11020),
-    P("cuMemPoolDestroy", cuMemPoolDestroy, 11020), P("cuMemPoolTrimTo", cuMemPoolTrimTo, 11020),
-    P("cuMemPoolSetAttribute", cuMemPoolSetAttribute, 11020), P("cuMemPoolGetAttribute", cuMemPoolGetAttribute, 11020),
-    P("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, 11020),
-    PZ("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync_ptsz, 11020),
-    P("cuMemAllocAsync", cuMemAllocAsync, 11020), PZ("cuMemAllocAsync", cuMemAllocAsync_ptsz, 11020),
-    P("cuMemFreeAsync", cuMemFreeAsync, 11020), PZ("cuMemFreeAsync", cuMemFreeAsync_ptsz, 11020),
-    P("cuMemGetAllocationGranularity", cuMemGetAllocationGranularity, 10020),
-    P("cuMemCreate", cuMemCreate, 10020), P("cuMemRelease", cuMemRelease, 10020),
-    P("cuMemAddressReserve", cuMemAddressReserve, 10020), P("cuMemAddressFree", cuMemAddressFree, 10020),
-    P("cuMemMap", cuMemMap, 10020), P("cuMemUnmap", cuMemUnmap, 10020), P("cuMemSetAccess", cuMemSetAccess, 10020),
-    P("cuMemRetainAllocationHandle", cuMemRetainAllocationHandle, 11000),
-    P("cuArrayCreate", cuArrayCreate_v2, 3020), P("cuArray3DCreate", cuArray3DCreate_v2, 3020),
-    P("cuArrayDestroy", cuArrayDestroy, 2000), P("cuMipmappedArrayCreate", cuMipmappedArrayCreate, 5000),
-    P("cuMipmappedArrayDestroy", cuMipmappedArrayDestroy, 5000),
-    P("cuArrayGetMemoryRequirements", cuArrayGetMemoryRequirements, 11060),
-    P("cuMipmappedArrayGetMemoryRequirements", cuMipmappedArrayGetMemoryRequirements, 11060),
-    P("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, 7000),
-    P("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, 11000),
-    P("cuDevicePrimaryCtxGetState", cuDevicePrimaryCtxGetState, 7000),
-    P("cuCtxCreate", cuCtxCreate_v2, 3020), P("cuCtxCreate", cuCtxCreate_v3, 11040), P("cuCtxCreate", cuCtxCreate_v4, 12050),
-    P("cuCtxDestroy", cuCtxDestroy_v2, 4000), P("cuCtxSetCurrent", cuCtxSetCurrent, 4000),
-    P("cuCtxGetCurrent", cuCtxGetCurrent, 4000), P("cuCtxPushCurrent", cuCtxPushCurrent_v2, 4000),
-    P("cuCtxPopCurrent", cuCtxPopCurrent_v2, 4000), P("cuCtxGetDevice", cuCtxGetDevice, 2000),
-    P("cuCtxSynchronize", cuCtxSynchronize, 2000),
-    P("cuStreamCreate", cuStreamCreate, 2000), P("cuStreamDestroy", cuStreamDestroy_v2, 4000),
-    P("cuStreamSynchronize", cuStreamSynchronize, 2000), PZ("cuStreamSynchronize", cuStreamSynchronize_ptsz, 7000),
-    P("cuStreamQuery", cuStreamQuery, 2000),
-    P("cuEventCreate", cuEventCreate, 2000), P("cuEventDestroy", cuEventDestroy_v2, 4000),
-    P("cuEventRecord", cuEventRecord, 2000), PZ("cuEventRecord", cuEventRecord_ptsz, 7000),
-    P("cuEventQuery", cuEventQuery, 2000), P("cuEventSynchronize", cuEventSynchronize, 2000),
-    P("cuEventElapsedTime", cuEventElapsedTime, 2000), P("cuEventElapsedTime", cuEventElapsedTime_v2, 12080),
-    P("cuModuleLoad", cuModuleLoad, 2000), P("cuModuleLoadData", cuModuleLoadData, 2000),
-    P("cuModuleLoadDataEx", cuModuleLoadDataEx, 2010), P("cuModuleUnload", cuModuleUnload, 2000),
-    P("cuModuleGetFunction", cuModuleGetFunction, 2000),
-    P("cuLaunchKernel", cuLaunchKernel, 4000), PZ("cuLaunchKernel", cuLaunchKernel_ptsz, 7000),
-    P("cuLaunchKernelEx", cuLaunchKernelEx, 11060), PZ("cuLaunchKernelEx", cuLaunchKernelEx_ptsz, 11060),
-    P("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel, 9000),
-    PZ("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel_ptsz, 9000),
-    P("cuGraphCreate", cuGraphCreate, 10000), P("cuGraphDestroy", cuGraphDestroy, 10000),
-    P("cuGraphAddKernelNode", cuGraphAddKernelNode_v2, 12000),
-    P("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, 11040),
-    P("cuGraphInstantiate", cuGraphInstantiateWithFlags, 12000),
-    P("cuGraphExecDestroy", cuGraphExecDestroy, 10000),
-    P("cuGraphLaunch", cuGraphLaunch, 10000), PZ("cuGraphLaunch", cuGraphLaunch_ptsz, 10000),
+/* ------------------------------------------------------------------------------------------------ lookup */
+typedef struct { const char *symbol; void *fn; int since; int per_thread; } sc_entry_t;
+#define E(sym, fn, since) {sym, (void *)fn, since, 0}
+#define EPT(sym, fn, since) {sym, (void *)fn, since, 1}
+static const sc_entry_t sc_entries[] = {
+    E("cuInit", cuInit, 2000), E("cuDriverGetVersion", cuDriverGetVersion, 2020),
+    E("cuGetErrorString", cuGetErrorString, 6000), E("cuGetErrorName", cuGetErrorName, 6000),
+    E("cuGetProcAddress", cuGetProcAddress, 11030), E("cuGetProcAddress", cuGetProcAddress_v2, 12000),
+    E("cuGetExportTable", cuGetExportTable, 3000), E("cuDeviceGetCount", cuDeviceGetCount, 2000),
+    E("cuDeviceGet", cuDeviceGet, 2000), E("cuDeviceGetName", cuDeviceGetName, 2000),
+    E("cuDeviceGetUuid", cuDeviceGetUuid, 9020), E("cuDeviceGetUuid", cuDeviceGetUuid_v2, 11040),
+    E("cuDeviceTotalMem", cuDeviceTotalMem_v2, 3020), E("cuDeviceGetAttribute", cuDeviceGetAttribute, 2000),
+    E("cuMemAlloc", cuMemAlloc_v2, 3020), E("cuMemFree", cuMemFree_v2, 3020),
+    E("cuMemAllocPitch", cuMemAllocPitch_v2, 3020), E("cuMemAllocManaged", cuMemAllocManaged, 6000),
+    E("cuMemGetInfo", cuMemGetInfo_v2, 3020), E("cuMemAllocHost", cuMemAllocHost_v2, 3020),
+    E("cuMemFreeHost", cuMemFreeHost, 2000), E("cuMemcpyHtoD", cuMemcpyHtoD_v2, 3020),
+    E("cuMemcpyDtoH", cuMemcpyDtoH_v2, 3020), E("cuMemsetD8", cuMemsetD8_v2, 3020),
+    E("cuDeviceGetDefaultMemPool", cuDeviceGetDefaultMemPool, 11020), E("cuDeviceGetMemPool", cuDeviceGetMemPool, 11020),
+    E("cuMemPoolCreate", cuMemPoolCreate, 11020), E("cuMemPoolDestroy", cuMemPoolDestroy, 11020),
+    E("cuMemPoolTrimTo", cuMemPoolTrimTo, 11020), E("cuMemPoolSetAttribute", cuMemPoolSetAttribute, 11020),
+    E("cuMemPoolGetAttribute", cuMemPoolGetAttribute, 11020),
+    E("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync, 11020),
+    EPT("cuMemAllocFromPoolAsync", cuMemAllocFromPoolAsync_ptsz, 11020),
+    E("cuMemAllocAsync", cuMemAllocAsync, 11020), EPT("cuMemAllocAsync", cuMemAllocAsync_ptsz, 11020),
+    E("cuMemFreeAsync", cuMemFreeAsync, 11020), EPT("cuMemFreeAsync", cuMemFreeAsync_ptsz, 11020),
+    E("cuMemGetAllocationGranularity", cuMemGetAllocationGranularity, 10020), E("cuMemCreate", cuMemCreate, 10020),
+    E("cuMemRelease", cuMemRelease, 10020), E("cuMemAddressReserve", cuMemAddressReserve, 10020),
+    E("cuMemAddressFree", cuMemAddressFree, 10020), E("cuMemMap", cuMemMap, 10020), E("cuMemUnmap", cuMemUnmap, 10020),
+    E("cuMemSetAccess", cuMemSetAccess, 10020), E("cuMemRetainAllocationHandle", cuMemRetainAllocationHandle, 11000),
+    E("cuArrayCreate", cuArrayCreate_v2, 3020), E("cuArray3DCreate", cuArray3DCreate_v2, 3020),
+    E("cuArrayDestroy", cuArrayDestroy, 2000), E("cuMipmappedArrayCreate", cuMipmappedArrayCreate, 5000),
+    E("cuMipmappedArrayDestroy", cuMipmappedArrayDestroy, 5000),
+    E("cuArrayGetMemoryRequirements", cuArrayGetMemoryRequirements, 11060),
+    E("cuMipmappedArrayGetMemoryRequirements", cuMipmappedArrayGetMemoryRequirements, 11060),
+    E("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain, 7000),
+    E("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2, 11000),
+    E("cuDevicePrimaryCtxGetState", cuDevicePrimaryCtxGetState, 7000), E("cuCtxCreate", cuCtxCreate_v2, 3020),
+    E("cuCtxCreate", cuCtxCreate_v3, 11040), E("cuCtxCreate", cuCtxCreate_v4, 12050),
+    E("cuCtxDestroy", cuCtxDestroy_v2, 4000), E("cuCtxSetCurrent", cuCtxSetCurrent, 4000),
+    E("cuCtxGetCurrent", cuCtxGetCurrent, 4000), E("cuCtxPushCurrent", cuCtxPushCurrent_v2, 4000),
+    E("cuCtxPopCurrent", cuCtxPopCurrent_v2, 4000), E("cuCtxGetDevice", cuCtxGetDevice, 2000),
+    E("cuCtxSynchronize", cuCtxSynchronize, 2000), E("cuStreamCreate", cuStreamCreate, 2000),
+    E("cuStreamDestroy", cuStreamDestroy_v2, 4000), E("cuStreamSynchronize", cuStreamSynchronize, 2000),
+    EPT("cuStreamSynchronize", cuStreamSynchronize_ptsz, 7000), E("cuStreamQuery", cuStreamQuery, 2000),
+    E("cuEventCreate", cuEventCreate, 2000), E("cuEventDestroy", cuEventDestroy_v2, 4000),
+    E("cuEventRecord", cuEventRecord, 2000), EPT("cuEventRecord", cuEventRecord_ptsz, 7000),
+    E("cuEventQuery", cuEventQuery, 2000), E("cuEventSynchronize", cuEventSynchronize, 2000),
+    E("cuEventElapsedTime", cuEventElapsedTime, 2000), E("cuEventElapsedTime", cuEventElapsedTime_v2, 12080),
+    E("cuModuleLoad", cuModuleLoad, 2000), E("cuModuleLoadData", cuModuleLoadData, 2000),
+    E("cuModuleLoadDataEx", cuModuleLoadDataEx, 2010), E("cuModuleUnload", cuModuleUnload, 2000),
+    E("cuModuleGetFunction", cuModuleGetFunction, 2000), E("cuLaunchKernel", cuLaunchKernel, 4000),
+    EPT("cuLaunchKernel", cuLaunchKernel_ptsz, 7000), E("cuLaunchKernelEx", cuLaunchKernelEx, 11060),
+    EPT("cuLaunchKernelEx", cuLaunchKernelEx_ptsz, 11060),
+    E("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel, 9000),
+    EPT("cuLaunchCooperativeKernel", cuLaunchCooperativeKernel_ptsz, 9000), E("cuGraphCreate", cuGraphCreate, 10000),
+    E("cuGraphDestroy", cuGraphDestroy, 10000), E("cuGraphAddKernelNode", cuGraphAddKernelNode_v2, 12000),
+    E("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags, 11040),
+    E("cuGraphInstantiate", cuGraphInstantiateWithFlags, 12000), E("cuGraphExecDestroy", cuGraphExecDestroy, 10000),
+    E("cuGraphLaunch", cuGraphLaunch, 10000), EPT("cuGraphLaunch", cuGraphLaunch_ptsz, 10000),
 };
 
-static CUresult proc_lookup(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st) {
-    if (!sym || !pfn) return CUDA_ERROR_INVALID_VALUE;
-    const proc_t *best = NULL;
-    int known = 0, want_ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
-        const proc_t *p = &g_procs[i];
-        if (strcmp(p->base, sym)) continue;
-        known = 1;
-        if (p->since > ver) continue;
-        if (p->ptsz && !want_ptsz) continue;
-        if (!best || p->ptsz > best->ptsz || (p->ptsz == best->ptsz && p->since > best->since)) best = p;
+static CUresult lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                       CUdriverProcAddressQueryResult *status) {
+    if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    int per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0, seen = 0;
+    const sc_entry_t *pick = NULL;
+    for (size_t i = 0; i < sizeof sc_entries / sizeof sc_entries[0]; i++) {
+        const sc_entry_t *e = &sc_entries[i];
+        if (strcmp(e->symbol, symbol)) continue;
+        seen = 1;
+        if (e->since > version || (e->per_thread && !per_thread)) continue;
+        if (!pick || e->per_thread > pick->per_thread || (e->per_thread == pick->per_thread && e->since > pick->since))
+            pick = e;
     }
-    *pfn = best ? best->fn : NULL;
-    if (st) *st = best ? CU_GET_PROC_ADDRESS_SUCCESS : known ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT
-                                                          : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    *pfn = pick ? pick->fn : NULL;
+    if (status)
+        *status = pick ? CU_GET_PROC_ADDRESS_SUCCESS
+                       : seen ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return pick ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
-EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st) {
-    return proc_lookup(sym, pfn, ver, flags, st);
+API CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                 CUdriverProcAddressQueryResult *status) {
+    return lookup(symbol, pfn, version, flags, status);
 }
-EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags) {
-    return proc_lookup(sym, pfn, ver, flags, NULL);
+API CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    return lookup(symbol, pfn, version, flags, NULL);
 }
 
-/* ---------------------------------------------------------------- test helpers (not part of the CUDA API) */
-/* A test process that never calls cuInit may point SIMGPU_STATE at another file between calls. */
-static int helper_state(void) {
-    char path[512];
-    sim_common_init();
-    sim_state_path(path, sizeof path);
-    if (g_st && !g_inited && strcmp(path, g_st_path)) {
-        munmap(g_st, sizeof *g_st);
-        g_st = NULL;
+/* ------------------------------------------------------------------------------------------------ test helpers */
+/* The state named by SIMGPU_STATE / SIMGPU_DEVICES now: a test process may switch both between calls. */
+static int helper_attach(void) {
+    if (!sc_up) {
+        gs_follow_state();
+        gs_nview = -1;
     }
-    return sim_attach_state();
+    return gs_attach_gpus();
 }
-EXPORT uint64_t simgpu_now_ns(void) { return sim_now(); }
-/* Busy ns of device `dev` in [t0, t1) (CLOCK_MONOTONIC ns), of every process (pid 0) or of one pid. */
-EXPORT uint64_t simgpu_busy_ns(int dev, int pid, uint64_t t0, uint64_t t1) {
-    if (helper_state() || dev < 0 || dev >= SIM_MAX_DEV) return 0;
-    if (!pid) return sim_bucket_sum(g_st->dev[dev].util, t0, t1);
-    uint64_t total = 0;
-    for (int i = 0; i < SIM_MAX_PROC; i++)
-        if (g_st->proc[i].pid == pid) total += sim_bucket_sum(g_st->proc[i].util[dev], t0, t1);
-    return total;
+static gs_gpu_t *helper_gpu(int dev) {
+    if (helper_attach() || dev < 0 || dev >= gs_nview || gs_view[dev].slot < 0) return NULL;
+    return hw(dev);
 }
-EXPORT uint64_t simgpu_used_bytes(int dev) {
-    if (helper_state() || dev < 0 || dev >= SIM_MAX_DEV) return 0;
-    return __atomic_load_n(&g_st->dev[dev].used, __ATOMIC_RELAXED);
+API uint64_t simgpu_now_ns(void) { return gs_clock(); }
+/* Busy ns of GPU `dev` (index in SIMGPU_DEVICES) over [t0, t1): all work (pid 0) or the work of one process. */
+API uint64_t simgpu_busy_ns(int dev, int pid, uint64_t t0, uint64_t t1) {
+    gs_gpu_t *g = helper_gpu(dev);
+    if (!g) return 0;
+    if (!pid) return gs_tl_sum(g->tl, GS_DEV_BINS, GS_DEV_TICK, t0, t1);
+    uint64_t sum = 0;
+    for (int i = 0; i < GS_NPROC; i++)
+        if (gs_st->proc[i].owner == pid)
+            sum += gs_tl_sum(gs_st->proc[i].tl[gs_view[dev].slot], GS_PROC_BINS, GS_PROC_TICK, t0, t1);
+    return sum;
 }
-EXPORT uint64_t simgpu_launches(int dev) {
-    if (helper_state() || dev < 0 || dev >= SIM_MAX_DEV) return 0;
-    return __atomic_load_n(&g_st->dev[dev].launches, __ATOMIC_RELAXED);
+API uint64_t simgpu_used_bytes(int dev) {
+    gs_gpu_t *g = helper_gpu(dev);
+    return g ? __atomic_load_n(&g->used, __ATOMIC_RELAXED) : 0;
+}
+API uint64_t simgpu_launches(int dev) {
+    gs_gpu_t *g = helper_gpu(dev);
+    return g ? __atomic_load_n(&g->launches, __ATOMIC_RELAXED) : 0;
 }

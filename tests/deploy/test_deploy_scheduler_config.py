@@ -182,15 +182,15 @@ def test_sharing_config_names_the_managed_resources(tmp_path):
         assert set(names.all()) <= managed
 
 
-def test_sim_daemonset_memory_factor_fits_its_simulated_gpus():
-    """The sim DaemonSet's GPUs need more than 1 MiB per unit; its flag must be a factor the plugin accepts."""
-    from vgpu.deviceplugin.backends.sim import MODELS, parse_sim_spec
+def test_the_daemonsets_count_memory_in_mib():
+    """New installs use the plugin's default resource mode: no memory factor on any DaemonSet, and the shared
+    configuration says resource_mode mib with factor 1, so vgpu-memory is MiB on every node size."""
     from vgpu.deviceplugin.config import load_config as load_plugin_config
-    from vgpu.deviceplugin.config import resolve_memory_factor
 
-    pod = find("DaemonSet", "vgpu-device-plugin-sim")["spec"]["template"]["spec"]
-    (c,) = pod["containers"]
-    factor = flag(c["command"], "gpu-memory-factor")
-    memory = [MODELS[m][1] for m, n in parse_sim_spec(flag(c["command"], "sim-gpus")) for _ in range(n)]
-    config = load_plugin_config(None, {"gpu_memory_factor": int(factor)})
-    assert resolve_memory_factor(config, memory) == int(factor)
+    for name in ("vgpu-device-plugin", "vgpu-device-plugin-sim"):
+        (c,) = find("DaemonSet", name)["spec"]["template"]["spec"]["containers"]
+        assert not any("gpu-memory-factor" in arg for arg in c["command"]), name
+        assert not any(e.get("name") == "GPU_MEMORY_FACTOR" for e in c.get("env") or ()), name
+    data = find("ConfigMap", "vgpu-sharing-config")["data"]
+    config = load_plugin_config(None, yaml.safe_load(data["device-plugin.yaml"]))
+    assert config.resource_mode == "mib" and config.sharing.gpu_memory_factor == 1

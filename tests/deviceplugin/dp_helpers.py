@@ -48,14 +48,18 @@ class PluginBed:
         self.plugin_args: list[str] = []
 
     def start_plugin(self, gpus: str = "2xT4", *extra: str, wait: bool = True, env: dict[str, str] | None = None,
-                     resources: tuple[str, ...] = RESOURCES) -> None:
-        """Run `vgpu device-plugin` (sim backend) and wait until kubelet has all three device lists."""
+                     resources: tuple[str, ...] = RESOURCES, mode: str = "devices") -> None:
+        """Run `vgpu device-plugin` (sim backend) and wait until kubelet has the device lists of `resources`.
+
+        The default `mode` is Volcano's device layout (memory and cores advertised as devices, kubelet's Allocate
+        calls for all three), which these tests exercise; `mode="mib"` is the plugin's own default."""
         self.metrics_port = free_port()
         self.plugin_args = [
             sys.executable, "-m", "vgpu.cli", "--log-level", "INFO", "device-plugin",
             "--node-name", NODE, "--kubeconfig", self.kubeconfig, "--backend", "sim", "--sim-gpus", gpus,
             "--sim-control", str(self.control), "--kubelet-dir", str(self.plugin_dir), "--hook-path", str(self.hook),
-            "--lock-dir", str(self.lock), "--metrics-listen", f"127.0.0.1:{self.metrics_port}", *extra,
+            "--lock-dir", str(self.lock), "--metrics-listen", f"127.0.0.1:{self.metrics_port}",
+            "--resource-mode", mode, *extra,
         ]
         self.plugin_env = dict(env or {})
         self._spawn(wait, resources)

@@ -10,33 +10,43 @@ EIGHT_80GB = [81920] * 8
 
 
 def test_auto_factor_keeps_memory_devices_within_budget():
-    config = load_config(None, {"gpu_memory_factor": "auto"})
+    config = load_config(None, {"resource_mode": "devices", "gpu_memory_factor": "auto"})
     factor = resolve_memory_factor(config, EIGHT_80GB)
     assert factor == 11
     assert sum(m // factor for m in EIGHT_80GB) <= 60000 < sum(m // (factor - 1) for m in EIGHT_80GB)
 
 
 def test_explicit_factor_too_small_is_refused_with_the_needed_value():
-    config = load_config(None, {"gpu_memory_factor": 4})
+    config = load_config(None, {"resource_mode": "devices", "gpu_memory_factor": 4})
     with pytest.raises(ConfigError, match=r"gpu_memory_factor: 4 gives 163840 .* at least 11"):
         resolve_memory_factor(config, EIGHT_80GB)
 
 
 def test_default_factor_is_one_and_an_overflowing_node_is_refused():
     """The contract's default 1 is never changed silently: a node over kubelet's budget must opt in."""
-    assert resolve_memory_factor(load_config(None), [15360, 15360]) == 1
+    devices = {"resource_mode": "devices"}
+    assert resolve_memory_factor(load_config(None, devices), [15360, 15360]) == 1
     with pytest.raises(ConfigError, match=r"^sharing.gpu_memory_factor: 1 gives 81920 volcano.sh/vgpu-memory devices "
                                           r".* at least 2 .*--gpu-memory-factor=auto"):
-        resolve_memory_factor(load_config(None), [40960, 40960])
-    shared = load_config(None, {"sharing.gpu_memory_factor": 2})
+        resolve_memory_factor(load_config(None, devices), [40960, 40960])
+    shared = load_config(None, {**devices, "sharing.gpu_memory_factor": 2})
     assert resolve_memory_factor(shared, [40960, 40960]) == 2
-    override = load_config(None, {"sharing.gpu_memory_factor": 2, "gpu_memory_factor": 4})
+    override = load_config(None, {**devices, "sharing.gpu_memory_factor": 2, "gpu_memory_factor": 4})
     assert resolve_memory_factor(override, [40960, 40960]) == 4  # the plugin's own override wins
+
+
+def test_mib_mode_is_the_default_and_has_no_memory_factor():
+    """The default resource mode counts vgpu-memory in MiB on any node size; a factor is a devices-mode option."""
+    assert load_config(None).resource_mode == "mib"
+    for overrides in ({"gpu_memory_factor": 4}, {"gpu_memory_factor": "auto"}, {"sharing.gpu_memory_factor": 2}):
+        with pytest.raises(ConfigError, match="resource_mode mib counts vgpu-memory in MiB"):
+            load_config(None, overrides)
 
 
 def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "dp.yaml"
-    path.write_text("sharing:\n  split_count: 5\ngpu_memory_factor: auto\nhandshake: true\nignored_xids: [13]\n")
+    path.write_text("sharing:\n  split_count: 5\nresource_mode: devices\ngpu_memory_factor: auto\nhandshake: true\n"
+                    "ignored_xids: [13]\n")
     config = load_config(str(path), {"sharing.split_count": 7, "hook_path": None})
     assert (config.sharing.split_count, config.gpu_memory_factor, config.handshake, config.ignored_xids) == (
         7, "auto", True, [13])

@@ -47,7 +47,7 @@ CASES = [
     ("disable_healthchecks", "48,79", "48,79", "flags:\n  plugin:\n    disableHealthchecks: \"48,79\"\n", "48,79"),
     ("node_labels", "false", "false", "flags:\n  vgpu:\n    nodeLabels: false\n", False),
     ("hook_path", "/opt/hook", "/opt/hook", "flags:\n  vgpu:\n    hookPath: /opt/hook\n", "/opt/hook"),
-    ("gpu_memory_factor", "auto", "auto", "flags:\n  vgpu:\n    gpuMemoryFactor: auto\n", "auto"),
+    ("resource_mode", "devices", "devices", "flags:\n  vgpu:\n    resourceMode: devices\n", "devices"),
 ]
 ENV = {o.field: o.env for o in OPTIONS}
 
@@ -61,6 +61,15 @@ def test_each_option_from_flag_env_and_file(tmp_path, field, flag_text, env_text
     assert getattr(resolve(env={"CONFIG_FILE": path}), field) == expected  # the file named by CONFIG_FILE
     if field != "mig_strategy":  # none is also the default (and the only value)
         assert getattr(resolve(), field) != expected
+
+
+def test_the_memory_factor_from_flag_env_and_file_in_devices_mode(tmp_path):
+    devices = {"resource_mode": "devices"}
+    assert resolve({**devices, "gpu_memory_factor": "auto"}).gpu_memory_factor == "auto"
+    assert resolve(devices, {"GPU_MEMORY_FACTOR": "8"}).gpu_memory_factor == 8
+    path = nvidia_file(tmp_path, "version: v1\nflags:\n  vgpu:\n    gpuMemoryFactor: auto\n")
+    assert resolve(devices, config_file=path).gpu_memory_factor == "auto"
+    assert resolve(devices).gpu_memory_factor is None
 
 
 def test_precedence_flag_env_file_component_file_default(tmp_path):
@@ -93,6 +102,8 @@ INVALID = [
     ({"node_labels": "2"}, {}, r"^--node-labels: not a boolean"),
     ({"gpu_memory_factor": "0"}, {}, r"^--gpu-memory-factor: must be 1..1024 or auto"),
     ({}, {"GPU_MEMORY_FACTOR": "lots"}, r"^GPU_MEMORY_FACTOR: not a number or auto"),
+    ({"gpu_memory_factor": "4"}, {}, r"resource_mode mib counts vgpu-memory in MiB"),
+    ({}, {"RESOURCE_MODE": "units"}, r"^RESOURCE_MODE: unknown value 'units' \(expected mib or devices\)"),
     ({"backend": "cuda"}, {}, r"^--backend: unknown value 'cuda'"),
     ({"backend": "nvml", "sim_gpus": "1xT4"}, {}, r"^--sim-gpus: only meaningful with --backend sim"),
     ({"backend": "sim"}, {}, r"^--sim-gpus: required with --backend sim"),

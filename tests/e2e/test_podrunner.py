@@ -76,11 +76,12 @@ def test_a_library_nobody_installed_fails_the_start(tmp_path):
         translate_env(POD, CONTAINER, alloc, None, INVENTORY, tmp_path / "state")
 
 
-def test_single_gpu_processes_share_the_simulated_device_state(tmp_path):
-    alloc = ContainerAllocation(envs={"NVIDIA_VISIBLE_DEVICES": UUID_A})
-    one = translate_env(POD, CONTAINER, alloc, None, INVENTORY, tmp_path)
-    two = translate_env(POD, {"name": "other"}, alloc, None, INVENTORY, tmp_path)
-    assert one["SIMGPU_STATE"] == two["SIMGPU_STATE"] == str(tmp_path / f"{UUID_A}.state")
+def test_processes_of_a_node_share_the_simulated_gpu_state(tmp_path):
+    one = translate_env(POD, CONTAINER, ContainerAllocation(envs={"NVIDIA_VISIBLE_DEVICES": UUID_A}), None,
+                        INVENTORY, tmp_path)
+    two = translate_env(POD, {"name": "other"}, ContainerAllocation(envs={"NVIDIA_VISIBLE_DEVICES": UUID_B}), None,
+                        INVENTORY, tmp_path)
+    assert one["SIMGPU_STATE"] == two["SIMGPU_STATE"] == str(tmp_path / "node.state")
 
 
 def test_a_process_with_the_translated_env_is_limited(tmp_path):

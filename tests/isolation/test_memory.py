@@ -118,6 +118,14 @@ def test_allocation_paths_are_refused_over_the_limit(sim, tmp_path):
     assert res.stdout.split() == ["alloc=2", "managed=2", "async=2", "pitch=2", "sim_used=0"]
 
 
+def test_a_refused_allocation_hands_back_a_null_handle(sim):
+    """A caller that frees what a refused call returned (HAMi-core's test programs do) passes 0, not garbage."""
+    kv = sim.run("refuse", str(256 << 20), CUDA_DEVICE_MEMORY_LIMIT="128m")
+    assert kv["_rc"] == "0", kv
+    for path in ("alloc", "pitch", "managed", "async", "vmm", "array"):
+        assert kv[path] == "2,0", (path, kv[path])
+
+
 def test_dlsym_and_cuGetProcAddress_return_the_hooks(sim):
     kv = sim.run("procaddr", CUDA_DEVICE_MEMORY_LIMIT="1g")
     assert kv["_rc"] == "0", kv

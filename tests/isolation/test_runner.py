@@ -49,6 +49,11 @@ def test_run_returns_the_command_exit_code(sim_env):
     assert vgpu("run", "--memory", "1g", "--", "sh", "-c", "exit 7") == 7
 
 
+@pytest.mark.parametrize("sig,status", [("ABRT", 134), ("SEGV", 139), ("KILL", 137)])
+def test_run_reports_a_fatal_signal_as_a_shell_does(sim_env, sig, status):
+    assert vgpu("run", "--memory", "1g", "--", "sh", "-c", f"kill -{sig} $$") == status
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--memory", "lots"], "--memory"),
     (["--cores", "130"], "--cores"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import orjson
 import pytest
 from kubernetes import client as k8s
@@ -301,9 +302,10 @@ def test_store_persists_across_restarts(tmp_path):
     data = tmp_path / "state.json"
     store = Store(data)
     store.create("v1/nodes", "", {"metadata": {"name": "n1"}})
-    store.create("v1/pods", "default", {"metadata": {"name": "p1"}})
+    spec = {"containers": [{"name": "c"}]}
+    store.create("v1/pods", "default", {"metadata": {"name": "p1"}, "spec": spec})
     store.patch("v1/pods", "default", "p1", {"metadata": {"labels": {"a": "b"}}}, MERGE)
-    store.create("v1/pods", "default", {"metadata": {"name": "p2"}})
+    store.create("v1/pods", "default", {"metadata": {"name": "p2"}, "spec": spec})
     store.delete("v1/pods", "default", "p2")
     rv = store.rv
     # no close(): as after SIGKILL, only the journal has the changes; add a torn last line
@@ -318,3 +320,28 @@ def test_store_persists_across_restarts(tmp_path):
     assert int(created["metadata"]["resourceVersion"]) == rv + 1
     again.close()
     assert Store(data).rv == rv + 1
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"containers": "oops"}, "spec.containers"),
+    ({}, "spec.containers"),
+    ({"containers": [{"image": "x"}]}, "spec.containers[0].name"),
+    ({"containers": [{"name": "c", "resources": {"limits": "all"}}]}, "spec.containers[0].resources.limits"),
+    ({"containers": [{"name": "c"}], "initContainers": "no"}, "spec.initContainers"),
+])
+def test_a_malformed_pod_is_refused_at_create(apiserver, api, spec, field):
+    """As kube-apiserver does: 422 Invalid naming the field, and nothing is stored. Posted as raw JSON, as kubectl
+    with --validate=false would (the typed client refuses such a body before sending it)."""
+    answer = httpx.post(f"{apiserver.url}/api/v1/namespaces/default/pods",
+                        json={"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bad"}, "spec": spec})
+    assert answer.status_code == 422 and field in answer.json()["message"], answer.text
+    core = k8s.CoreV1Api(api)
+    assert read_json(core.list_namespaced_pod("default", _preload_content=False))["items"] == []
+
+
+def test_limits_without_requests_are_copied_to_requests(api):
+    core = k8s.CoreV1Api(api)
+    body = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "resources": {
+        "limits": {"volcano.sh/vgpu-number": "1", "cpu": "1"}, "requests": {"cpu": "500m"}}}]}}
+    created = read_json(core.create_namespaced_pod("default", body, _preload_content=False))
+    assert created["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "500m", "volcano.sh/vgpu-number": "1"}

@@ -109,21 +109,23 @@ class ExtenderProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = None
 
-    def start(self):
+    def start(self, ready: bool = True):
+        """Start the process and wait until it answers /readyz (with `ready`) or /healthz (a standby replica)."""
         env = dict(os.environ)
         cmd = [sys.executable, "-m", "vgpu.cli", "scheduler", "--kubeconfig", self.kubeconfig,
                "--listen", f"127.0.0.1:{self.port}", "--metrics-listen", "", *self.args]
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
-        def ready():
+        def answers():
             if self.proc.poll() is not None:
                 raise AssertionError(f"extender exited: {self.proc.stderr.read().decode()[-2000:]}")
             try:
-                return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
+                return httpx.get(self.url + probe, timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
 
-        wait_until(ready, timeout=30, interval=0.1, what="extender /readyz")
+        probe = "/readyz" if ready else "/healthz"
+        wait_until(answers, timeout=30, interval=0.1, what=f"extender {probe}")
         return self
 
     def kill(self):

@@ -45,7 +45,7 @@ def test_cli_rejects_unknown_policy_with_one_line(tmp_path, apiserver):
     assert "unknown policy 'pack'" in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
-def test_inspect_table(kube, apiserver):
+def test_inspect_table(kube, apiserver, tmp_path):
     kube.create_node(node("n1", [gpu("GPU-a", 8000), gpu("GPU-b", 8000, healthy=False)]))
     kube.create_node(node("n2", register="oops"))
     p = kube.create_pod(pod("train", container(number=1, memory=3000, cores=30)))
@@ -56,13 +56,18 @@ def test_inspect_table(kube, apiserver):
     out = run_vgpu("inspect", "--kubeconfig", apiserver.kubeconfig)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["NODE", "GPU", "UUID", "TYPE", "MEMORY(alloc/total)", "CORES(alloc/100)",
+    assert lines[0].split() == ["NODE", "GPU", "UUID", "TYPE", "MEMORY", "MiB(alloc/total)", "CORES(alloc/100)",
                                 "SHARES(alloc/split)", "HEALTH", "PODS"]
     row_a = next(line for line in lines if "GPU-a" in line)
     assert "3000/8000" in row_a and "30/100" in row_a and "1/10" in row_a and "default/train(3000,30%)" in row_a
     assert "unhealthy" in next(line for line in lines if "GPU-b" in line)
     assert "unschedulable" in next(line for line in lines if line.startswith("n2"))
-    assert lines[-1] == "allocated memory: 3000/16000 (18.8%)"
+    assert lines[-1] == "allocated memory: 3000/16000 MiB (18.8%)"
+    config = tmp_path / "scheduler.yaml"  # resource_mode devices: units of 4 MiB, shown as MiB
+    config.write_text("sharing:\n  gpu_memory_factor: 4\n")
+    out = run_vgpu("inspect", "--kubeconfig", apiserver.kubeconfig, "--config", str(config))
+    row_a = next(line for line in out.stdout.splitlines() if "GPU-a" in line)
+    assert "12000/32000" in row_a and "default/train(12000,30%)" in row_a
 
 
 def test_sigterm_releases_the_lease_and_exits_0(apiserver):

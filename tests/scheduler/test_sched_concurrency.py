@@ -87,6 +87,8 @@ def drive(url_of, pods, kube, workers=8, on_progress=None, choose=None):
                 out = r.json()
                 if out["Error"]:
                     raise RuntimeError(out["Error"])
+                if on_progress:
+                    on_progress(len(outcome))
                 if not out["NodeNames"]:
                     with lock:
                         outcome[name] = "unschedulable"
@@ -99,8 +101,6 @@ def drive(url_of, pods, kube, workers=8, on_progress=None, choose=None):
                     raise RuntimeError(r.json()["Error"])
                 with lock:
                     outcome[name] = "bound"
-                    if on_progress:
-                        on_progress(len(outcome))
             except (httpx.HTTPError, RuntimeError, ValueError) as exc:
                 retries.append(str(exc)[:80])
                 if kube.pod(name)["spec"].get("nodeName"):  # the bind landed before the failure
@@ -133,7 +133,7 @@ def test_concurrent_decide_mode_with_extender_killed_and_restarted(kube, apiserv
     restarted = threading.Event()
 
     def progress(done):
-        if done >= 60 and not restarted.is_set():
+        if done >= 30 and not restarted.is_set():
             restarted.set()
             proc.kill()
             threading.Thread(target=proc.start, daemon=True).start()

@@ -81,7 +81,9 @@ def test_decide_mode_filter_and_bind_byte_for_byte(kube, served):
                and ext.ledger.charges[p["metadata"]["uid"]].state == "observed", what="watch confirms the pod")
     usage = [(u.shares, u.memory, u.cores) for u in ext.ledger.nodes["node-a"].usage]
     assert usage == [(1, 10000, 30), (1, 10000, 30)]
-    wait_until(lambda: any(e.get("reason") == "BindingSucceeded" for e in kube.events()), what="event")
+    bound_event = wait_until(lambda: next((e for e in kube.events() if e.get("reason") == "BindingSucceeded"), None),
+                             what="event")
+    assert bound_event["message"] == "bound to node-a: GPU-aaaa (10000 MiB, 30% cores); GPU-bbbb (10000 MiB, 30% cores)"
 
     text = generate_latest(ext.runtime.metrics.registry).decode()
     assert 'vgpu_scheduler_device_memory_allocated_bytes{device_index="0",device_type=' in text

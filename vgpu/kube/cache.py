@@ -6,6 +6,12 @@ resourceVersion, resumes from the last seen resourceVersion after a dropped or t
 410 Gone (emitting the adds, updates and deletes the relist implies, so handlers stay consistent with the store),
 and backs off exponentially with jitter while the API server is unreachable.
 
+A watch can also go silent without ending (a proxy or an API server that stops delivering). A progress check
+(`progress_interval`, default 5 s) notices it: while the open watch has delivered nothing, not even a bookmark, it
+asks the API server for the collection's current resourceVersion (a list of one object); when that is newer than
+what the watch delivered at two checks in a row, the watch is closed and resumed from its last resourceVersion
+(a 410 then relists). A change the watch missed is so seen within about two intervals.
+
 Handlers run in order on the cache thread: on_add(obj), on_update(old, new), on_delete(obj). They must be quick
 and must not mutate the dicts they receive (the cache shares them). A handler that raises is logged and skipped.
 """
@@ -74,7 +80,7 @@ class WatchCache:
                  label_selector: str | None = None, namespace: str | None = None,
                  on_add: AddHandler | None = None, on_update: UpdateHandler | None = None,
                  on_delete: DeleteHandler | None = None, watch_timeout: int = 300,
-                 backoff: Backoff | None = None, name: str | None = None) -> None:
+                 backoff: Backoff | None = None, name: str | None = None, progress_interval: float = 5.0) -> None:
         if kind not in ("pods", "nodes"):
             raise ValueError(f"WatchCache kind must be 'pods' or 'nodes', not {kind!r}")
         if kind == "nodes" and namespace:
@@ -84,6 +90,7 @@ class WatchCache:
         self.label_selector = label_selector
         self.namespace = namespace
         self.watch_timeout = watch_timeout
+        self.progress_interval = progress_interval  # 0: no progress check
         self.name = name or f"watch-{kind}" + (f"[{field_selector}]" if field_selector else "")
         self._core = k8s.CoreV1Api(api_client)
         self._handlers: list[tuple[AddHandler | None, UpdateHandler | None, DeleteHandler | None]] = []
@@ -100,6 +107,8 @@ class WatchCache:
         self.relists = 0  # how many lists were done (the first one included)
         self.watches = 0  # how many watch requests were started
         self.errors = 0  # failed list/watch attempts
+        self.stalls = 0  # silent watches the progress check closed
+        self._last_event = time.monotonic()  # when the open watch last delivered anything
 
     # -- public API
     def add_handlers(self, on_add: AddHandler | None = None, on_update: UpdateHandler | None = None,
@@ -113,6 +122,8 @@ class WatchCache:
             raise RuntimeError(f"{self.name} already started")
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
+        if self.progress_interval > 0:
+            threading.Thread(target=self._check_progress, name=f"{self.name}-progress", daemon=True).start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -240,12 +251,14 @@ class WatchCache:
             if isinstance(err, GoneError):
                 raise _Expired() from exc
             raise err from exc
+        self._last_event = time.monotonic()
         self._resp = resp
         try:
             if self._stop.is_set():
                 return
             self._backoff.reset()
             for ev in self._events(resp):
+                self._last_event = time.monotonic()
                 typ, obj = ev.get("type"), ev.get("object") or {}
                 if typ == "ERROR":
                     if obj.get("code") == 410:
@@ -264,6 +277,42 @@ class WatchCache:
                 resp.release_conn()
             except Exception:
                 pass
+
+    def _current_version(self) -> int | None:
+        """The collection's resourceVersion now (a consistent list of at most one object); None if unknown."""
+        try:
+            doc = read_json(self._call(limit=1, _request_timeout=(5, 10)))
+            return int(str((doc.get("metadata") or {}).get("resourceVersion", "")))
+        except Exception:
+            return None
+
+    def _check_progress(self) -> None:
+        """Close an open watch that stays silent while the collection moves on (see the module docstring)."""
+        suspect: float | None = None  # when the watch was first found behind
+        while not self._stop.wait(self.progress_interval):
+            resp = self._resp
+            if resp is None or time.monotonic() - self._last_event < self.progress_interval:
+                suspect = None
+                continue
+            try:
+                delivered = int(self.resource_version)
+            except ValueError:
+                continue  # resourceVersions that are not numbers cannot be compared
+            current = self._current_version()
+            if current is None or current <= delivered:
+                suspect = None
+                continue
+            if suspect is None or suspect < self._last_event:
+                suspect = time.monotonic()
+                continue
+            self.stalls += 1
+            log.warning("cache=%s event=watch_stalled silent_s=%.1f delivered_rv=%d current_rv=%d: resuming",
+                        self.name, time.monotonic() - self._last_event, delivered, current)
+            try:
+                resp.shutdown()
+            except Exception:
+                pass
+            suspect = None
 
     def _run(self) -> None:
         need_list = True

@@ -1,9 +1,12 @@
-"""Kubernetes API client factory with client-side rate limiting.
+"""Kubernetes API client factory with client-side rate limiting and retries.
 
 Called once per process by the scheduler extender, the device plugin and the tools. The official Python client has
 no rate limiter (client-go has one, QPS 5 / burst 10); `make_api_client` adds a token bucket in front of every
-request, with defaults sized for a scheduler (50 / 100). Objects are handled as plain dicts: call the generated
-API methods with `_preload_content=False` and parse with `read_json`.
+request, with defaults sized for a scheduler (50 / 100), and `ApiRetry`: a request the API server turned away
+(429, 503: not acted on, any method) or that failed in a way that is safe to repeat (500, 502, 504, a lost
+connection, for reads and our idempotent patches) is retried with exponential backoff and jitter, honouring
+Retry-After (capped), for a few seconds at most. Objects are handled as plain dicts: call the generated API methods
+with `_preload_content=False` and parse with `read_json`.
 """
 
 from __future__ import annotations
@@ -18,10 +21,13 @@ from typing import Any
 import orjson
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
+from urllib3.util.retry import Retry
 
 from vgpu.errors import ConfigError
 
-__all__ = ["RateLimitedApiClient", "TokenBucket", "make_api_client", "read_json", "read_object"]
+__all__ = [
+    "ApiRetry", "RateLimitedApiClient", "TokenBucket", "api_retry", "make_api_client", "read_json", "read_object",
+]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +94,28 @@ class TokenBucket:
             return self._tokens
 
 
+class ApiRetry(Retry):
+    """urllib3's Retry with the API server's semantics: 429 and 503 mean the request was not acted on, so any
+    method may be sent again; other retryable failures only for reads, PUT, DELETE and PATCH (ours are merge
+    patches of metadata, the same result however often applied), never for POST (a binding, an event)."""
+
+    NOT_ACTED_ON = frozenset({429, 503})
+
+    def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
+        if status_code in self.NOT_ACTED_ON:
+            return bool(self.total)
+        return bool(super().is_retry(method, status_code, has_retry_after))
+
+
+def api_retry() -> ApiRetry:
+    """The retry policy of our API clients: up to 5 retries (3 when the server cannot be reached), 0.2 s doubling
+    to 3 s with 0.2 s of jitter, a Retry-After honoured up to 10 s."""
+    return ApiRetry(total=5, connect=3, read=2, status=5, other=0, redirect=0, backoff_factor=0.2, backoff_max=3.0,
+                    backoff_jitter=0.2, status_forcelist=(429, 500, 502, 503, 504), raise_on_status=False,
+                    allowed_methods=frozenset({"GET", "HEAD", "PUT", "DELETE", "PATCH", "OPTIONS"}),
+                    respect_retry_after_header=True, retry_after_max=10)
+
+
 class RateLimitedApiClient(k8s.ApiClient):
     """kubernetes.client.ApiClient that takes a token from `rate_limiter` before every HTTP request."""
 
@@ -101,8 +129,9 @@ class RateLimitedApiClient(k8s.ApiClient):
 
 
 def make_api_client(kubeconfig: str | None = None, qps: float = 50, burst: int = 100,
-                    pool_size: int = 64) -> RateLimitedApiClient:
-    """An ApiClient for `kubeconfig` (None: in-cluster config inside a pod, else the default kubeconfig)."""
+                    pool_size: int = 64, retries: bool = True) -> RateLimitedApiClient:
+    """An ApiClient for `kubeconfig` (None: in-cluster config inside a pod, else the default kubeconfig), retrying
+    as `api_retry` says unless `retries` is False."""
     cfg = k8s.Configuration()
     try:
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(_SA_TOKEN):
@@ -112,6 +141,7 @@ def make_api_client(kubeconfig: str | None = None, qps: float = 50, burst: int =
     except (k8s_config.ConfigException, OSError, TypeError, ValueError) as exc:
         raise ConfigError(f"kubeconfig {kubeconfig or '(default)'}: {exc}") from exc
     cfg.connection_pool_maxsize = max(pool_size, cfg.connection_pool_maxsize or 0)
+    cfg.retries = api_retry() if retries else False
     api = RateLimitedApiClient(cfg, TokenBucket(qps, burst))
     log.debug("api client host=%s qps=%s burst=%s", cfg.host, qps, burst)
     return api

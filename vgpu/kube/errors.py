@@ -26,11 +26,13 @@ __all__ = [
 class ApiError(VGPUError):
     """The API server refused or failed a request; `status` is the HTTP code (0: no answer)."""
 
-    def __init__(self, what: str, status: int = 0, reason: str = "", message: str = "") -> None:
+    def __init__(self, what: str, status: int = 0, reason: str = "", message: str = "",
+                 retry_after: float | None = None) -> None:
         self.what = what
         self.status = status
         self.reason = reason
         self.message = message
+        self.retry_after = retry_after  # seconds the server's Retry-After asked for (None: it did not say)
         detail = f"{status} {reason}".strip() if status else "no answer"
         super().__init__(f"{what}: {detail}: {message}" if message else f"{what}: {detail}")
 
@@ -77,4 +79,13 @@ def translate(exc: BaseException, what: str) -> ApiError:
         cls = GoneError
     else:
         cls = ApiError
-    return cls(what, status, reason, message)
+    return cls(what, status, reason, message, _retry_after(getattr(exc, "headers", None)))
+
+
+def _retry_after(headers: Any) -> float | None:
+    """The Retry-After of a response's headers in seconds (the delay form; None when absent or a date)."""
+    try:
+        value = headers.get("Retry-After") if headers is not None else None
+        return float(value) if value is not None else None
+    except (AttributeError, TypeError, ValueError):
+        return None

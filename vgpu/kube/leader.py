@@ -7,6 +7,11 @@ Every write is an update carrying the resourceVersion that was read, so two cand
 leader renews every `retry_period`; if it cannot renew within `renew_deadline` it stops leading. On `stop()` the
 leader releases the Lease (holder cleared) so that another replica takes over at once.
 
+`holds_lease()` is the fence for writes only a leader may make: true only while the last successful renewal is
+less than `renew_deadline` old on this process's monotonic clock. Another candidate takes over only after
+`lease_duration` without a renewal, so a leader that was paused (a stalled process, a partition) and still believes
+it leads stops writing before anyone else may start.
+
 Callbacks run on the elector thread and must return quickly.
 """
 
@@ -62,6 +67,7 @@ class LeaderElector:
         self._thread: threading.Thread | None = None
         self._observed: dict[str, Any] | None = None  # last Lease we read or wrote
         self._observed_at = 0.0  # monotonic time when the record (holder / renewTime) last changed
+        self._renewed = 0.0  # monotonic time of the last successful acquire or renew
         self.holder = ""  # identity of the current leader as last observed
         self.transitions = 0  # how often this elector started leading
 
@@ -69,6 +75,10 @@ class LeaderElector:
     def is_leader(self) -> bool:
         """True while this elector holds the Lease."""
         return self._leader.is_set()
+
+    def holds_lease(self) -> bool:
+        """True while this elector leads and renewed the Lease less than `renew_deadline` ago (the write fence)."""
+        return self.is_leader and time.monotonic() - self._renewed < self.renew_deadline
 
     def start(self) -> LeaderElector:
         """Start campaigning in a daemon thread."""
@@ -102,12 +112,12 @@ class LeaderElector:
                 self._sleep(self.retry_period)
             if self._stop.is_set():
                 return
+            self._renewed = last_ok = time.monotonic()
             self._set_leader(True)
             # leader: renew until a renewal misses the deadline
-            last_ok = time.monotonic()
             while not self._stop.wait(self.retry_period):
                 if self._try_acquire_or_renew():
-                    last_ok = time.monotonic()
+                    self._renewed = last_ok = time.monotonic()
                 elif time.monotonic() - last_ok >= self.renew_deadline or self.holder != self.identity:
                     log.info("lease=%s/%s identity=%s lost leadership", self.namespace, self.name, self.identity)
                     self._set_leader(False)

@@ -241,6 +241,92 @@ static int cmd_spin(const char *kind, unsigned blocks, unsigned ns_per_block, do
     return 0;
 }
 
+
+/* Workloads whose kernel durations only the simulated GPU knows (its module-image format, kerneltime.h there). */
+static const char *MIX_IMAGE =
+    "simgpu-module\n"
+    "gemm lognormal 400us 1.2 drift 1700ms 0.5\n"
+    "elem uniform 20us 90us\n"
+    "attn lognormal 250us 0.6 phase 300ms 6\n"
+    "big bimodal 300us 12ms 0.2\n"
+    "tiny lognormal 30us 0.8\n"
+    "node lognormal 120us 1.0\n";
+
+/* mix WORKLOAD SECONDS STREAMS: saturating launches of a workload over STREAMS streams */
+static int cmd_mix(const char *workload, double seconds, int nstreams) {
+    setup(0);
+    CUmodule m;
+    CK(cuModuleLoadData(&m, MIX_IMAGE));
+    const char *names[] = {"gemm", "elem", "attn", "big", "tiny", "node", "work_1000"};
+    CUfunction fn[7];
+    for (int i = 0; i < 7; i++) CK(cuModuleGetFunction(&fn[i], m, names[i]));
+    CUstream st[8];
+    if (nstreams < 1) nstreams = 1;
+    if (nstreams > 8) nstreams = 8;
+    for (int i = 0; i < nstreams; i++) CK(cuStreamCreate(&st[i], 0));
+    CUgraphExec ge = NULL;
+    if (!strcmp(workload, "graph")) {
+        CUgraph g; CK(cuGraphCreate(&g, 0));
+        CUDA_KERNEL_NODE_PARAMS kp; memset(&kp, 0, sizeof kp);
+        kp.gridDimX = 64; kp.gridDimY = kp.gridDimZ = 1; kp.blockDimX = 128; kp.blockDimY = kp.blockDimZ = 1;
+        CUgraphNode prev = NULL, n;
+        for (int i = 0; i < 4; i++) {
+            kp.func = i == 3 ? fn[1] : fn[5];
+            CK(cuGraphAddKernelNode(&n, g, prev ? &prev : NULL, prev ? 1 : 0, &kp));
+            prev = n;
+        }
+        CK(cuGraphInstantiate(&ge, g, 0));
+    }
+    unsigned seed = (unsigned)getpid() * 2654435761u;
+    uint64_t end = now_ns() + (uint64_t)(seconds * 1e9), launches = 0;
+    while (now_ns() < end) {
+        CUstream s = st[launches % (uint64_t)nstreams];
+        unsigned r = rand_r(&seed) % 100;
+        CUfunction f;
+        if (ge) { CK(cuGraphLaunch(ge, s)); launches++; continue; }
+        if (!strcmp(workload, "constant")) f = fn[6];                      /* 1000 ns x 100 blocks, always */
+        else if (!strcmp(workload, "varied")) f = r < 60 ? fn[0] : fn[1];
+        else if (!strcmp(workload, "bursty")) f = r < 80 ? fn[2] : fn[4];
+        else if (!strcmp(workload, "mixed")) f = r < 30 ? fn[3] : r < 70 ? fn[4] : fn[0];
+        else { fprintf(stderr, "unknown workload %s\n", workload); return 2; }
+        CK(cuLaunchKernel(f, 100, 1, 1, 128, 1, 1, 0, s, NULL, NULL));
+        launches++;
+    }
+    printf("launches=%llu\n", (unsigned long long)launches);
+    fflush(stdout);
+    return 0;
+}
+
+
+/* refused allocations: what the caller's out-parameters hold afterwards (they start as garbage) */
+static int cmd_refuse(size_t bytes) {
+    setup(0);
+    CUdeviceptr p = 0xdeadbeef; size_t pitch = 0;
+    CUresult r = cuMemAlloc(&p, bytes);
+    printf("alloc=%d,%llx\n", (int)r, (unsigned long long)p);
+    p = 0xdeadbeef;
+    r = cuMemAllocPitch(&p, &pitch, bytes / 1024, 1024, 4);
+    printf("pitch=%d,%llx\n", (int)r, (unsigned long long)p);
+    p = 0xdeadbeef;
+    r = cuMemAllocManaged(&p, bytes, CU_MEM_ATTACH_GLOBAL);
+    printf("managed=%d,%llx\n", (int)r, (unsigned long long)p);
+    p = 0xdeadbeef;
+    r = cuMemAllocAsync(&p, bytes, NULL);
+    printf("async=%d,%llx\n", (int)r, (unsigned long long)p);
+    CUmemAllocationProp prop; memset(&prop, 0, sizeof prop);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED; prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemGenericAllocationHandle h = 0xdeadbeef;
+    r = cuMemCreate(&h, (bytes + (2 << 20) - 1) & ~(size_t)((2 << 20) - 1), &prop, 0);
+    printf("vmm=%d,%llx\n", (int)r, (unsigned long long)h);
+    CUarray arr = (CUarray)0xdeadbeef;
+    CUDA_ARRAY_DESCRIPTOR ad = {.Width = 8192, .Height = bytes / 8192 / 4 + 1, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+    r = cuArrayCreate(&arr, &ad);
+    printf("array=%d,%llx\n", (int)r, (unsigned long long)(uintptr_t)arr);
+    CK(cuMemFree(0));
+    fflush(stdout);
+    return 0;
+}
+
 /* n launches of a 1 ns kernel and n alloc/free pairs: the hot path, for syscall counting */
 static int cmd_hot(int n) {
     setup(0);
@@ -266,6 +352,8 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "procaddr")) return cmd_procaddr();
     if (!strcmp(c, "spin")) return cmd_spin(argv[2], (unsigned)atoi(argv[3]), (unsigned)atoi(argv[4]), atof(argv[5]));
     if (!strcmp(c, "hot")) return cmd_hot(atoi(argv[2]));
+    if (!strcmp(c, "refuse")) return cmd_refuse(strtoull(argv[2], NULL, 0));
+    if (!strcmp(c, "mix")) return cmd_mix(argv[2], atof(argv[3]), argc > 4 ? atoi(argv[4]) : 1);
     if (!strcmp(c, "init")) { CUresult r = cuInit(0); printf("init=%d\n", (int)r); return 0; }
     fprintf(stderr, "unknown command %s\n", c);
     return 2;

@@ -1,0 +1,86 @@
+"""Every subcommand of `vgpu`, fed garbage (binary files, missing files, YAML of the wrong shape, wrong types, bad
+enums, bad numbers): it exits with an error status and one line on stderr, never a traceback, and starts nothing.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def garbage(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("garbage")
+    files = {
+        "binary": bytes(range(256)) * 8,
+        "list": b"- a\n- b\n",
+        "broken": b"mode: [\n",
+        "wrongtype": b"mode: 5\nsplit_count: many\n",
+        "csv": b"not,a,trace\n1,2\n",
+        "pods": b"kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n    resources:\n"
+                b"      limits: {volcano.sh/vgpu-number: lots}\n",
+    }
+    out = {}
+    for name, data in files.items():
+        path = d / name
+        path.write_bytes(data)
+        out[name] = str(path)
+    out["missing"] = str(d / "does-not-exist")
+    return out
+
+
+CASES = [
+    ("--log-level", "banana", "scheduler"),
+    ("scheduler", "--config", "{binary}"),
+    ("scheduler", "--config", "{missing}"),
+    ("scheduler", "--config", "{list}"),
+    ("scheduler", "--config", "{broken}"),
+    ("scheduler", "--config", "{wrongtype}"),
+    ("scheduler", "--kubeconfig", "{binary}"),
+    ("scheduler", "--kubeconfig", "{missing}"),
+    ("scheduler", "--listen", "nowhere", "--kubeconfig", "{missing}"),
+    ("scheduler", "--node-policy", "best", "--kubeconfig", "{missing}"),
+    ("scheduler", "--mode", "sometimes"),
+    ("scheduler", "--qps", "fast"),
+    ("inspect", "--kubeconfig", "{binary}"),
+    ("inspect", "--kubeconfig", "{missing}"),
+    ("inspect", "--config", "{binary}", "--kubeconfig", "{missing}"),
+    ("device-plugin", "--config", "{binary}"),
+    ("device-plugin", "--config", "{list}"),
+    ("device-plugin", "--config-file", "{binary}"),
+    ("device-plugin", "--config-file", "{missing}"),
+    ("device-plugin", "--backend", "cuda"),
+    ("device-plugin", "--backend", "sim", "--sim-gpus", "lots-of-gpus", "--node-name", "n"),
+    ("device-plugin", "--resource-mode", "units"),
+    ("device-plugin", "--kubeconfig", "{binary}", "--backend", "sim", "--sim-gpus", "1xT4", "--node-name", "n"),
+    ("run", "--memory", "a lot", "--", "true"),
+    ("run", "--cores", "500", "--", "true"),
+    ("run",),
+    ("replay", "--nodes", "{binary}", "--pods", "{binary}", "--no-progress"),
+    ("replay", "--nodes", "{missing}", "--pods", "{missing}", "--no-progress"),
+    ("replay", "--nodes", "{csv}", "--pods", "{csv}", "--no-progress"),
+    ("replay", "--policy", "luck", "--no-progress"),
+    ("replay", "--seeds", "-3", "--no-progress"),
+    ("demo", "--pods", "{binary}", "--headless"),
+    ("demo", "--pods", "{missing}", "--headless"),
+    ("demo", "--pods", "{list}", "--headless"),
+    ("demo", "--pods", "{pods}", "--headless"),
+    ("demo", "--nodes", "0", "--headless"),
+    ("demo", "--gpus", "3xH9000", "--headless"),
+]
+
+
+@pytest.mark.parametrize("argv", CASES, ids=[" ".join(c).replace("{", "").replace("}", "") for c in CASES])
+def test_garbage_gets_one_line_and_an_error_status(garbage, argv):
+    args = [a.format(**garbage) for a in argv]
+    res = subprocess.run([sys.executable, "-m", "vgpu.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode in (1, 2), (res.returncode, res.stderr[-2000:])
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("vgpu"), res.stderr[-2000:]
