@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from vgpu.replay.events import DeparturesResult
     from vgpu.replay.run import RunResult
 
 __all__ = ["register"]
@@ -22,8 +23,8 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "replay",
         help="replay the openb trace (ATC'23 FGD protocol) through our node policies",
-        description="Replay a GPU-sharing trace: shuffle per seed, inflate to 130%% of GPU capacity, schedule "
-        "each pod once (never deleted), and report the unallocated GPU share at 100%% and 130%% arrived.",
+        description="Replay a GPU-sharing trace: shuffle per seed, inflate to 130% of GPU capacity, schedule "
+        "each pod once (never deleted), and report the unallocated GPU share at 100% and 130% arrived.",
     )
     p.add_argument("--nodes", required=True, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
     p.add_argument("--pods", required=True, help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
@@ -33,9 +34,17 @@ def register(subparsers: Any) -> None:
         default=None,
         help=f"node policy to replay (repeatable; 'ours' = {OURS}); default: fgd, bestfit, ours",
     )
+    p.add_argument("--variant", default="", help="replay a variant derived from the pod list (replay/variants.py: "
+                   "multigpu30, gpuspec25, nodes4, ...)")
     p.add_argument("--seeds", type=int, default=10, help="number of seeds, 42, 43, ... (default 10)")
     p.add_argument("--first-seed", type=int, default=42, help="first seed (default 42)")
-    p.add_argument("--ratio", type=float, default=1.3, help="inflate arrivals to this share of capacity (1.3)")
+    p.add_argument("--ratio", type=float, default=None,
+                   help="inflate arrivals to this share of capacity (1.3; 2.0 with --departures)")
+    p.add_argument("--departures", action="store_true",
+                   help="event-ordered replay: pods arrive and leave at their trace times, what does not fit waits "
+                   "and is retried on departures (replay/events.py)")
+    p.add_argument("--time-scale", type=float, default=None,
+                   help="with --departures: trace seconds per replayed second (default 3000)")
     p.add_argument("--jobs", type=int, default=1, help="parallel processes (default 1)")
     p.add_argument("--json", action="store_true", help='print {"results": [...]} instead of the table')
     p.add_argument("--plot", metavar="PNG", help="draw unallocated %% vs arrived %% (median, quartile band)")
@@ -49,16 +58,19 @@ class _Progress:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
 
-    def __call__(self, result: RunResult, done: int, total: int) -> None:
+    def __call__(self, result: RunResult | DeparturesResult, done: int, total: int) -> None:
         if not self.enabled:
             return
+        from vgpu.replay.events import DeparturesResult
+
         width = 30
         filled = width * done // total
         bar = "#" * filled + "-" * (width - filled)
-        line = (
-            f"\r[{bar}] {done}/{total} {result.policy} seed {result.seed}: "
-            f"{result.unallocated_pct_at_100:.2f}% unallocated at 100% ({result.seconds:.1f}s)"
-        )
+        if isinstance(result, DeparturesResult):
+            what = f"{result.allocated_pct_mean:.2f}% allocated on average"
+        else:
+            what = f"{result.unallocated_pct_at_100:.2f}% unallocated at 100%"
+        line = f"\r[{bar}] {done}/{total} {result.policy} seed {result.seed}: {what} ({result.seconds:.1f}s)"
         sys.stderr.write(line.ljust(100))
         if done == total:
             sys.stderr.write("\n")
@@ -66,33 +78,52 @@ class _Progress:
 
 
 def _main(args: argparse.Namespace) -> int:
+    import functools
     import json
 
     from vgpu.errors import ConfigError
-    from vgpu.replay.report import format_table, summarise
-    from vgpu.replay.run import run_many
+    from vgpu.replay.events import DEFAULT_RATIO, DEFAULT_TIME_SCALE, run_departures
+    from vgpu.replay.report import format_departures_table, format_table, summarise, summarise_departures
+    from vgpu.replay.run import run_many, run_one
+    from vgpu.replay.trace import Trace
+    from vgpu.replay.variants import VARIANTS
     from vgpu.scheduler.policies import NODE_POLICIES
 
     names = [OURS if n == "ours" else n for n in (args.policy or ["fgd", "bestfit", "ours"])]
     for n in names:
         if n not in NODE_POLICIES:
             raise ConfigError(f"--policy: unknown policy {n!r} (known: ours, {', '.join(sorted(NODE_POLICIES))})")
+    if args.variant and args.variant not in VARIANTS:
+        raise ConfigError(f"--variant: unknown variant {args.variant!r} (known: {', '.join(VARIANTS)})")
     if args.seeds < 1 or args.jobs < 1:
         raise ConfigError("--seeds and --jobs must be at least 1")
-    if not 1.0 <= args.ratio <= 3.0:
-        raise ConfigError(f"--ratio: {args.ratio} is outside 1.0..3.0")
+    ratio = args.ratio if args.ratio is not None else DEFAULT_RATIO if args.departures else 1.3
+    if not 1.0 <= ratio <= 3.0:
+        raise ConfigError(f"--ratio: {ratio} is outside 1.0..3.0")
+    if args.time_scale is not None and (not args.departures or args.time_scale <= 0):
+        raise ConfigError("--time-scale: needs --departures and a positive value")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
+    Trace.load(args.nodes, args.pods)  # a bad file is one error line before any progress is drawn
     progress = _Progress(not args.no_progress)
     if progress.enabled:
         sys.stderr.write(f"replaying {len(names)} policies x {args.seeds} seeds ...")
         sys.stderr.flush()
-    results = run_many(args.nodes, args.pods, names, seeds, jobs=args.jobs, ratio=args.ratio, on_result=progress)
-    if args.json:
-        print(json.dumps({"results": [r.summary() for r in results]}))
+    common = {"jobs": args.jobs, "ratio": ratio, "on_result": progress, "variant": args.variant}
+    if args.departures:
+        runner = functools.partial(run_departures, time_scale=args.time_scale or DEFAULT_TIME_SCALE)
+        departures = run_many(args.nodes, args.pods, names, seeds, runner=runner, **common)
+        rows = [r.summary() for r in departures]
+        table = format_departures_table(summarise_departures(departures, names))
     else:
-        print(format_table(summarise(results, names)))
+        results = run_many(args.nodes, args.pods, names, seeds, runner=run_one, **common)
+        rows = [r.summary() for r in results]
+        table = format_table(summarise(results, names))
+    print(json.dumps({"results": rows}) if args.json else table)
     if args.plot:
-        from vgpu.replay.report import plot_curves
+        from vgpu.replay.report import plot_curves, plot_departures
 
-        plot_curves(results, names, args.plot)
+        if args.departures:
+            plot_departures(departures, names, args.plot)
+        else:
+            plot_curves(results, names, args.plot)
     return 0

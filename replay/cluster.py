@@ -56,7 +56,14 @@ class ReplayCluster:
         """Charge a placed pod to node n."""
         state = self.states[n]
         state.charge(flat_grants(result.assignment))
-        state.cpu_requested += cpu
-        state.memory_requested += memory
+        state.set_requested(state.cpu_requested + cpu, state.memory_requested + memory)
         self.cpu_free[n] -= cpu
         self.mem_free[n] -= memory
+
+    def remove(self, n: int, cpu: int, memory: int, result: FitResult) -> None:
+        """Release a pod placed on node n (`place` with the same arguments)."""
+        state = self.states[n]
+        state.charge(flat_grants(result.assignment), -1)
+        state.set_requested(state.cpu_requested - cpu, state.memory_requested - memory)
+        self.cpu_free[n] += cpu
+        self.mem_free[n] += memory

@@ -16,17 +16,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, overload
 
 import numpy as np
 
 from vgpu.replay.arrivals import arrival_sequence
 from vgpu.replay.cluster import ReplayCluster
 from vgpu.replay.trace import Trace, TracePod
+from vgpu.replay.variants import derive
+from vgpu.scheduler.nodestate import NodeState, gpu_types
 from vgpu.scheduler.placement import REFRESH_BUDGET, Placement, PodShape
 from vgpu.scheduler.policies import make_policy
 from vgpu.scheduler.policies.base import NodePolicy
 
-__all__ = ["RunResult", "curve", "prepare_policy", "replay", "run_many", "run_one"]
+__all__ = ["Candidates", "RunResult", "curve", "load_trace", "new_placement", "prepare_policy", "replay", "run_many",
+           "run_one"]
 
 
 @dataclass(slots=True)
@@ -75,6 +79,35 @@ def curve(arrived: np.ndarray, allocated: np.ndarray, capacity_milli: int, top: 
 
 
 
+class Candidates(Sequence[NodeState]):
+    """The nodes at `indices`, as the sequence of candidates placement reads (without building the list)."""
+
+    def __init__(self, states: list[NodeState], indices: np.ndarray) -> None:
+        self.states, self.indices = states, indices
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    @overload
+    def __getitem__(self, i: int) -> NodeState: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[NodeState]: ...
+
+    def __getitem__(self, i: int | slice) -> NodeState | Sequence[NodeState]:
+        if isinstance(i, slice):
+            return [self.states[n] for n in self.indices[i].tolist()]
+        return self.states[int(self.indices[i])]
+
+
+def new_placement(cluster: ReplayCluster, policy: NodePolicy, seed: int, refresh_budget: int) -> Placement:
+    """The extender's placement loop in decide mode over the cluster's nodes (slot = node index)."""
+    placement = Placement(policy, decide=True, refresh_budget=refresh_budget, seed=seed)
+    for state in cluster.states:
+        placement.register(state)
+    return placement
+
+
 def replay(
     cluster: ReplayCluster,
     pods: Sequence[TracePod],
@@ -84,10 +117,15 @@ def replay(
     seed: int = 0,
     on_pod: Callable[[int], None] | None = None,
     refresh_budget: int = REFRESH_BUDGET,
+    background: int = 0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Place `sequence` one pod at a time; per event the arrived and allocated milli-GPU and the node (-1: failed)."""
+    """Place `sequence` one pod at a time; per event the arrived and allocated milli-GPU and the node (-1: failed).
+
+    As in the extender, the policy counts each pod before it is placed and relearns after it (`relearn`, off the
+    request path: a new target applies from the next pod); `background` stale results are rescored between pods,
+    as the extender's learner thread does between requests."""
     cluster.reset(rank)
-    placement = Placement(policy, decide=True, refresh_budget=refresh_budget, seed=seed)
+    placement = new_placement(cluster, policy, seed, refresh_budget)
     shapes: dict[tuple[int, int, int, int, tuple[str, ...]], PodShape] = {}
     n_events = len(sequence)
     arrived_hist = np.zeros(n_events, dtype=np.int64)
@@ -95,6 +133,7 @@ def replay(
     where = np.full(n_events, -1, dtype=np.int64)
     arrived = allocated = 0
     states = cluster.states
+    capacity = gpu_types(states)
     for e, j in enumerate(sequence):
         pod = pods[j]
         spec = (pod.cpu, pod.memory, pod.num_gpu, pod.gpu_milli, pod.gpu_spec)
@@ -104,8 +143,7 @@ def replay(
         arrived += pod.gpu_total
         policy.observe(shape.requests, shape.context)
         candidates = cluster.fitting(pod.cpu, pod.memory)
-        choice = placement.choose([states[n] for n in candidates.tolist()], shape,
-                                  (cluster.cpu_free[candidates], cluster.mem_free[candidates]), explain=False)
+        choice = placement.choose(Candidates(states, candidates), shape, explain=False, slots=candidates)
         if choice.best is not None and choice.result is not None:
             n = int(candidates[choice.best_index])
             cluster.place(n, pod.cpu, pod.memory, choice.result)
@@ -113,18 +151,24 @@ def replay(
             where[e] = n
         arrived_hist[e] = arrived
         alloc_hist[e] = allocated
+        policy.relearn(capacity)
+        if background:
+            placement.refresh(background)
         if on_pod is not None:
             on_pod(e)
     return arrived_hist, alloc_hist, where
 
 
-_TRACES: dict[tuple[str, str], tuple[Trace, ReplayCluster]] = {}
+_TRACES: dict[tuple[str, str, str], tuple[Trace, ReplayCluster]] = {}
 
 
-def _loaded(nodes: str, pods: str) -> tuple[Trace, ReplayCluster]:
-    key = (str(nodes), str(pods))
+def load_trace(nodes: str, pods: str, variant: str = "") -> tuple[Trace, ReplayCluster]:
+    """A trace (or its `variant`, replay.variants) and its cluster, loaded once per process."""
+    key = (str(nodes), str(pods), variant)
     if key not in _TRACES:
         trace = Trace.load(nodes, pods)
+        if variant:
+            trace = derive(trace, variant)
         _TRACES[key] = (trace, ReplayCluster(trace.nodes))
     return _TRACES[key]
 
@@ -137,9 +181,9 @@ def prepare_policy(name: str, pods: Sequence[TracePod], seed: int) -> NodePolicy
     return policy
 
 
-def run_one(nodes: str, pods: str, policy_name: str, seed: int, ratio: float = 1.3) -> RunResult:
-    """Replay one (trace, policy, seed)."""
-    trace, cluster = _loaded(nodes, pods)
+def run_one(nodes: str, pods: str, policy_name: str, seed: int, ratio: float = 1.3, variant: str = "") -> RunResult:
+    """Replay one (trace or variant, policy, seed)."""
+    trace, cluster = load_trace(nodes, pods, variant)
     sequence, rank = arrival_sequence(trace.pods, cluster.capacity_milli, len(trace.nodes), seed, ratio)
     policy = prepare_policy(policy_name, trace.pods, seed)
     start = time.process_time()
@@ -159,8 +203,19 @@ def run_one(nodes: str, pods: str, policy_name: str, seed: int, ratio: float = 1
     )
 
 
-def _run_task(task: tuple[str, str, str, int, float]) -> RunResult:
-    return run_one(*task)
+R = TypeVar("R", bound="Labelled")
+
+
+class Labelled(Protocol):
+    """A run's result: which policy and seed it is of."""
+
+    policy: str
+    seed: int
+
+
+def _run_task(task: tuple[Callable[..., R], tuple[Any, ...]]) -> R:
+    runner, args = task
+    return runner(*args)
 
 
 def run_many(
@@ -170,11 +225,14 @@ def run_many(
     seeds: Iterable[int],
     jobs: int = 1,
     ratio: float = 1.3,
-    on_result: Callable[[RunResult, int, int], None] | None = None,
-) -> list[RunResult]:
-    """Every (policy, seed) pair, in `jobs` processes; `on_result(result, done, total)` after each one."""
-    tasks = [(str(nodes), str(pods), name, seed, ratio) for seed in seeds for name in policies]
-    results: list[RunResult] = []
+    on_result: Callable[[R, int, int], None] | None = None,
+    variant: str = "",
+    runner: Callable[..., R] = run_one,  # type: ignore[assignment]
+) -> list[R]:
+    """`runner(nodes, pods, policy, seed, ratio, variant)` (`run_one`, or `replay.events.run_departures`) for every
+    (policy, seed) pair, in `jobs` processes; `on_result(result, done, total)` after each one."""
+    tasks = [(runner, (str(nodes), str(pods), name, seed, ratio, variant)) for seed in seeds for name in policies]
+    results: list[R] = []
     if jobs <= 1:
         for task in tasks:
             results.append(_run_task(task))
@@ -188,5 +246,5 @@ def run_many(
                 results.append(result)
                 if on_result:
                     on_result(result, len(results), len(tasks))
-    order = {(name, seed): k for k, (_, _, name, seed, _) in enumerate(tasks)}
+    order = {(args[2], args[3]): k for k, (_, args) in enumerate(tasks)}
     return sorted(results, key=lambda r: order[(r.policy, r.seed)])

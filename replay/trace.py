@@ -3,12 +3,14 @@
 Trace rows map to our resources as `vgpu-number = num_gpu`, `vgpu-cores = gpu_milli / 10` (rounded down; the exact
 share is carried by memory) and `vgpu-memory = card MiB * gpu_milli / 1000`. Memory is counted in units of 1/1000
 MiB (`MEMORY_UNITS_PER_MIB`) so that this product is exact and fit enforces exactly the trace's milli-GPU.
-Qos, phase and times are not read (the published experiments ignore them).
+Qos and phase are not read; creation and deletion times are kept for the departures replay (`replay.events`) and
+ignored by the FGD protocol, as in the published experiments.
 """
 
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,7 +74,8 @@ class TraceNode:
 
 @dataclass(frozen=True, slots=True)
 class TracePod:
-    """One row of a pod list (qos, phase and times are ignored, as in the published experiments)."""
+    """One row of a pod list (qos and phase are ignored; `created` and `deleted` are the trace's times in seconds,
+    -1 when absent)."""
 
     name: str
     cpu: int
@@ -80,6 +83,8 @@ class TracePod:
     num_gpu: int
     gpu_milli: int
     gpu_spec: tuple[str, ...] = ()
+    created: int = -1
+    deleted: int = -1
 
     @property
     def gpu_total(self) -> int:
@@ -118,24 +123,38 @@ def _int(row: dict[str, str], column: str, where: str) -> int:
         raise ConfigError(f"{where}: column {column!r} is missing or not a number") from None
 
 
+def _time(row: dict[str, str], column: str, where: str) -> int:
+    """An optional time column: -1 when the column is absent or empty."""
+    if not row.get(column):
+        return -1
+    return _int(row, column, where)
+
+
+def _rows(path: str | Path, flag: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """(where, row) of each data row of a CSV file; an unreadable or non-text file is a ConfigError naming `flag`."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            for line, row in enumerate(csv.DictReader(fh), start=2):
+                yield f"{path} line {line}", row
+    except OSError as exc:
+        raise ConfigError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(f"{flag}: {path} is not a CSV text file ({exc.__class__.__name__})") from None
+
+
 def load_nodes(path: str | Path) -> list[TraceNode]:
     """Read `sn,cpu_milli,memory_mib,gpu,model`, sorted by name."""
     nodes = []
-    try:
-        with open(path, newline="") as fh:
-            for line, row in enumerate(csv.DictReader(fh), start=2):
-                where = f"{path} line {line}"
-                nodes.append(
-                    TraceNode(
-                        name=row.get("sn") or row.get("name") or f"node-{line}",
-                        cpu=_int(row, "cpu_milli", where),
-                        memory=_int(row, "memory_mib", where),
-                        gpus=_int(row, "gpu", where),
-                        model=(row.get("model") or "").strip(),
-                    )
-                )
-    except OSError as exc:
-        raise ConfigError(f"--nodes: cannot read {path}: {exc.strerror}") from None
+    for where, row in _rows(path, "--nodes"):
+        nodes.append(
+            TraceNode(
+                name=row.get("sn") or row.get("name") or f"node-{len(nodes) + 1}",
+                cpu=_int(row, "cpu_milli", where),
+                memory=_int(row, "memory_mib", where),
+                gpus=_int(row, "gpu", where),
+                model=(row.get("model") or "").strip(),
+            )
+        )
     if not nodes:
         raise ConfigError(f"--nodes: {path} has no nodes")
     return sorted(nodes, key=lambda n: n.name)
@@ -144,27 +163,26 @@ def load_nodes(path: str | Path) -> list[TraceNode]:
 def load_pods(path: str | Path) -> list[TracePod]:
     """Read a pod list, sorted by name; CPU-only rows get gpu_milli 0."""
     pods = []
-    try:
-        with open(path, newline="") as fh:
-            for line, row in enumerate(csv.DictReader(fh), start=2):
-                where = f"{path} line {line}"
-                num_gpu = _int(row, "num_gpu", where)
-                milli = _int(row, "gpu_milli", where) if num_gpu else 0
-                if num_gpu and not 0 < milli <= 1000:
-                    raise ConfigError(f"{where}: gpu_milli {milli} is outside 1..1000")
-                spec = tuple(s for s in (row.get("gpu_spec") or "").split("|") if s.strip()) if num_gpu else ()
-                pods.append(
-                    TracePod(
-                        name=row["name"],
-                        cpu=_int(row, "cpu_milli", where),
-                        memory=_int(row, "memory_mib", where),
-                        num_gpu=num_gpu,
-                        gpu_milli=milli,
-                        gpu_spec=spec,
-                    )
-                )
-    except OSError as exc:
-        raise ConfigError(f"--pods: cannot read {path}: {exc.strerror}") from None
+    for where, row in _rows(path, "--pods"):
+        num_gpu = _int(row, "num_gpu", where)
+        milli = _int(row, "gpu_milli", where) if num_gpu else 0
+        if num_gpu and not 0 < milli <= 1000:
+            raise ConfigError(f"{where}: gpu_milli {milli} is outside 1..1000")
+        spec = tuple(s for s in (row.get("gpu_spec") or "").split("|") if s.strip()) if num_gpu else ()
+        if not row.get("name"):
+            raise ConfigError(f"{where}: no name")
+        pods.append(
+            TracePod(
+                name=row["name"],
+                cpu=_int(row, "cpu_milli", where),
+                memory=_int(row, "memory_mib", where),
+                num_gpu=num_gpu,
+                gpu_milli=milli,
+                gpu_spec=spec,
+                created=_time(row, "creation_time", where),
+                deleted=_time(row, "deletion_time", where),
+            )
+        )
     if not pods:
         raise ConfigError(f"--pods: {path} has no pods")
     return sorted(pods, key=lambda p: p.name)

@@ -3,15 +3,19 @@
 No HTTP here: `vgpu.scheduler.server` decodes the JSON into dicts, calls these methods and encodes what they return;
 the argument and result shapes are `scheduler.wire`.
 
-Hot path: /filter resolves each candidate node in the ledger and hands them to `scheduler.placement.Placement`,
-the node-selection loop the trace replay uses too: fit results and scores are memoised per GPU state, context
-class and request shape, so a call costs O(candidates) lookups plus one real fit per state not seen before for
-that shape (stale scores of a learning policy are refreshed within a budget; see placement). Nothing here walks
-the pods of the cluster.
+Hot path: /filter resolves the candidate names in the ledger (remembered while the names and the ledger's nodes
+stay the same) and hands them to `scheduler.placement.Placement`, the node-selection loop the trace replay uses
+too: every node's fit and score for a request shape are kept per node and re-evaluated only when the node changes,
+and evaluations are memoised per GPU state, context class and shape, so a call costs a few array operations over
+the candidates plus the evaluation of the nodes that changed since that shape was last placed (stale scores of a
+learning policy are refreshed within a budget; see placement). Nothing here walks the pods of the cluster.
 
 The node policy's `observe` is called once per vGPU pod, when the pod watch first shows it or at its first
 /filter, whichever comes first: a restarted extender learns the workload from the pods already running instead of
-starting from nothing.
+starting from nothing. `observe` only counts; what it learns is rebuilt (`NodePolicy.relearn`) off the request
+path: inline while the extender is not ready yet (the initial pod list), then by the learner thread, which a
+successful /bind wakes when a rebuild is due and which also rescores the results a new target made stale (`learn`).
+Between a bind and the learner's run, requests use the previous target.
 
 Bind sends one `pods/binding` carrying the contract's annotations (through the injected `binder`); there is no
 node lock, because the device plugin identifies the pod from the assignment itself.
@@ -22,20 +26,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from vgpu import grants, keys
 from vgpu.assignment import Assignment, encode, salvage
 from vgpu.errors import ConfigError, VGPUError
-from vgpu.requests import ContainerRequest, pod_cpu_memory, pod_requests, pod_selectors
+from vgpu.requests import ContainerRequest, Selectors, pod_cpu_memory, pod_requests, pod_selectors
 from vgpu.resources import SCHEDULER_NAME
 from vgpu.scheduler.constraints import constraint_failure
 from vgpu.scheduler.fit import GPU_ORDERS, FitResult, fit
 from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger
-from vgpu.scheduler.nodestate import NodeState
+from vgpu.scheduler.nodestate import NodeState, gpu_types
 from vgpu.scheduler.placement import Placement, PodShape
 from vgpu.scheduler.policies import NodePolicy
 from vgpu.scheduler.policies.base import PodContext
@@ -55,6 +62,10 @@ log = logging.getLogger(__name__)
 
 MODES = ("decide", "score")
 MAX_PRIORITY = 10
+SPEC_CACHE = 4096  # distinct pod resources sections whose parse is kept
+RESOLVE_CACHE_MIN = 64  # candidate lists at least this long are resolved once while the ledger's nodes stay
+RESOLVED_KEPT = 4  # candidate lists remembered
+LEARN_SLICE = 4  # evaluations the learner thread makes per hold of the ledger's lock (about 0.5 ms)
 
 
 class BindConflict(VGPUError):
@@ -76,14 +87,16 @@ def _no_events(pod: Mapping[str, str], kind: str, reason: str, message: str) -> 
 
 @dataclass(slots=True)
 class _PodInfo:
+    """A pod as placement reads it, parsed once per resourceVersion."""
+
     namespace: str
     name: str
     uid: str
-    shape: PodShape  # requests, selectors and context (CPU and memory requests) as placement reads them
-
-    @property
-    def requests(self) -> tuple[ContainerRequest, ...]:
-        return self.shape.requests
+    version: str  # metadata.resourceVersion: the requests can change only with it
+    requests: tuple[ContainerRequest, ...]
+    selectors: Selectors
+    context: PodContext  # CPU and memory requests, selectors
+    shape: PodShape | None = None  # set under the ledger's lock (`Extender._shape`)
 
 
 class Extender:
@@ -124,28 +137,66 @@ class Extender:
         self.clock = clock
         self.scheduler_names = scheduler_names
         self.grant_key = grant_key
-        self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()  # pods learned from, by UID
-        self._seen_max = 20000
+        # pods learned from, by UID, with the parsed form of those not bound yet
+        self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()
+        self._seen_max = 200_000
         self._seen_lock = threading.Lock()
         self._observe_lock = threading.Lock()
+        # candidate names resolved lately (filter and prioritize send different lists), while the nodes stay
+        self._resolved: list[tuple[list[Any], tuple[Any, ...]]] = []  # most recent first
+        self._resolved_version: object = None
+        self._learner = _Learner()
+        self._specs: dict[Any, tuple[tuple[ContainerRequest, ...], int, int]] = {}  # see `_parse`
+        self._gpu_types: dict[str, int] = {}
+        self._capacity_version = -1
+        self._current_epoch = 0  # the policy epoch whose stale results the learner has rescored
         ledger.pod_listeners.append(self.observe_pod)
 
     # ------------------------------------------------------------------ helpers
 
     def _pod_info(self, pod: Any) -> _PodInfo:
+        """The pod's parsed form (kept per UID and resourceVersion); learned from the first time it is seen."""
         if not isinstance(pod, Mapping):
             raise InvalidArgs("extender args missing Pod")
         ref = pod_ref(pod)
-        requests, selectors = pod_requests(pod, self.config), pod_selectors(pod)
-        cpu, memory = pod_cpu_memory(pod)
-        context = PodContext(cpu=cpu, memory=memory, selectors=selectors)
-        with self.ledger.lock:  # placement is serialised by the ledger's lock
-            shape = self.placement.shape(requests, selectors, context)
-        info = _PodInfo(ref["namespace"], ref["name"], ref["uid"], shape)
-        key = info.uid or f"{info.namespace}/{info.name}"
-        if self._remember(key, info) and requests:
-            self._observe(requests, context)
+        key = ref["uid"] or f"{ref['namespace']}/{ref['name']}"
+        version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
+        with self._seen_lock:
+            known = self._seen.get(key)
+        if known is not None and known.version == version and (known.namespace, known.name) == (
+                ref["namespace"], ref["name"]):
+            return known
+        info = self._parse(pod, ref, version)
+        if self._remember(key, info) and info.requests:
+            self._observe(info.requests, info.context)
         return info
+
+    def _parse(self, pod: Mapping[str, Any], ref: dict[str, str], version: str) -> _PodInfo:
+        """Requests, selectors and CPU and memory of a pod; the arithmetic on quantities is kept per distinct
+        resources section (the pods of one workload share it)."""
+        spec = pod.get("spec") or {}
+        try:  # what the parsers read: each container's name and resources, and the pod overhead
+            key: Any = (*(tuple((c.get("name"), _frozen(c.get("resources"))) for c in spec.get(field) or ())
+                          for field in ("initContainers", "containers")), _frozen(spec.get("overhead")))
+        except (TypeError, AttributeError):  # malformed: parse it afresh, and let the parser name what is wrong
+            key = None
+        known = self._specs.get(key) if key is not None else None
+        if known is None:
+            known = (pod_requests(pod, self.config), *pod_cpu_memory(pod))
+            if key is not None:
+                if len(self._specs) >= SPEC_CACHE:
+                    self._specs.clear()
+                self._specs[key] = known
+        requests, cpu, memory = known
+        selectors = pod_selectors(pod)
+        return _PodInfo(ref["namespace"], ref["name"], ref["uid"], version, requests, selectors,
+                        PodContext(cpu=cpu, memory=memory, selectors=selectors))
+
+    def _shape(self, info: _PodInfo) -> PodShape:
+        """The placement shape of a parsed pod; callers hold the ledger's lock."""
+        if info.shape is None:
+            info.shape = self.placement.shape(info.requests, info.selectors, info.context)
+        return info.shape
 
     def _remember(self, key: str, info: _PodInfo | None) -> bool:
         """Record a pod as seen (bounded, least recently seen dropped first); True when it is new."""
@@ -165,6 +216,44 @@ class Extender:
         except Exception:
             log.exception("policy observe failed policy=%s", self.policy.name)
 
+    def learn(self, slice_size: int | None = None) -> None:
+        """Rebuild what the policy learned, if due, then rescore the results a new target made stale; with
+        `slice_size`, the ledger's lock is released every `slice_size` evaluations so that requests get through.
+        Never called by a request."""
+        with self.ledger.lock, self._observe_lock:
+            try:
+                self.policy.relearn(self._capacity())
+            except Exception:
+                log.exception("policy relearn failed policy=%s", self.policy.name)
+            epoch = self.policy.epoch
+        budget = slice_size or 1 << 62
+        while self._current_epoch != epoch:
+            with self.ledger.lock:
+                done = self.placement.refresh(budget)
+            if done < budget:
+                self._current_epoch = epoch
+            else:
+                time.sleep(0)  # let a waiting request take the lock
+
+    def _capacity(self) -> dict[str, int]:
+        """GPUs per device type of the ledger's nodes (recounted when they change); callers hold the lock."""
+        if self._capacity_version != self.ledger.devices_version:
+            self._gpu_types = gpu_types(self.ledger.nodes.values())
+            self._capacity_version = self.ledger.devices_version
+        return self._gpu_types
+
+    def _wake_learner(self) -> None:
+        """Have the learner thread run `learn` when there is something to learn or rescore (the thread is started
+        on first use; it ends when the extender is dropped)."""
+        if not (self.policy.due or self._capacity_version != self.ledger.devices_version
+                or self._current_epoch != self.policy.epoch):
+            return
+        self._learner.wake(self)
+
+    def wait_learned(self, timeout: float = 10.0) -> bool:
+        """Block until the learner thread has served every wake (tests and benchmarks); False on timeout."""
+        return self._learner.wait_idle(timeout)
+
     def observe_pod(self, pod: Mapping[str, Any]) -> None:
         """Let the node policy learn from a pod of the watch (once per pod; invalid or non-vGPU pods are skipped)."""
         meta = pod.get("metadata") or {}
@@ -173,23 +262,41 @@ class Extender:
             if key in self._seen:
                 return
         try:
-            requests = pod_requests(pod, self.config)
+            info = self._parse(pod, pod_ref(pod), str(meta.get("resourceVersion") or ""))
         except VGPUError:
             return
-        if requests and self._remember(key, None):
-            cpu, memory = pod_cpu_memory(pod)
-            self._observe(requests, PodContext(cpu=cpu, memory=memory, selectors=pod_selectors(pod)))
+        bound = bool((pod.get("spec") or {}).get("nodeName"))
+        if info.requests and self._remember(key, None if bound else info):
+            self._observe(info.requests, info.context)
+            if self.ready():  # not serving yet (the initial list): no request waits for the rebuild
+                with self.ledger.lock, self._observe_lock:
+                    self.policy.relearn(self._capacity())
 
     def _resolve(self, names: list[Any], objects: dict[str, Mapping[str, Any]] | None,
-                 unresolvable: dict[str, str]) -> tuple[list[NodeState], list[int]]:
-        """The ledger's states of the candidate nodes that can take vGPU pods, and their positions in `names`;
-        the others are added to `unresolvable`. Nodes the ledger does not know, given whole in `objects`, are
-        ranked after the known ones, in name order. Callers hold the ledger's lock."""
-        self.ledger.rank_nodes()
-        nodes_get = self.ledger.nodes.get
+                 unresolvable: dict[str, str]) -> tuple[list[NodeState], list[int], np.ndarray]:
+        """The ledger's states of the candidate nodes that can take vGPU pods, their positions in `names` and their
+        placement slots (-1: not registered); the others are added to `unresolvable`. Nodes the ledger does not
+        know, given whole in `objects`, are ranked after the known ones, in name order. Callers hold the ledger's
+        lock. The answer for the same names is kept while the ledger's nodes do not change."""
+        ledger = self.ledger
+        if ledger.rank_nodes():
+            self.placement.rerank()
+        if self._resolved_version is not ledger.version:
+            self._resolved.clear()
+            self._resolved_version = ledger.version
+        cached = objects is None and len(names) >= RESOLVE_CACHE_MIN
+        if cached:
+            for k, (known_names, known) in enumerate(self._resolved):
+                if known_names == names:  # a list comparison: no hashing of the names
+                    self._resolved.insert(0, self._resolved.pop(k))
+                    unresolvable.update(known[0])
+                    return known[1], known[2], known[3]
+        nodes_get = ledger.nodes.get
+        register = self.placement.register
         states: list[NodeState] = []
         positions: list[int] = []
         detached: list[NodeState] = []
+        missing: dict[str, str] = {}
         for position, name in enumerate(names):
             try:
                 state = nodes_get(name)
@@ -197,18 +304,25 @@ class Extender:
                 raise InvalidArgs("NodeNames must be a list of strings") from None
             if state is None:
                 if objects is None:
-                    unresolvable[str(name)] = NODE_UNKNOWN
+                    missing[str(name)] = NODE_UNKNOWN
                     continue
-                state = self.ledger.detached(objects[name])
+                state = ledger.detached(objects[name])
                 detached.append(state)
+            elif not state.error:
+                register(state)
             if state.error:
-                unresolvable[name] = state.error
+                missing[name] = state.error
                 continue
             states.append(state)
             positions.append(position)
-        for rank, state in enumerate(sorted(detached, key=lambda s: s.name), start=len(self.ledger.nodes)):
+        for rank, state in enumerate(sorted(detached, key=lambda s: s.name), start=len(ledger.nodes)):
             state.rank = rank
-        return states, positions
+        slots = np.fromiter((-1 if s in detached else s.slot for s in states), np.int64, len(states))
+        if cached:
+            self._resolved.insert(0, (list(names), (missing, states, positions, slots)))
+            del self._resolved[RESOLVED_KEPT:]
+        unresolvable.update(missing)
+        return states, positions, slots
 
     def _exists(self, info: _PodInfo) -> bool:
         """Whether the API server holds this pod under this UID (the cache, else a read): /filter reserves nothing
@@ -256,7 +370,7 @@ class Extender:
             state = self.ledger.nodes.get(node)
             if state is None or state.error:
                 return FitResult(ok=False, reason=state.error if state else NODE_UNKNOWN, unresolvable=True), 0.0
-            return self.placement.evaluate(state, info.shape)
+            return self.placement.evaluate(state, self._shape(info))
 
     # ------------------------------------------------------------------ verbs
 
@@ -285,8 +399,8 @@ class Extender:
             mine = ledger.charges.get(uid)
             if mine is not None and mine.state == ChargeState.ASSUMED:
                 ledger.release(uid)  # a retry: the earlier decision no longer holds
-            states, _ = self._resolve(names, objects, unresolvable)
-            choice = self.placement.choose(states, info.shape)
+            states, _, slots = self._resolve(names, objects, unresolvable)
+            choice = self.placement.choose(states, self._shape(info), slots=slots)
             unresolvable.update(choice.unresolvable)
             if choice.best is not None and choice.result is not None and choice.best.name in ledger.nodes and exists:
                 ledger.reserve(uid, info.namespace, info.name, choice.best.name, choice.result.assignment)
@@ -307,10 +421,12 @@ class Extender:
         info = self._pod_info(args.get("pod"))
         if not info.requests:
             return [{"Host": n, "Score": 0} for n in names]
+        if len(names) == 1:  # scores only rank candidates against each other: one candidate needs none
+            return [{"Host": names[0], "Score": MAX_PRIORITY}]
         scores: list[float | None] = [None] * len(names)
         with self.ledger.lock:
-            states, positions = self._resolve(names, objects, {})
-            for position, score in zip(positions, self.placement.scores(states, info.shape)):
+            states, positions, _ = self._resolve(names, objects, {})
+            for position, score in zip(positions, self.placement.scores(states, self._shape(info))):
                 scores[position] = score
         values = [s for s in scores if s is not None]
         if not values:
@@ -376,7 +492,7 @@ class Extender:
                     return self._bind_failed(ref, node, NODE_UNKNOWN)
                 if state.error:
                     return self._bind_failed(ref, node, state.error)
-                result, _ = self.placement.evaluate(state, info.shape, want_score=False)
+                result, _ = self.placement.evaluate(state, self._shape(info), want_score=False)
                 if not result.ok:
                     return self._bind_failed(ref, node, f"pod no longer fits on {node}: {result.reason}")
                 assignment = result.assignment
@@ -417,6 +533,7 @@ class Extender:
         with self._seen_lock:
             if key in self._seen:
                 self._seen[key] = None  # keep the key (the pod was learned from), drop the parsed request
+        self._wake_learner()
         self.events(ref, "Normal", "BindingSucceeded", f"bound to {node}: {self._describe(assignment)}")
         return {"Error": ""}
 
@@ -463,9 +580,64 @@ class Extender:
                     state = self.ledger.nodes.get(node)
                     if state is None:
                         continue
-                    order = self.policy.gpu_order(None, info.shape.context) or self.placement.default_order
-                    result = fit(state.devices, usage, info.requests, info.shape.selectors, order)
+                    order = self.policy.gpu_order(None, info.context) or self.placement.default_order
+                    result = fit(state.devices, usage, info.requests, info.selectors, order)
                 if not result.ok:
                     continue
             out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": int(v.get("numpdbviolations") or 0)}
         return {"NodeNameToMetaVictims": out}
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable copy of a JSON value (mappings as sorted item tuples); raises TypeError on anything else."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    hash(value)
+    return value
+
+
+class _Learner:
+    """The learner thread of an extender: woken after binds (`wake`), it runs `Extender.learn` in slices; it holds
+    the extender only weakly, and ends within `IDLE_EXIT` seconds of it being dropped."""
+
+    IDLE_EXIT = 5.0
+
+    def __init__(self) -> None:
+        self.cv = threading.Condition()
+        self.wanted = 0  # wakes asked for
+        self.served = 0  # wakes served
+        self.thread: threading.Thread | None = None
+
+    def wake(self, extender: Extender) -> None:
+        with self.cv:
+            self.wanted += 1
+            self.cv.notify()
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, args=(weakref.ref(extender),), name="vgpu-learner",
+                                               daemon=True)
+                self.thread.start()
+
+    def wait_idle(self, timeout: float) -> bool:
+        with self.cv:
+            return self.cv.wait_for(lambda: self.served == self.wanted, timeout)
+
+    def _run(self, extender: weakref.ref[Extender]) -> None:
+        while True:
+            with self.cv:
+                if self.served == self.wanted:
+                    self.cv.wait(self.IDLE_EXIT)
+                target = self.wanted
+            ext = extender()
+            if ext is None:
+                return
+            if target != self.served:
+                try:
+                    ext.learn(LEARN_SLICE)
+                except Exception:
+                    log.exception("learner failed")
+                with self.cv:
+                    self.served = target
+                    self.cv.notify_all()
+            del ext

@@ -152,6 +152,8 @@ class Ledger:
         self._compute: dict[str, tuple[str, int, int]] = {}  # pod -> (node, CPU milli, memory MiB) it takes
         self._requested: dict[str, list[int]] = {}  # node -> [CPU milli, memory MiB] its pods take
         self._ranked = True  # whether NodeState.rank is every node's position in name order
+        self.version = object()  # replaced whenever a node comes, goes or changes whether it can take vGPU pods
+        self.devices_version = 0  # bumped whenever a node comes, goes or publishes other GPUs
 
     # ------------------------------------------------------------------ nodes
 
@@ -176,12 +178,13 @@ class Ledger:
             devices, error = self._decode_node(node, volcano, hami)
             if state is None:
                 state = NodeState(name=name)
-                state.cpu_requested, state.memory_requested = self._requested.get(name, (0, 0))
+                state.set_requested(*self._requested.get(name, (0, 0)))
                 self.nodes[name] = state
                 self._ranked = False
+                self.version = object()
             state.raw = raw
             state.obj = node
-            state.cpu_allocatable, state.memory_allocatable = _allocatable_cpu_memory(allocatable)
+            state.set_allocatable(*_allocatable_cpu_memory(allocatable))
             if devices != state.devices or error != state.error:
                 if error:
                     log.info("node unschedulable node=%s reason=%r", name, error)
@@ -222,17 +225,24 @@ class Ledger:
         with self.lock:
             if self.nodes.pop(name, None) is not None:
                 self._ranked = False
+                self.version = object()
+                self.devices_version += 1
 
-    def rank_nodes(self) -> None:
+    def rank_nodes(self) -> bool:
         """Number the nodes in name order (`NodeState.rank`: placement gives equal scores to the lower name), if a
-        node came or went since the last call; callers hold `lock`."""
-        if not self._ranked:
-            for rank, name in enumerate(sorted(self.nodes)):
-                self.nodes[name].rank = rank
-            self._ranked = True
+        node came or went since the last call; True when it did. Callers hold `lock`."""
+        if self._ranked:
+            return False
+        for rank, name in enumerate(sorted(self.nodes)):
+            self.nodes[name].rank = rank
+        self._ranked = True
+        return True
 
     def _rebuild(self, state: NodeState, devices: tuple[GPUDevice, ...], error: str) -> None:
         """New devices for a node: its usage is recounted from the charges on it."""
+        if error != state.error:
+            self.version = object()
+        self.devices_version += 1
         state.set_devices(devices, error)
         for uid in self._by_node.get(state.name, ()):
             state.charge(self.charges[uid].grants)
@@ -363,7 +373,7 @@ class Ledger:
             totals[1] += sign * memory
             state = self.nodes.get(node)
             if state is not None:
-                state.cpu_requested, state.memory_requested = totals
+                state.set_requested(*totals)
             if totals == [0, 0]:
                 del self._requested[node]
         if taken is None:

@@ -1,13 +1,14 @@
 """One node as placement sees it: its published GPUs, what is charged on each, and its free CPU and memory.
 
 The ledger (the extender's view of the cluster) and the trace replay both keep one `NodeState` per node and
-change it only through `charge` and `set_devices`, which mark it changed for the placement memo
-(`scheduler.placement`).
+change it only through `charge`, `set_devices`, `set_requested` and `set_allocatable`, which mark it changed for
+the placement loop (`scheduler.placement`): a new GPU state key, and an entry in the change log of the placement the
+node is registered with.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,7 @@ from vgpu.inventory import GPUDevice
 from vgpu.scheduler.fit import GPUUsage
 from vgpu.scheduler.policies.base import NodeContext
 
-__all__ = ["Grant", "NodeState", "flat_grants", "gpu_state"]
+__all__ = ["Grant", "NodeState", "flat_grants", "gpu_state", "gpu_types"]
 
 # (GPU UUID, memory units, cores) of one granted device
 Grant = tuple[str, int, int]
@@ -32,6 +33,17 @@ def gpu_state(devices: tuple[GPUDevice, ...], usage: list[GPUUsage]) -> tuple[An
     same state share placement results (a pod that names GPU UUIDs is placed per node)."""
     return tuple((d.memory, d.type, d.healthy, d.split, d.mode, d.cores, u.shares, u.memory, u.cores)
                  for d, u in zip(devices, usage))
+
+
+def gpu_types(states: Iterable[NodeState]) -> dict[str, int]:
+    """GPUs per device type over the nodes that can take vGPU pods (what a learning policy weighs its target
+    against: `NodePolicy.relearn`)."""
+    counts: dict[str, int] = {}
+    for state in states:
+        if not state.error:
+            for device in state.devices:
+                counts[device.type] = counts.get(device.type, 0) + 1
+    return counts
 
 
 @dataclass(slots=True, eq=False)
@@ -56,6 +68,8 @@ class NodeState:
     memory_requested: int = 0  # MiB
     raw: tuple[str | None, str | None, str | None] = (None, None, None)  # the ledger's change detector
     obj: Mapping[str, Any] | None = None
+    slot: int = -1
+    changes: list[int] | None = None
 
     def set_devices(self, devices: tuple[GPUDevice, ...], error: str = "") -> None:
         """Publish a new inventory; usage starts empty (the caller charges what is held)."""
@@ -78,9 +92,28 @@ class NodeState:
         self.touch()
 
     def touch(self) -> None:
-        """Mark the node changed: placement results cached for it are recomputed."""
+        """Mark the node's GPUs changed: placement results cached for it are recomputed."""
         self.generation += 1
         self.key_tag = None
+        if self.changes is not None:
+            self.changes.append(self.slot)
+
+    def set_requested(self, cpu: int, memory: int) -> None:
+        """What the pods bound to the node request (CPU milli, memory MiB)."""
+        if (cpu, memory) != (self.cpu_requested, self.memory_requested):
+            self.cpu_requested, self.memory_requested = cpu, memory
+            self._context_changed()
+
+    def set_allocatable(self, cpu: int | None, memory: int | None) -> None:
+        """The node's allocatable CPU (milli) and memory (MiB); None where it does not say."""
+        if (cpu, memory) != (self.cpu_allocatable, self.memory_allocatable):
+            self.cpu_allocatable, self.memory_allocatable = cpu, memory
+            self._context_changed()
+
+    def _context_changed(self) -> None:
+        self.generation += 1
+        if self.changes is not None:
+            self.changes.append(self.slot)
 
     @property
     def cpu_free(self) -> int | None:

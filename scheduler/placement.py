@@ -1,22 +1,24 @@
 """The one node-selection loop: the extender's /filter, /prioritize and /bind and the trace replay place through it.
 
-For a pod (`PodShape`) and candidate nodes (`NodeState`s), each node is fitted (`scheduler.fit`) and scored by the
-node policy, through memos keyed by the node's GPU state with the UUIDs left out (`nodestate.gpu_state`), the
-policy's context class of the node for this pod (free CPU and memory; `NodePolicy.context_bins`) and the pod's
-signature (its requests, selectors and, for policies that use node context, CPU request). Nodes that share all
-three are evaluated once; a node whose GPUs change gets a new key (`NodeState.touch`). Fits are shared across
-context classes unless the policy's GPU order reads the context. A pod that names GPU UUIDs is evaluated per node.
-The fit is stored with GPU indices; the chosen node's grants are rebuilt with its own UUIDs.
+Nodes are registered once (`register`: the ledger's nodes by the extender, the trace's by the replay) and get a
+slot. For each pod shape (`PodShape`: requests, selectors and, for policies that use node context, the CPU request)
+a board keeps every registered node's fit and score as arrays by slot. A node that changes (`NodeState.charge`,
+`set_requested`, ...) appends its slot to the placement's change log, and a board re-evaluates exactly the nodes
+logged since it was last used. Evaluations are memoised by the node's GPU state with the UUIDs left out
+(`nodestate.gpu_state`), the policy's context class of the node for this pod (`NodePolicy.context_bins`) and the
+pod's signature, so nodes in the same state are fitted and scored once. A request costs a few array operations
+over the candidates plus the evaluations of the nodes that changed since the board was last used. A pod that names
+GPU UUIDs is evaluated per node. Fits are stored with GPU indices; the chosen node's grants use its own UUIDs.
 
 Comparison: the higher score wins, then the lower `NodeState.rank` (the extender's ledger ranks nodes by name, the
-replay by the seed's random order; candidates must have distinct ranks); a policy with `tie_break = "random"`
-draws uniformly among the best instead.
+replay by the seed's random order); a policy with `tie_break = "random"` draws uniformly among the best instead.
 
 Learning policies: a score computed before the policy's `epoch` changed is stale. Decide mode (the extender's
-default, and the replay) refreshes at most `refresh_budget` stale groups per request in node order, then rescores
-the best-ranked stale ones until a current score is the best (at most `rescore_limit`), so a change of target
-never stalls one request and the chosen node always has a current score. Score mode reports feasibility from the
-stored fits and rescores at /prioritize.
+default, and the replay) refreshes at most `refresh_budget` stale nodes per request in candidate order, then
+rescores the best-ranked stale ones until a current score is the best (at most `rescore_limit`), so a change of
+target never stalls one request and the chosen node always has a current score. `refresh` rescores stale entries
+off the request path (the extender's learner thread; the replay between pods when told to). Score mode reports
+feasibility from the stored fits and rescores at /prioritize.
 
 Not thread-safe: callers serialise (the extender holds its ledger's lock).
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,13 +41,17 @@ from vgpu.scheduler.policies.base import NodePolicy, PodContext
 
 __all__ = ["REFRESH_BUDGET", "RESCORE_LIMIT", "Choice", "Evaluation", "Placement", "PodShape"]
 
-# Decide mode, after a change of learned target: stale groups refreshed per request in node order, then stale
-# groups rescored best first until a current score is the best.
+# Decide mode, after a change of learned target: stale nodes refreshed per request in candidate order, then stale
+# nodes rescored best first until a current score is the best.
 REFRESH_BUDGET = 2
 RESCORE_LIMIT = 4
 MEMO_LIMIT = 200_000  # evaluations kept before the memo starts over
 KEY_LIMIT = 200_000  # distinct GPU states (and pod signatures) numbered before the numbering starts over
+BOARD_LIMIT = 256  # pod shapes whose per-node results are kept (least recently used dropped first)
+LOG_LIMIT = 1 << 20  # change-log entries kept; a board further behind re-evaluates every node
 NO_CONTEXT = -(2**62)  # the context class of a node that reports no allocatable CPU and memory
+ANY_EPOCH = -2  # the epoch of a failed fit that no GPU order can change (a pod with one request)
+FAIL = -np.inf  # the board score of a node the pod does not fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +74,7 @@ class PodShape:
 @dataclass(slots=True)
 class Evaluation:
     """A fit (GPU indices) and its score for one memo key; `epoch` is the policy epoch of the score (-1: none), or of
-    the fit when it failed."""
+    the fit when it failed (ANY_EPOCH: no GPU order can change it)."""
 
     result: FitResult
     fit_epoch: int
@@ -86,6 +93,18 @@ class Choice:
     best: NodeState | None = None
     best_index: int = -1
     result: FitResult | None = None
+
+
+@dataclass(slots=True)
+class _Board:
+    """One pod shape on every registered node, by slot: its score (nan: to evaluate; FAIL: does not fit), the epoch
+    of that score (Evaluation.epoch) and the evaluation; current up to `pos` in the change log."""
+
+    pod: PodShape
+    score: np.ndarray
+    epoch: np.ndarray
+    entries: list[Evaluation | None]
+    pos: int
 
 
 def _better(score: float, rank: int, best: tuple[float, int] | None) -> bool:
@@ -110,9 +129,35 @@ class Placement:
         self._signatures: dict[tuple[Any, ...], int] = {}
         self._numbering = 0  # bumped when the signatures are numbered anew
         self._tag = (id(self), 0)  # the key numbering NodeState.key belongs to
+        self._nodes: list[NodeState] = []  # by slot
+        self._rank = np.zeros(0, dtype=np.int64)  # by slot
+        self._changes: list[int] = []  # the change log: slots, in order of change
+        self._base = 0  # change-log entries dropped so far
+        self._boards: OrderedDict[int, _Board] = OrderedDict()  # by pod signature, least recently used first
         self.evaluations = 0  # fits computed (for benchmarks)
 
-    # ------------------------------------------------------------------ keys
+    # ------------------------------------------------------------------ nodes and keys
+
+    def register(self, state: NodeState) -> int:
+        """Give a node a slot (once): its changes are then logged here and boards keep its results."""
+        if state.changes is self._changes:
+            return state.slot
+        slot = len(self._nodes)
+        self._nodes.append(state)
+        state.slot, state.changes = slot, self._changes
+        if slot >= len(self._rank):
+            self._rank = np.concatenate([self._rank, np.zeros(max(64, slot), dtype=np.int64)])
+        self._rank[slot] = state.rank
+        self._changes.append(slot)
+        return slot
+
+    def registered(self, state: NodeState) -> bool:
+        """Whether `state` has a slot here."""
+        return state.changes is self._changes
+
+    def rerank(self) -> None:
+        """Read every registered node's rank again (the ledger renumbers nodes when one comes or goes)."""
+        self._rank[: len(self._nodes)] = [s.rank for s in self._nodes]
 
     def shape(self, requests: tuple[ContainerRequest, ...], selectors: Selectors, context: PodContext) -> PodShape:
         """The placement form of a pod's requests, selectors and context."""
@@ -126,6 +171,7 @@ class Placement:
                 self._signatures = {}
                 self._numbering += 1
                 self._memo, self._fits = {}, {}
+                self._boards.clear()
             sig = self._signatures[raw] = len(self._signatures)
         return sig
 
@@ -146,14 +192,10 @@ class Placement:
         state.key, state.key_tag = key, self._tag
         return key
 
-    def _classes(self, states: Sequence[NodeState], pod: PodShape,
-                 free: tuple[np.ndarray, np.ndarray] | None) -> list[int] | None:
-        """The policy's context class of each node for this pod; None when the policy uses no node context.
-        `free`: the nodes' free CPU and memory as arrays, when the caller keeps them (all nodes report them)."""
+    def _classes(self, states: Sequence[NodeState], pod: PodShape) -> list[int]:
+        """The policy's context class of each node for this pod (0 when the policy uses no node context)."""
         if not self.contextual:
-            return None
-        if free is not None:
-            return [int(c) for c in self.policy.context_bins(free[0], free[1], pod.context)]
+            return [0] * len(states)
         classes = [NO_CONTEXT] * len(states)
         known = [i for i, s in enumerate(states) if s.cpu_allocatable is not None and s.memory_allocatable is not None]
         if known:
@@ -163,17 +205,16 @@ class Placement:
                 classes[i] = int(cls)
         return classes
 
-    def _memo_key(self, state: NodeState, cls: int, pod: PodShape) -> tuple[Any, int, int]:
-        return (state.name if pod.per_node else self._key(state), cls, self._sig(pod))
-
     # ------------------------------------------------------------------ evaluation
 
     def _evaluate(self, state: NodeState, key: tuple[Any, int, int], pod: PodShape, epoch: int,
                   want_score: bool) -> Evaluation:
         entry = self._memo.get(key)
-        node = state.context() if self.contextual else None
-        if entry is None or entry.fit_epoch != epoch:  # a learning policy's GPU order may have changed too
-            fit_key = key if self.policy.gpu_order_uses_context else (key[0], 0, key[2])
+        node = None
+        if entry is None or (entry.fit_epoch != epoch and entry.epoch != ANY_EPOCH):
+            # a learning policy's GPU order may have changed too
+            node = state.context() if self.contextual else None
+            fit_key = (key[0], self.policy.order_class(node, pod.context), key[2])
             known = self._fits.get(fit_key)
             if known is None or known[1] != epoch:
                 order = self.policy.gpu_order(node, pod.context) or self.default_order
@@ -187,8 +228,10 @@ class Placement:
                 self._memo = {}
             self._memo[key] = entry
         if not entry.result.ok:
-            entry.epoch = epoch  # nothing to score: current as soon as its fit is
+            entry.epoch = ANY_EPOCH if len(pod.requests) <= 1 else epoch  # nothing to score
         elif want_score and entry.epoch != epoch:
+            if node is None and self.contextual:
+                node = state.context()  # the fit was known: the context is read only now
             entry.score = float(self.policy.score(state.devices, state.usage, pod.requests, entry.result, node=node,
                                                   pod=pod.context))
             entry.epoch = epoch
@@ -196,10 +239,12 @@ class Placement:
 
     def evaluate(self, state: NodeState, pod: PodShape, want_score: bool = True) -> tuple[FitResult, float]:
         """Fit (with this node's grants) and score of a pod on one node, without choosing."""
-        classes = self._classes([state], pod, None)
-        key = self._memo_key(state, classes[0] if classes else 0, pod)
-        entry = self._evaluate(state, key, pod, self.policy.epoch, want_score)
+        entry = self._evaluate(state, self._memo_key(state, self._classes([state], pod)[0], pod), pod,
+                               self.policy.epoch, want_score)
         return self.on_node(state, pod, entry.result), entry.score
+
+    def _memo_key(self, state: NodeState, cls: int, pod: PodShape) -> tuple[Any, int, int]:
+        return ((state.name, state.generation) if pod.per_node else self._key(state), cls, self._sig(pod))
 
     @staticmethod
     def on_node(state: NodeState, pod: PodShape, result: FitResult) -> FitResult:
@@ -209,142 +254,240 @@ class Placement:
         return FitResult(ok=True, placement=result.placement,
                          assignment=grants_on(state.devices, pod.requests, result.placement))
 
-    def _groups(self, states: Sequence[NodeState], pod: PodShape,
-                free: tuple[np.ndarray, np.ndarray] | None = None) -> _Groups:
-        """Candidates grouped by memo key, in the order of each group's first node (the hot part of a request)."""
-        n = len(states)
+    # ------------------------------------------------------------------ boards
+
+    def _board(self, pod: PodShape) -> _Board:
+        """The pod shape's board, with the nodes changed since its last use marked for evaluation."""
         sig = self._sig(pod)
-        classes = self._classes(states, pod, free)
-        if pod.per_node:
-            node_keys: list[Any] = [s.name for s in states]
-            combined = np.arange(n, dtype=np.int64)
+        n = len(self._nodes)
+        board = self._boards.get(sig)
+        if len(self._changes) > LOG_LIMIT:
+            drop = len(self._changes) // 2
+            del self._changes[:drop]
+            self._base += drop
+        if board is None or board.pos < self._base:
+            board = _Board(pod, np.full(n, np.nan), np.full(n, -1, dtype=np.int64), [None] * n,
+                           self._base + len(self._changes))
+            self._boards[sig] = board
+            if len(self._boards) > BOARD_LIMIT:
+                self._boards.popitem(last=False)
         else:
-            tag, key_of = self._tag, self._key
-            node_keys = [s.key if s.key_tag is tag else key_of(s) for s in states]
-            combined = np.array(node_keys, dtype=np.int64)
-        if classes is not None and not pod.per_node:
-            _, dense = np.unique(np.asarray(classes, dtype=np.int64), return_inverse=True)
-            combined = combined * (int(dense.max(initial=0)) + 1) + dense.reshape(-1)
-        ranks = np.array([s.rank for s in states], dtype=np.int64)
-        _, first, inverse = np.unique(combined, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        order = np.lexsort((ranks, inverse))  # by group, the lowest rank first within each
-        ends = np.cumsum(np.bincount(inverse))
-        starts = ends - np.bincount(inverse)
-        by_first = np.argsort(first, kind="stable")  # groups in the order of their first node
-        firsts = first[by_first].tolist()
-        if pod.per_node:
-            group_nodes: list[Any] = [node_keys[i] for i in firsts]
-        else:
-            group_nodes = np.array(node_keys, dtype=np.int64)[first[by_first]].tolist()
-        group_classes = [0] * len(firsts) if classes is None else [classes[i] for i in firsts]
-        return _Groups(
-            keys=list(zip(group_nodes, group_classes, [sig] * len(firsts))),
-            leads=order[starts[by_first]].tolist(),
-            starts=starts[by_first].tolist(),
-            ends=ends[by_first].tolist(),
-            order=order.tolist(),
-        )
+            self._boards.move_to_end(sig)
+            self._sync(board)
+        return board
+
+    def _sync(self, board: _Board) -> None:
+        """Size a board to the registered nodes and mark the nodes changed since its last use."""
+        n = len(self._nodes)
+        if len(board.score) < n:
+            grow = n - len(board.score)
+            board.score = np.concatenate([board.score, np.full(grow, np.nan)])
+            board.epoch = np.concatenate([board.epoch, np.full(grow, -1, dtype=np.int64)])
+            board.entries.extend([None] * grow)
+        end = self._base + len(self._changes)
+        if board.pos < end:
+            board.score[self._changes[board.pos - self._base:]] = np.nan
+            board.pos = end
+
+    def _fill(self, board: _Board, slots: np.ndarray, epoch: int, want_score: bool) -> None:
+        """Evaluate the pod of `board` on the nodes at `slots` and store the results."""
+        pod = board.pod
+        states = [self._nodes[s] for s in slots.tolist()]
+        sig = self._sig(pod)
+        for slot, state, cls in zip(slots.tolist(), states, self._classes(states, pod)):
+            key = ((state.name, state.generation) if pod.per_node else self._key(state), cls, sig)
+            self._store(board, slot, self._evaluate(state, key, pod, epoch, want_score))
+
+    def _refresh(self, board: _Board, slots: list[int], epoch: int) -> list[Evaluation]:
+        """Rescore nodes of a board with the current target; their context classes are computed in one batch."""
+        entries: list[Evaluation | None] = [board.entries[s] for s in slots]
+        todo = [i for i, entry in enumerate(entries) if entry is None or entry.epoch != epoch]
+        states = [self._nodes[slots[i]] for i in todo]
+        for i, state, cls in zip(todo, states, self._classes(states, board.pod)):
+            entries[i] = self._evaluate(state, self._memo_key(state, cls, board.pod), board.pod, epoch, True)
+        out: list[Evaluation] = []
+        for slot, entry in zip(slots, entries):
+            assert entry is not None  # evaluated above
+            self._store(board, slot, entry)
+            out.append(entry)
+        return out
+
+    @staticmethod
+    def _store(board: _Board, slot: int, entry: Evaluation) -> None:
+        board.entries[slot] = entry
+        board.score[slot] = entry.score if entry.result.ok else FAIL
+        board.epoch[slot] = entry.epoch
+
+    def _prepare(self, board: _Board, slots: np.ndarray, epoch: int, want_score: bool) -> None:
+        """Evaluate the candidates the board does not know, and refit failed multi-request fits of earlier targets."""
+        score, past = board.score[slots], board.epoch[slots]
+        redo = np.isnan(score) | ((score == FAIL) & (past != epoch) & (past != ANY_EPOCH))
+        if redo.any():
+            self._fill(board, slots[redo], epoch, want_score)
+
+    # ------------------------------------------------------------------ requests
+
+    def choose(self, states: Sequence[NodeState], pod: PodShape, explain: bool = True,
+               slots: np.ndarray | None = None) -> Choice:
+        """Feasible nodes, failure reasons and, in decide mode, the best node for the pod. `slots`: the slots of
+        `states` when the caller keeps them (-1 for a node that is not registered: it is evaluated on its own);
+        `explain=False` leaves out the failure reasons (the replay needs only the choice)."""
+        if slots is None:
+            slots = np.fromiter((s.slot if self.registered(s) else -1 for s in states), np.int64, len(states))
+        epoch = self.policy.epoch
+        decide = self.decide
+        board = self._board(pod)
+        loose = np.flatnonzero(slots < 0)
+        mine = slots if not len(loose) else slots[slots >= 0]
+        self._prepare(board, mine, epoch, decide)
+        choice = Choice()
+        extra = [(int(i), self.evaluate(states[i], pod, decide)) for i in loose.tolist()]
+        score, past = board.score[mine], board.epoch[mine]
+        fits = score > FAIL
+        if not decide:
+            ok = np.zeros(len(states), dtype=bool)
+            ok[slots >= 0] = fits
+            for i, (result, _) in extra:
+                ok[i] = result.ok
+            choice.feasible = [states[i] for i in np.flatnonzero(ok).tolist()]
+            if explain:
+                self._explain(choice, states, slots, board, extra)
+            return choice
+        stale = fits & (past != epoch)
+        if stale.any() and self.refresh_budget > 0:
+            self._refresh_some(board, mine[stale], epoch, self.refresh_budget)
+            score, past = board.score[mine], board.epoch[mine]
+            stale = fits & (past != epoch)
+        best = self._best(mine, score, fits & ~stale, extra, states)
+        if stale.any():
+            best = self._rescore_stale(board, mine, score, stale, best, epoch)
+        if best is None:
+            if explain:
+                self._explain(choice, states, slots, board, extra)
+            return choice
+        index, result = self._resolve_best(best, states, slots, board, extra)
+        if explain:
+            self._explain(choice, states, slots, board, extra)
+        chosen = states[index]
+        choice.best, choice.best_index = chosen, index
+        choice.result = self.on_node(chosen, pod, result)
+        choice.feasible = [chosen]
+        return choice
+
+    def _refresh_some(self, board: _Board, stale: np.ndarray, epoch: int, budget: int) -> None:
+        """Rescore stale nodes in candidate order; a node whose evaluation is already current (shared with a node
+        in the same state) costs nothing."""
+        picked: list[int] = []
+        for slot in stale.tolist():
+            entry = board.entries[slot]
+            if entry is not None and entry.epoch == epoch:
+                self._store(board, slot, entry)
+                continue
+            if len(picked) >= budget:
+                break
+            picked.append(slot)
+        self._refresh(board, picked, epoch)
+
+    def _best(self, mine: np.ndarray, score: np.ndarray, current: np.ndarray,
+              extra: list[tuple[int, tuple[FitResult, float]]],
+              states: Sequence[NodeState]) -> tuple[float, int, int] | None:
+        """The best (score, rank, slot or -1 - input index) among current results; None when nothing fits."""
+        best: tuple[float, int, int] | None = None
+        if current.any():
+            top = float(score[current].max())
+            tied = mine[current & (score == top)]
+            if self.policy.tie_break == "random":
+                slot = int(tied[self.rng.randrange(len(tied))])
+            else:
+                slot = int(tied[np.argmin(self._rank[tied])])
+            best = (top, int(self._rank[slot]), slot)
+        for i, (result, value) in extra:
+            rank = states[i].rank
+            if result.ok and _better(value, rank, best[:2] if best else None):
+                best = (value, rank, -1 - i)
+        return best
+
+    def _rescore_stale(self, board: _Board, mine: np.ndarray, score: np.ndarray, stale: np.ndarray,
+                       best: tuple[float, int, int] | None, epoch: int) -> tuple[float, int, int] | None:
+        """A node ranked on an earlier target's score wins only once rescored with the current one: rescore the
+        stale nodes that would beat the best, best first, at most `rescore_limit` of them."""
+        contenders = mine[stale]
+        values = score[stale]
+        if best is not None:
+            keep = (values > best[0]) | ((values == best[0]) & (self._rank[contenders] < best[1]))
+            contenders, values = contenders[keep], values[keep]
+        heap = list(zip((-values).tolist(), self._rank[contenders].tolist(), contenders.tolist()))
+        heapq.heapify(heap)
+        rescored = 0
+        while heap:
+            negated, rank, slot = heapq.heappop(heap)
+            if best is not None and (rescored >= self.rescore_limit or not _better(-negated, rank, best[:2])):
+                break
+            entry = board.entries[slot]
+            if entry is None or entry.epoch != epoch:
+                rescored += 1
+            (entry,) = self._refresh(board, [slot], epoch)
+            if entry.result.ok and _better(entry.score, rank, best[:2] if best else None):
+                best = (entry.score, rank, slot)
+        return best
+
+    def _resolve_best(self, best: tuple[float, int, int], states: Sequence[NodeState], slots: np.ndarray,
+                      board: _Board, extra: list[tuple[int, tuple[FitResult, float]]]) -> tuple[int, FitResult]:
+        """The input index and fit of the chosen node."""
+        slot = best[2]
+        if slot < 0:
+            index = -1 - slot
+            return index, dict(extra)[index][0]
+        entry = board.entries[slot]
+        assert entry is not None  # a chosen node was evaluated
+        return int(np.flatnonzero(slots == slot)[0]), entry.result
+
+    def _explain(self, choice: Choice, states: Sequence[NodeState], slots: np.ndarray, board: _Board,
+                 extra: list[tuple[int, tuple[FitResult, float]]]) -> None:
+        """Failure reasons of the candidates that do not fit."""
+        failed = (board.score[np.maximum(slots, 0)] == FAIL) & (slots >= 0)
+        results = [(i, entry.result) for i, entry in
+                   zip(np.flatnonzero(failed).tolist(), (board.entries[s] for s in slots[failed].tolist()))
+                   if entry is not None]
+        results += [(i, result) for i, (result, _) in extra if not result.ok]
+        for i, result in sorted(results, key=lambda r: r[0]):
+            (choice.unresolvable if result.unresolvable else choice.failed)[states[i].name] = result.reason
 
     def scores(self, states: Sequence[NodeState], pod: PodShape) -> list[float | None]:
         """Current score of the pod on each node (None where it does not fit)."""
         epoch = self.policy.epoch
-        out: list[float | None] = [None] * len(states)
-        groups = self._groups(states, pod)
-        for g, (key, lead) in enumerate(zip(groups.keys, groups.leads)):
-            entry = self._memo.get(key)
-            if entry is None or entry.epoch != epoch:
-                entry = self._evaluate(states[lead], key, pod, epoch, True)
-            if entry.result.ok:
-                for i in groups.members(g):
-                    out[i] = entry.score
+        board = self._board(pod)
+        slots = np.fromiter((s.slot if self.registered(s) else -1 for s in states), np.int64, len(states))
+        mine = slots[slots >= 0]
+        self._prepare(board, mine, epoch, True)
+        self._refresh(board, mine[(board.score[mine] > FAIL) & (board.epoch[mine] != epoch)].tolist(), epoch)
+        out: list[float | None] = []
+        for state, slot in zip(states, slots.tolist()):
+            if slot >= 0:
+                value = float(board.score[slot])
+                out.append(value if value > FAIL else None)
+            else:
+                result, value = self.evaluate(state, pod)
+                out.append(value if result.ok else None)
         return out
 
-    def choose(self, states: Sequence[NodeState], pod: PodShape,
-               free: tuple[np.ndarray, np.ndarray] | None = None, explain: bool = True) -> Choice:
-        """Feasible nodes, failure reasons and, in decide mode, the best node for the pod. `free`: the nodes' free
-        CPU and memory, when the caller keeps them as arrays (the replay); `explain=False` leaves out the failure
-        reasons (the replay needs only the choice)."""
+    # ------------------------------------------------------------------ off the request path
+
+    def refresh(self, budget: int) -> int:
+        """Rescore up to `budget` stale results (most recently used boards first); how many were rescored."""
         epoch = self.policy.epoch
-        decide = self.decide
-        refresh = self.refresh_budget
-        choice = Choice()
-        groups = self._groups(states, pod, free)
-        ok: dict[int, Evaluation] = {}  # group -> its evaluation, for the groups that fit
-        best: tuple[float, int] | None = None  # (score, rank of the group's lead)
-        best_group = -1
-        stale: list[tuple[float, int, int]] = []  # (-score, lead rank, group) of groups scored on an earlier target
-
-        def fail(g: int, result: FitResult) -> None:
-            if explain:
-                reasons = choice.unresolvable if result.unresolvable else choice.failed
-                for i in groups.members(g):
-                    reasons[states[i].name] = result.reason
-
-        memo_get = self._memo.get
-        for g, (key, lead) in enumerate(zip(groups.keys, groups.leads)):
-            entry = memo_get(key)
-            if entry is None:
-                entry = self._evaluate(states[lead], key, pod, epoch, decide)
-            elif decide and entry.epoch != epoch and (entry.epoch < 0 or not entry.result.ok or refresh > 0):
-                refresh -= entry.epoch >= 0 and entry.result.ok  # refitting a failed fit is not a rescore
-                entry = self._evaluate(states[lead], key, pod, epoch, decide)
-            if not entry.result.ok:
-                fail(g, entry.result)
-                continue
-            ok[g] = entry
-            if not decide or (best is not None and entry.score < best[0]):
-                continue  # a current score already beats it (a stale one too: it is not rescored)
-            rank = states[lead].rank
-            if entry.epoch != epoch:
-                stale.append((-entry.score, rank, g))
-            elif _better(entry.score, rank, best):
-                best, best_group = (entry.score, rank), g
-        if stale:  # a group ranked on an earlier target's score wins only once rescored with the current one
-            heapq.heapify(stale)
-            rescored = 0
-            while stale:
-                negated, rank, g = heapq.heappop(stale)
-                if best is not None and (rescored >= self.rescore_limit or not _better(-negated, rank, best)):
-                    break
-                rescored += 1
-                entry = self._evaluate(states[groups.leads[g]], groups.keys[g], pod, epoch, True)
-                if not entry.result.ok:  # a greedy multi-container fit may fail in the new GPU order
-                    del ok[g]
-                    fail(g, entry.result)
-                    continue
-                ok[g] = entry
-                if _better(entry.score, rank, best):
-                    best, best_group = (entry.score, rank), g
-        if not decide:
-            choice.feasible = [states[i] for i in sorted(i for g in ok for i in groups.members(g))]
-            return choice
-        if best is None:
-            return choice
-        if self.policy.tie_break == "random":
-            tied = sorted((i, g) for g, entry in ok.items() if entry.epoch == epoch and entry.score == best[0]
-                          for i in groups.members(g))
-            index, best_group = tied[self.rng.randrange(len(tied))]
-        else:
-            index = groups.leads[best_group]
-        chosen = states[index]
-        choice.best, choice.best_index = chosen, index
-        choice.result = self.on_node(chosen, pod, ok[best_group].result)
-        choice.feasible = [chosen]
-        return choice
-
-
-@dataclass(slots=True)
-class _Groups:
-    """Candidate nodes grouped by memo key, in the order of each group's first node: group g's members are
-    `order[starts[g]:ends[g]]`, lowest rank first; `leads[g]` is the first of them (it breaks ties for the group)."""
-
-    keys: list[tuple[Any, int, int]]
-    leads: list[int]
-    starts: list[int]
-    ends: list[int]
-    order: list[int]
-
-    def members(self, g: int) -> list[int]:
-        """The members of group g."""
-        return self.order[self.starts[g]:self.ends[g]]
+        done = 0
+        for board in reversed(self._boards.values()):
+            if done >= budget:
+                break
+            stale = np.flatnonzero((board.score > FAIL) & (board.epoch != epoch) & ~np.isnan(board.score))
+            picked: list[int] = []
+            for slot in stale.tolist():
+                entry = board.entries[slot]
+                if entry is None or entry.epoch != epoch:
+                    if done >= budget:
+                        break
+                    done += 1
+                picked.append(slot)
+            self._refresh(board, picked, epoch)
+        return done

@@ -2,8 +2,9 @@
 
 Every policy is a `NodePolicy` registered by name in `NODE_POLICIES`; `make_policy(name)` builds one.
 `DEFAULT_NODE_POLICY` is the one `vgpu scheduler` uses when none is given: `fragaware`, our fragmentation-aware
-policy (`vgpu replay`'s "ours"), which leaves less GPU capacity unallocated than FGD on every openb trace
-(docs/placement.md). Volcano's `binpack` remains available and is the cheaper one to run.
+policy (`vgpu replay`'s "ours"), which leaves less GPU capacity unallocated than FGD on the openb traces and most
+workloads derived from them (docs/placement.md names where it does not). Volcano's `binpack` remains available and
+is the cheaper one to run.
 """
 
 from vgpu.scheduler.policies import baselines as _baselines  # noqa: F401  (random, bestfit, dotprod, packing)

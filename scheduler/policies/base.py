@@ -2,14 +2,15 @@
 
 Placement (`scheduler.placement`, used by the extender and the trace replay) builds a policy with
 `make_policy(name)`, calls `observe` once for every vGPU pod it sees (in the pod watch or at /filter), then `score`
-for every node a pod fits on, with the GPU order of `gpu_order`. Every member a policy may have is declared on
-`NodePolicy` with its default; a policy overrides what it needs.
+for every node a pod fits on, with the GPU order of `gpu_order`. A policy that learns only counts in `observe`; its
+callers run `relearn` off the request path (the extender's learner thread, the replay between pods). Every member a
+policy may have is declared on `NodePolicy` with its default; a policy overrides what it needs.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, NamedTuple
 
@@ -55,8 +56,6 @@ class NodePolicy(ABC):
     tie_break: ClassVar[Literal["rank", "random"]] = "rank"
     # Whether `score` or `gpu_order` reads the node context (free CPU and memory); see `context_bins`.
     uses_node_context: ClassVar[bool] = False
-    # Whether the GPU order `gpu_order` gives depends on the node context (else fits are shared across classes).
-    gpu_order_uses_context: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.epoch = 0
@@ -77,14 +76,29 @@ class NodePolicy(ABC):
         """The GPU order this policy wants inside a node (given its context), or None for the configured one."""
         return None
 
+    def order_class(self, node: NodeContext | None, pod: PodContext) -> int:
+        """The class of a node's context that `gpu_order` reads: nodes with the same GPU state and order class get
+        the same GPU order for this pod, so placement shares their fits (0: the order reads no context)."""
+        return 0
+
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
         """For arrays of node free CPU and memory, a class per node such that nodes with the same GPU state and
         class get the same score and GPU order for this pod. Policies without node context: one class."""
         return np.zeros(len(cpu_free), dtype=np.int64)
 
     def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
-        """Learn from a pod the scheduler has seen (policies that learn the workload online)."""
+        """Count a pod the scheduler has seen (policies that learn the workload online); cheap, never rebuilds."""
         return None
+
+    @property
+    def due(self) -> bool:
+        """Whether `relearn` would rebuild from what was observed (the extender wakes its learner thread only then)."""
+        return False
+
+    def relearn(self, capacity: Mapping[str, int] | None = None) -> bool:
+        """Rebuild what is learned from the pods observed, if due, against the cluster's `capacity` (GPUs per device
+        type); True when scores changed (`epoch` bumped). May take milliseconds: never called on a request path."""
+        return False
 
     def seed(self, seed: int) -> None:
         """Reseed any randomness (the replay seeds each run)."""

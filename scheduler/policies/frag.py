@@ -10,14 +10,15 @@ slots all cover the type's request, so memory and cores count as well as the GPU
 trace through `set_workload`; without one it learns from observed pods), the integer score
 int(100 * sigmoid(-dF / 1000)), and the first GPU with the best such score. `fragaware` learns the workload online
 from the pods it is shown, scores the same way, and breaks equal scores with a second measure that counts free
-CPU as capacity: a node hosts only as much of a type as its CPU can feed (see `FragAware`). F is read off
+CPU as capacity (a node hosts only as much of a type as its CPU can feed) and weighs pinned types by the scarcity
+of their card models (see `FragAware`). F is read off
 per-type sums of memoised per-GPU vectors (`TypeTable`), so ranking the GPUs of a node for one container costs a
 few small vector operations per distinct GPU state.
 """
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -27,14 +28,17 @@ from vgpu.scheduler.fit import FitResult, GPUOrder, GPUUsage
 from vgpu.scheduler.policies.base import NodeContext, NodePolicy, PodContext, register
 from vgpu.scheduler.policies.fragtable import GPURaw, GPUSums, GPUVector, TypeTable
 from vgpu.scheduler.policies.shares import lowest_index_order, usage_after
-from vgpu.scheduler.policies.workload import PodType, WorkloadLearner, pod_type, typical_types
+from vgpu.scheduler.policies.workload import PodType, WorkloadLearner, pod_type, scarcity_weights, typical_types
 
 __all__ = ["FGD", "FragAware"]
 
 # the target workload: its table, and for fragaware the same target with CPU as a capacity
 Target = tuple[TypeTable, TypeTable | None]
-# the last GPU order's ranks, for the score that follows: (sums before, free CPU, free CPU after, ranks by move)
-LastOrder = tuple[GPUSums | None, int | None, int | None, dict[tuple[GPURaw, int], tuple[GPUVector, float]]]
+# moves as `TypeTable.moves` rows: per-type counts, usable shares, idle shares
+Row = tuple[np.ndarray, np.ndarray, list[int]]
+# the last GPU order, for the score that follows: (sums before, free CPU, free CPU after, the request, per state of
+# the GPU it moves to the request: the integer score plus the tie-break)
+LastOrder = tuple[GPUSums | None, int | None, int | None, ContainerRequest | None, dict[GPURaw, float]]
 
 
 def _cpu(node: NodeContext | None) -> int | None:
@@ -62,21 +66,25 @@ class _FragDescent(NodePolicy):
     """Shared machinery: a target table, CPU-class bins, the first-best GPU order and the sigmoid score."""
 
     uses_node_context = True
-    gpu_order_uses_context = True
     coverage = 0.95
     period = 256
     drift = 0.0
+
+    uses_capacity = False  # whether the target depends on the cluster's GPUs per device type (`relearn`)
+    TIE_WEIGHT = 0.0  # the weight of the second table's tie-break (fragaware); below one point of the score
 
     def __init__(self) -> None:
         super().__init__()
         self._learner = WorkloadLearner(self.coverage, self.period, self.drift)
         self._oracle = False
+        self._due = False
+        self._capacity: dict[str, int] = {}
         self._install([])
 
     def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
         """Make `types` the target workload (one assignment: a request being served keeps the pair it read)."""
         self._target: Target = (TypeTable(types), None)
-        self._last_order: LastOrder = (None, None, None, {})
+        self._last_order: LastOrder = (None, None, None, None, {})
 
     @property
     def table(self) -> TypeTable:
@@ -84,53 +92,57 @@ class _FragDescent(NodePolicy):
         return self._target[0]
 
     def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
-        if self._oracle:
-            return
-        if self._learner.add(pod_type(requests, pod)):
-            types = self._learner.target(self.table.types)
-            if types is not None:
-                self._install(types)
-                self.epoch += 1
+        if not self._oracle and self._learner.add(pod_type(requests, pod)):
+            self._due = True
+
+    @property
+    def due(self) -> bool:
+        return self._due
+
+    def relearn(self, capacity: Mapping[str, int] | None = None) -> bool:
+        moved = self.uses_capacity and capacity is not None and dict(capacity) != self._capacity
+        if not self._due and not moved:
+            return False
+        types = self._learner.target(self.table.types) if self._due else None
+        self._due = False
+        if types is None and not moved:
+            return False
+        if moved and capacity is not None:
+            self._capacity = dict(capacity)
+        self._install(self.table.types if types is None else types)
+        self.epoch += 1
+        return True
 
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
         return self.table.bins(cpu_free, pod.cpu)
 
-    def _ties(
-        self, target: Target, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
-        node: NodeContext | None, pod: PodContext | None,
-    ) -> list[float]:
-        """The tie-break, in [0, 1), of each move from `start` to a row of `rows` (`TypeTable.moves`); only moves
-        of equal integer score are compared by it (none here)."""
-        return [0.0] * len(rows[2])
+    def order_class(self, node: NodeContext | None, pod: PodContext) -> int:
+        table = self.table
+        return table.cpu_class(_cpu(node)) * (len(table.cpu_levels) + 2) + table.cpu_class(_cpu_after(node, pod))
 
-    def _ranks(
-        self, target: Target, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
-        node: NodeContext | None, pod: PodContext | None,
-    ) -> tuple[list[int], list[float | None]]:
-        """Integer scores of the moves from `start` to each row, and the tie-break of those with the best one."""
-        table = target[0]
-        f_start = table.f(start, _cpu(node))
-        scores = [_sigmoid_score(f_start - end) for end in table.f_rows(*rows, _cpu_after(node, pod))]
-        best = max(scores)
-        top = [k for k, score in enumerate(scores) if score == best]
-        ties: list[float | None] = [None] * len(scores)
-        if len(top) == len(scores):
-            chosen = rows
-        else:
-            chosen = (rows[0][top], rows[1][top], [rows[2][k] for k in top])
-        for k, tie in zip(top, self._ties(target, start, chosen, node, pod)):
-            ties[k] = tie
-        return scores, ties
+    def _ranks(self, start: GPUSums, rows: Row, node: NodeContext | None,
+               pod: PodContext | None) -> tuple[list[int], list[float]]:
+        """FGD's integer score of each move from `start` to a row of `rows` (`TypeTable.moves`), and its tie-break
+        in [0, TIE_WEIGHT): the sigmoid of the change of the second table's measure (fragaware), 0 without one or
+        without node context. Only nodes of equal integer score are compared by the tie-break."""
+        table, second = self._target
+        cpu, after = _cpu(node), _cpu_after(node, pod)
+        f_start = table.f(start, cpu)
+        if second is None or node is None:
+            return [_sigmoid_score(f_start - end) for end in table.f_rows(*rows, after)], [0.0] * len(rows[2])
+        ends, second_ends = table.f_rows_pair(second, *rows, after)
+        second_start, weight = second.f(start, cpu), self.TIE_WEIGHT
+        return ([_sigmoid_score(f_start - end) for end in ends],
+                [weight * _sigmoid((second_start - end) / 1000.0) for end in second_ends])
 
     def gpu_order(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None:
         def order(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request: ContainerRequest,
                   candidates: list[int]) -> list[int]:
             if request.count != 1:
                 return lowest_index_order(devices, usage, request, candidates)
-            # GPUs in the same state rank the same (F does not depend on GPU order): rank each state once, and
-            # compute the tie-break only for the states that share the best integer score.
-            target = self._target
-            table = target[0]
+            # the first GPU with the best integer score; GPUs in the same state rank the same (F does not depend on
+            # GPU order): each state is ranked once
+            table = self._target[0]
             start = table.sums(devices, usage)
             row_of: dict[GPURaw, int] = {}
             moves: list[tuple[int, GPUVector]] = []
@@ -149,14 +161,13 @@ class _FragDescent(NodePolicy):
                     k = row_of[state] = len(moves)
                     moves.append((i, vector))
                 keys.append(k)
-            scores, ties = self._ranks(target, start, table.moves(start, moves), node, pod)
-            # `score` of the fit that follows (the chosen GPU is one of the best) reads its value from here: per
-            # move (GPU state before, vector after), the rank
-            self._last_order = (start, _cpu(node), _cpu_after(node, pod), {
-                (raws[moves[k][0]], id(moves[k][1])): (moves[k][1], float(scores[k] + tie))
-                for k, tie in enumerate(ties) if tie is not None
+            scores, ties = self._ranks(start, table.moves(start, moves), node, pod)
+            # `score` of the fit that follows reads the move from here: per state of the GPU the request moves to,
+            # its integer score plus tie-break
+            self._last_order = (start, _cpu(node), _cpu_after(node, pod), request, {
+                raws[i]: scores[k] + ties[k] for k, (i, _) in enumerate(moves)
             })
-            rank = {i: (-scores[k], -(ties[k] or 0.0), i) for i, k in zip(candidates, keys)}
+            rank = {i: (-scores[k], i) for i, k in zip(candidates, keys)}
             return sorted(candidates, key=rank.__getitem__)
 
         return order
@@ -170,24 +181,20 @@ class _FragDescent(NodePolicy):
         node: NodeContext | None = None,
         pod: PodContext | None = None,
     ) -> float:
-        target = self._target
-        table = target[0]
+        table = self._target[0]
         start = table.sums(devices, usage)
+        last = self._last_order
+        if (len(requests) == 1 and requests[0] is last[3] and len(result.placement[0]) == 1 and last[0] is start
+                and last[1] == _cpu(node) and last[2] == _cpu_after(node, pod)):
+            known = last[4].get(start.raws[result.placement[0][0]])
+            if known is not None:
+                return known
         placed = usage_after(usage, result)
-        moved = sorted({i for indices in result.placement for i in indices})
-        if len(moved) == 1:
-            (i,) = moved
-            vector = table.vector(devices[i], placed[i])
-            last = self._last_order
-            if last[0] is start and last[1] == _cpu(node) and last[2] == _cpu_after(node, pod):
-                known = last[3].get((start.raws[i], id(vector)))
-                if known is not None and known[0] is vector:
-                    return float(known[1])
         end = start
-        for i in moved:
+        for i in sorted({i for indices in result.placement for i in indices}):
             end = table.moved(end, i, devices[i], placed[i])
-        scores, ties = self._ranks(target, start, (end.count[None], end.usable[None], [end.idle]), node, pod)
-        return float(scores[0] + (ties[0] or 0.0))
+        scores, ties = self._ranks(start, (end.count[None], end.usable[None], [end.idle]), node, pod)
+        return float(scores[0] + ties[0])
 
 
 @register("fgd")
@@ -214,31 +221,34 @@ class FGD(_FragDescent):
 class FragAware(_FragDescent):
     """Ours (`vgpu replay`'s "ours"): fragmentation descent with the target learned online, CPU-aware tie-breaks.
 
-    No oracle: the target is the distribution of the pods it has been shown so far (`observe`), the
-    types covering 99 % of them, rebuilt after 1, 2, 4, ... 128 pods and then every 256 when it has drifted
-    (other types, or a total variation distance above 2 %), so a steady workload stops invalidating caches. A type
-    is the pod's CPU request plus its per-GPU memory share, cores and GPU count (and type selectors); a GPU fits a
-    type only when its free memory, free cores and free slots all cover it.
+    No oracle: the target is the distribution of the pods it has been shown so far (`observe` counts them), the
+    types covering 99 % of them, rebuilt by `relearn` after 1, 2, 4, ... 128 pods and then every 256 pods or an
+    eighth of the pods seen when it has drifted by a total variation distance above 2 %, so a steady workload stops
+    invalidating caches. A type is the pod's CPU request plus its per-GPU memory share, cores and GPU count (and
+    type selectors); a GPU fits a type only when its free memory, free cores and free slots all cover it.
 
     The score is FGD's integer sigmoid of the fragmentation change, plus a tie-break below one point: the sigmoid
-    of the change of a second measure in which a node's free CPU also bounds how much of its idle GPU share each
-    type can use (`TypeTable(cpu_capacity=True)`). Among placements FGD ranks equal, the one that leaves CPU and
-    GPUs best matched wins, so CPU-heavy pods stop stranding GPUs on CPU-poor nodes, without overriding the
-    fragmentation descent itself (as a primary term it cost placement quality on share-heavy traces;
-    docs/placement.md). Without node context (a node that reports no allocatable CPU) CPU is unlimited and the
-    tie-break is left out.
+    of the change of a second measure (`TypeTable(cpu_capacity=True)`) in which a node's free CPU also bounds how
+    much of its idle GPU share each type can use, a CPU-only type strands a node's GPUs only when the node's CPU
+    cannot take it, and each type weighs its probability over the share of the cluster's GPUs its card-model
+    selectors allow (`scarcity_weights`, against the `capacity` given to `relearn`). Among placements FGD ranks
+    equal, the one that leaves CPU and GPUs best matched, and the small card models to the pods pinned to them,
+    wins; as a primary term the CPU measure cost placement quality on share-heavy traces (docs/placement.md). The
+    tie-break ranks nodes; inside a node the GPU is FGD's. Without node context (a node that reports no allocatable
+    CPU) CPU is unlimited and the tie-break is left out.
     """
 
     name = "fragaware"
     coverage = 0.99
     period = 256
     drift = 0.02
-    TIE_WEIGHT = 0.999  # the tie-break stays below one point of the integer score
+    uses_capacity = True
+    TIE_WEIGHT = 0.999
 
     def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
         table = TypeTable(types)
-        self._target = (table, table.with_cpu_capacity())
-        self._last_order = (None, None, None, {})
+        self._target = (table, table.with_cpu_capacity(scarcity_weights(types, self._capacity)))
+        self._last_order = (None, None, None, None, {})
 
     @property
     def fed(self) -> TypeTable:
@@ -253,15 +263,3 @@ class FragAware(_FragDescent):
         levels = len(table.cpu_levels) + 1
         classes: np.ndarray = fed.bins(cpu_free, pod.cpu) * (levels * levels) + table.bins(cpu_free, pod.cpu)
         return classes
-
-    def _ties(
-        self, target: Target, start: GPUSums, rows: tuple[np.ndarray, np.ndarray, list[int]],
-        node: NodeContext | None, pod: PodContext | None,
-    ) -> list[float]:
-        if node is None:
-            return [0.0] * len(rows[2])
-        fed = target[1]
-        assert fed is not None  # fragaware always installs both tables
-        f_start = fed.f(start, _cpu(node))
-        return [self.TIE_WEIGHT * _sigmoid((f_start - end) / 1000.0)
-                for end in fed.f_rows(*rows, _cpu_after(node, pod))]

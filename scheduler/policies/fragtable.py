@@ -7,6 +7,7 @@ type's request. `TypeTable` holds the target as arrays and reads F off per-type 
 so ranking the GPUs of a node for one container costs a few small vector operations per distinct GPU state.
 """
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -19,6 +20,7 @@ from vgpu.scheduler.policies.workload import REFERENCE_CARD, PodType
 __all__ = ["MEMO_LIMIT", "GPURaw", "GPUSums", "GPUVector", "TypeTable", "gpu_raw"]
 
 MEMO_LIMIT = 100_000  # per-GPU vectors kept before the memo starts over (bounds a long-running extender's memory)
+WEIGHT_BITS = 20
 
 
 # one GPU: (memory, type, healthy, split, shares, memory used, cores used)
@@ -37,7 +39,7 @@ class GPUSums:
     """A node's GPUs summed per target type: how many GPUs fit the type, their idle share, and the node's idle
     share (all exact integers), plus each GPU's own vectors so that a change of one GPU is two vector updates."""
 
-    __slots__ = ("count", "idle", "known", "raws", "usable", "vectors")
+    __slots__ = ("count", "idle", "known", "raws", "stack", "usable", "vectors")
 
     def __init__(self, count: np.ndarray, usable: np.ndarray, idle: int, vectors: list[GPUVector],
                  raws: tuple[GPURaw, ...] = ()) -> None:
@@ -47,6 +49,7 @@ class GPUSums:
         self.vectors = vectors
         self.raws = raws  # per GPU (memory, type, healthy, split, shares, memory used, cores used), when memoised
         self.known: dict[tuple[int, int | None], float] = {}  # (table id, free CPU) -> F, for memoised sums
+        self.stack: np.ndarray | None = None  # the GPUs' stacked vectors, (GPUs, 2, types), made by `moves`
 
 
 class TypeTable:
@@ -54,13 +57,14 @@ class TypeTable:
 
     F is additive over a node's GPUs except for the thresholds (enough fitting GPUs, enough CPU), so a node is
     summed once from memoised per-GPU vectors (`sums`), a placement on one GPU updates the sums (`moved`), and F
-    is read off the sums (`f`, `f_rows`). Every sum over GPUs is of integers, so F does not depend on the order
-    GPUs are added in, and the weighted sum over types is one dot product per row, so one node state gets the same
-    F bits whether it is evaluated alone or in a batch of moves.
+    is read off the sums (`f`, `f_rows`). Every sum over GPUs is of integers, and the type weights are integers
+    too (the probabilities in units of 2^-20), so the weighted sum over types is exact whatever order it is added
+    in: one node state gets the same F bits alone (`f`) or in a batch of moves (`f_rows`, one matrix product).
 
     With `cpu_capacity` the node's free CPU limits how much of its idle GPU share a type can use (as many pods
-    of the type as the CPU can feed, each taking its GPU demand), instead of only whether one pod fits; free CPU
-    is then counted in steps of `cpu_quantum` milli (rounded down).
+    of the type as the CPU can feed, each taking its GPU demand), instead of only whether one pod fits, and a
+    CPU-only type counts the node's idle GPUs as stranded only when the CPU cannot take one of its pods (FGD counts
+    them always); free CPU is then counted in steps of `cpu_quantum` milli (rounded down).
     """
 
     def __init__(
@@ -69,7 +73,8 @@ class TypeTable:
         self.types = list(types)
         self.cpu_capacity = cpu_capacity
         self.cpu_quantum = cpu_quantum
-        self.p = np.array([w for _, w in types], dtype=np.float64)
+        # weights in units of 2^-WEIGHT_BITS: integer-valued, so sums of their products with integer shares are exact
+        self.weights = np.round(np.array([w for _, w in types], dtype=np.float64) * (1 << WEIGHT_BITS))
         self.cpu = np.array([t[0] for t, _ in types], dtype=np.int64)
         self.count = np.array([sum(r.count for r in t[1]) for t, _ in types], dtype=np.int64)
         self.gpu = self.count > 0
@@ -81,6 +86,7 @@ class TypeTable:
         )
         self._sels = [t[2] for t, _ in types]
         self.cpu_levels = np.unique(self.cpu)
+        self._levels: list[int] = self.cpu_levels.tolist()  # for `cpu_class` of one node
         self._zeros = np.zeros(len(self.types), dtype=np.float64)
         self._columns: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._vectors: dict[GPURaw, GPUVector] = {}  # one GPU's device and usage -> vectors
@@ -95,10 +101,11 @@ class TypeTable:
         """The memoised vectors of one GPU state (`gpu_raw`), or None."""
         return self._vectors.get(raw)
 
-    def with_cpu_capacity(self) -> "TypeTable":
-        """The same target with CPU as a capacity, sharing this table's per-GPU caches (they do not depend on
-        CPU), so a node's sums serve both tables."""
-        fed = TypeTable(self.types, cpu_capacity=True, cpu_quantum=self.cpu_quantum)
+    def with_cpu_capacity(self, weights: Sequence[float] | None = None) -> "TypeTable":
+        """The same types with CPU as a capacity (and other `weights` when given), sharing this table's per-GPU
+        caches (they depend on neither), so a node's sums serve both tables."""
+        types = self.types if weights is None else [(t, w) for (t, _), w in zip(self.types, weights)]
+        fed = TypeTable(types, cpu_capacity=True, cpu_quantum=self.cpu_quantum)
         fed._columns, fed._vectors, fed._sums = self._columns, self._vectors, self._sums
         return fed
 
@@ -109,7 +116,7 @@ class TypeTable:
             return -1 if cpu_free is None else int(cpu_free) // self.cpu_quantum
         if cpu_free is None:
             return len(self.cpu_levels)
-        return int(np.searchsorted(self.cpu_levels, cpu_free, side="right"))
+        return bisect.bisect_right(self._levels, cpu_free)
 
     def _card_columns(self, card: tuple[int, str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         cols = self._columns.get(card)
@@ -175,20 +182,23 @@ class TypeTable:
               moves: Sequence[tuple[int, GPUVector]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """Rows of per-type counts, usable shares and idle shares: one row per (GPU index, its new vector) move,
         each applied to `sums` alone."""
-        old = [sums.vectors[i] for i, _ in moves]
-        new = [v for _, v in moves]
-        change = np.array([v[3] for v in new]) - np.array([v[3] for v in old])
-        return (sums.count + change[:, 0], sums.usable + change[:, 1],
-                [sums.idle - o[2] + n[2] for o, n in zip(old, new)])
+        if sums.stack is None:
+            sums.stack = np.array([v[3] for v in sums.vectors])
+        index = [i for i, _ in moves]
+        rows = np.array([v[3] for _, v in moves]) - sums.stack[index] + np.stack((sums.count, sums.usable))
+        vectors = sums.vectors
+        return rows[:, 0], rows[:, 1], [sums.idle - vectors[i][2] + v[2] for i, v in moves]
 
     def _terms(self, cpu_free: int | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """Per type, whether a GPU type can be hosted at this free CPU, and the GPU share the CPU can feed."""
+        """Per type, whether it can be hosted at this free CPU (FGD: GPU types only; with `cpu_capacity` a CPU-only
+        type too, when the CPU covers it, and the node's GPUs then strand nothing for it), and the GPU share the CPU
+        can feed."""
         terms = self._cpu_terms.get(cpu_free)
         if terms is None:
             if len(self._cpu_terms) >= MEMO_LIMIT:
                 self._cpu_terms.clear()
             cpu_ok, feed = self._cpu_part(self.cpu_class(cpu_free))
-            terms = self._cpu_terms[cpu_free] = (self.gpu & cpu_ok, feed)
+            terms = self._cpu_terms[cpu_free] = (cpu_ok if self.cpu_capacity else self.gpu & cpu_ok, feed)
         return terms
 
     def f(self, sums: GPUSums, cpu_free: int | None) -> float:
@@ -201,7 +211,7 @@ class TypeTable:
             hostable, feed = self._terms(cpu_free)
             usable = sums.usable if feed is None else np.minimum(sums.usable, feed)
             per_type = np.where((sums.count >= self.count) & hostable, sums.idle - usable, float(sums.idle))
-            value = sums.known[key] = float(self.p @ per_type)
+            value = sums.known[key] = float(per_type @ self.weights) / (1 << WEIGHT_BITS)
         return value
 
     def f_rows(self, count: np.ndarray, usable: np.ndarray, idle: Sequence[int], cpu_free: int | None) -> list[float]:
@@ -213,8 +223,23 @@ class TypeTable:
             usable = np.minimum(usable, feed)
         column = np.array(idle, dtype=np.float64)[:, None]
         per_type = np.where((count >= self.count) & hostable, column - usable, column)
-        p = self.p
-        return [float(p @ row) if i else 0.0 for row, i in zip(per_type, idle)]
+        values: list[float] = (per_type @ self.weights / (1 << WEIGHT_BITS)).tolist()
+        return values
+
+    def f_rows_pair(self, other: "TypeTable", count: np.ndarray, usable: np.ndarray, idle: Sequence[int],
+                    cpu_free: int | None) -> tuple[list[float], list[float]]:
+        """`f_rows` of this table and of `other` (the same types, other weights or CPU as a capacity) in one pass."""
+        if not len(self.types):
+            return [0.0] * len(idle), [0.0] * len(idle)
+        hostable, feed = self._terms(cpu_free)
+        other_hostable, other_feed = other._terms(cpu_free)
+        enough = count >= self.count
+        column = np.array(idle, dtype=np.float64)[:, None]
+        first = np.where(enough & hostable, column - (usable if feed is None else np.minimum(usable, feed)), column)
+        second = np.where(enough & other_hostable,
+                          column - (usable if other_feed is None else np.minimum(usable, other_feed)), column)
+        scale = 1 << WEIGHT_BITS
+        return (first @ self.weights / scale).tolist(), (second @ other.weights / scale).tolist()
 
     def fragment(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], cpu_free: int | None) -> float:
         """F_n(M) in milli-GPU for a node with these GPUs, usage and free CPU (None: unlimited)."""
@@ -233,7 +258,7 @@ class TypeTable:
                 cpu_free = cls * self.cpu_quantum
                 cpu_ok = self.cpu <= cpu_free
                 feedable = np.where(self.cpu > 0, cpu_free // np.maximum(self.cpu, 1), np.iinfo(np.int64).max)
-                feed = feedable * self.demand
+                feed = np.where(self.gpu, feedable * self.demand, np.inf)  # a CPU-only type takes no GPU share
             part = self._cpu_parts[cls] = (cpu_ok, feed)
         return part
 

@@ -6,7 +6,7 @@ and offers a new target when the workload has drifted. Used by the fragmentation
 """
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from vgpu.inventory import GPUDevice
@@ -14,7 +14,7 @@ from vgpu.requests import ContainerRequest, Selectors
 from vgpu.scheduler.policies.base import PodContext
 from vgpu.scheduler.policies.shares import request_milli
 
-__all__ = ["REFERENCE_CARD", "PodType", "WorkloadLearner", "pod_type", "typical_types"]
+__all__ = ["REFERENCE_CARD", "PodType", "WorkloadLearner", "pod_type", "scarcity_weights", "typical_types"]
 
 # a card large enough that a request's memory share on it is its share of any card, in milli
 REFERENCE_CARD = GPUDevice(uuid="reference", split=1, memory=1_000_000, type="reference")
@@ -57,9 +57,27 @@ def typical_types(counts: Counter[PodType], coverage: float) -> list[tuple[PodTy
 
 
 
+def scarcity_weights(types: Sequence[tuple[PodType, float]], capacity: Mapping[str, int]) -> list[float]:
+    """Each type's probability divided by the share of the cluster's GPUs its selectors allow (`capacity`: GPUs per
+    device type), renormalised: a type pinned to a few card models weighs more, one that may use any GPU (or none)
+    keeps its probability relative to the others. Without a capacity, the probabilities."""
+    total = sum(capacity.values())
+    if not total:
+        return [w for _, w in types]
+    weights = []
+    for (_, requests, selectors), w in types:
+        allowed = sum(n for kind, n in capacity.items() if selectors.type_allowed(kind)) if requests else total
+        weights.append(w * total / max(allowed, 1))
+    norm = sum(weights) or 1.0
+    return [w / norm for w in weights]
+
+
 class WorkloadLearner:
-    """Counts observed pod types and offers a new target at 1, 2, 4, ... pods, then every `period` pods, when it
-    has drifted: other types, or a total variation distance above `drift` from the current one."""
+    """Counts observed pod types and offers a new target at 1, 2, 4, ... pods, then every `period` pods or an
+    eighth of the pods seen, whichever is more, when it has drifted: a total variation distance above `drift` from
+    the current target (types missing from one count as weight 0 there)."""
+
+    GROWTH = 8  # past `period` pods, a rebuild is considered after another 1/GROWTH of the pods seen
 
     def __init__(self, coverage: float, period: int, drift: float = 0.0) -> None:
         self.coverage = coverage
@@ -67,22 +85,25 @@ class WorkloadLearner:
         self.drift = drift
         self.counts: Counter[PodType] = Counter()
         self.seen = 0
+        self._next = 1
 
     def add(self, t: PodType) -> bool:
         """Count one pod; True when the target should be rebuilt."""
         self.counts[t] += 1
         self.seen += 1
         n = self.seen
-        return (n & (n - 1)) == 0 if n < self.period else n % self.period == 0
+        if n < self._next:
+            return False
+        self._next = 2 * n if n < self.period else n + max(self.period, n // self.GROWTH)
+        return True
 
     def target(self, current: Sequence[tuple[PodType, float]]) -> list[tuple[PodType, float]] | None:
         """The typical types of the pods seen so far, or None when they are within `drift` of `current`."""
         types = typical_types(self.counts, self.coverage)
         old = dict(current)
-        if old and len(old) == len(types) and all(t in old for t, _ in types):
-            distance = sum(abs(w - old[t]) for t, w in types) / 2
+        if old:
+            new = dict(types)
+            distance = sum(abs(new.get(t, 0.0) - old.get(t, 0.0)) for t in new.keys() | old.keys()) / 2
             if distance <= self.drift:
                 return None
         return types
-
-

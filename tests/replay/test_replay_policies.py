@@ -99,10 +99,11 @@ def test_fragaware_learns_the_workload_from_observed_pods():
     assert len(ours.table) == 0
     for _ in range(4):
         ours.observe((share(250),), PodContext(cpu=2000))
-    assert len(ours.table) == 1 and ours.epoch > 0
+    assert len(ours.table) == 0  # observe only counts
+    assert ours.relearn() and len(ours.table) == 1 and ours.epoch == 1
     version = ours.epoch
     ours.observe((share(250),), PodContext(cpu=2000))  # 5 pods: no rebuild until 8
-    assert ours.epoch == version
+    assert not ours.relearn() and ours.epoch == version
     ours.set_workload([((share(900),), PodContext(cpu=100))] * 50)  # no oracle: being told the workload is ignored
     assert ours.epoch == version and [t for t, _ in ours.table.types] == [pod_type((share(250),), PodContext(cpu=2000))]
 
@@ -110,12 +111,15 @@ def test_fragaware_learns_the_workload_from_observed_pods():
 def test_fragaware_keeps_its_table_while_the_workload_does_not_drift():
     ours = make_policy("fragaware")
     ours.observe((share(250),), PodContext(cpu=2000))
+    ours.relearn()
     first = ours.epoch
     for _ in range(600):  # the same single type: every rebuild point finds no drift
         ours.observe((share(250),), PodContext(cpu=2000))
+        ours.relearn()
     assert ours.epoch == first
     for _ in range(300):  # a second type appears: the next rebuild point (1024 pods) takes it
         ours.observe((share(500),), PodContext(cpu=2000))
+        ours.relearn()
     assert ours.epoch == first + 1 and len(ours.table) == 2
 
 
@@ -136,6 +140,7 @@ def test_fragaware_breaks_fgd_ties_by_how_well_cpu_feeds_the_gpus():
     ours = make_policy("fragaware")
     for _ in range(4):  # target: whole-GPU pods with 8 CPUs each
         ours.observe((share(1000),), PodContext(cpu=8000))
+    ours.relearn()
     devices, idle, nothing = gpus(2), used(0, 0), fit(gpus(2), used(0, 0), ())
     cpu_only = PodContext(cpu=4000)
     memory = 1 << 20
@@ -186,6 +191,7 @@ def _learned_fragaware():
     ours = make_policy("fragaware")
     for milli, cpu in ((250, 2000), (500, 4000), (1000, 8000), (250, 2000)):
         ours.observe((share(milli),), PodContext(cpu=cpu))
+    ours.relearn()
     return ours
 
 
@@ -205,3 +211,26 @@ def test_fragaware_score_is_the_same_whatever_the_gpu_order_computed_before_it()
         assert fit(devices, state, (large,), order=ours.gpu_order(node, pod)).ok  # ranks GPU 0 and GPU 1
         assert ours.score(devices, state, (small, large), both, node=node, pod=pod) == fresh.score(
             devices, state, (small, large), both, node=node, pod=pod)
+
+
+def test_cpu_capacity_strands_gpus_for_a_cpu_only_type_only_when_its_cpu_does_not_fit():
+    t = pod_type((), PodContext(cpu=32000))
+    plain, capacity = TypeTable([(t, 1.0)]), TypeTable([(t, 1.0)], cpu_capacity=True)
+    devices, usage = gpus(2), used(0, 400)  # 1000 + 600 milli idle
+    assert plain.fragment(devices, usage, 40_000) == 1600.0  # FGD: a CPU-only type uses no GPU, ever
+    assert capacity.fragment(devices, usage, 40_000) == 0.0  # the node can still take one of its pods
+    assert capacity.fragment(devices, usage, 31_999) == 1600.0  # it cannot: its idle GPUs are stranded for it
+
+
+def test_scarcity_weights_favour_types_pinned_to_few_gpus():
+    from vgpu.requests import Selectors
+    from vgpu.scheduler.policies.workload import scarcity_weights
+
+    anywhere = (1000, (share(500),), Selectors())
+    pinned = (1000, (share(500),), Selectors(use_types=("t4",)))
+    cpu_only = (1000, (), Selectors())
+    types = [(anywhere, 0.5), (pinned, 0.25), (cpu_only, 0.25)]
+    # T4 is a quarter of the GPUs: the pinned type weighs 4 times its share, then all are renormalised
+    assert scarcity_weights(types, {"NVIDIA-T4": 2, "NVIDIA-G2": 6}) == pytest.approx([0.5 / 1.75, 1 / 1.75,
+                                                                                        0.25 / 1.75])
+    assert scarcity_weights(types, {}) == [0.5, 0.25, 0.25]  # no cluster known: the probabilities

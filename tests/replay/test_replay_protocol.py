@@ -14,6 +14,7 @@ from vgpu.replay.cluster import ReplayCluster
 from vgpu.replay.run import curve, prepare_policy, replay
 from vgpu.replay.trace import TraceNode, TracePod, load_nodes, load_pods
 from vgpu.scheduler.fit import binpack_order, fit
+from vgpu.scheduler.nodestate import gpu_types
 from vgpu.scheduler.policies import make_policy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,6 +127,7 @@ def _plain_replay(cluster, pods, sequence, rank, policy):
         if chosen >= 0:
             cluster.place(chosen, p.cpu, p.memory, chosen_res)
         where.append(chosen)
+        policy.relearn(gpu_types(cluster.states))
     return where
 
 

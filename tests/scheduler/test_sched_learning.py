@@ -1,5 +1,7 @@
 """A learning node policy sees every vGPU pod once: from the pod watch (running pods too) or its first /filter."""
 
+import threading
+
 from sched_builders import container, gpu, node, pod
 
 from vgpu.scheduler.extender import Extender
@@ -72,7 +74,8 @@ def test_cpu_only_and_invalid_pods_are_not_learned_and_do_not_break_the_watch():
 def test_fragaware_starts_from_the_running_workload():
     ledger = Ledger()
     policy = make_policy("fragaware")
-    Extender(ledger, policy, gpu_policy="binpack", mode="decide")
+    # while the caches sync (not ready), what the watch shows is learned at once: no request waits for it
+    Extender(ledger, policy, gpu_policy="binpack", mode="decide", ready=lambda: "pod cache not synced")
     ledger.on_node(node("n1", [gpu("GPU-0", memory=30000)]))
     for i in range(4):
         ledger.on_pod(pod(f"r{i}", container(number=1, memory=3000), node_name="n1",
@@ -124,6 +127,7 @@ def _cpu_tie_cluster(policy_name):
                                       cpu))
     for i in range(4):  # the workload so far: whole GPUs with 8 CPUs each (pending, seen by the watch)
         ledger.on_pod(pod(f"train-{i}", _cpu_container(cpu="8", number=1, memory=30000)))
+    ext.learn()  # what the learner thread does after a bind
     return ext
 
 
@@ -206,3 +210,47 @@ def test_decide_mode_rescores_stale_nodes_best_first_until_a_current_score_wins(
     # rescored and falls to 0, so n4 (next on its earlier score) is rescored and wins on its current score
     assert out["NodeNames"] == ["n4"]
     assert policy.calls == [(1, "n1"), (1, "n2"), (1, "n3"), (1, "n4")]
+
+
+class Relearning(NodePolicy):
+    """A learning policy that rebuilds after every pod and records the thread each rebuild runs on."""
+
+    name = "relearning"
+
+    def __init__(self):
+        super().__init__()
+        self.pending = 0
+        self.threads = []
+
+    def score(self, devices, usage, requests, result, node=None, pod=None):
+        return float(self.epoch)
+
+    def observe(self, requests, pod=None):
+        self.pending += 1
+
+    @property
+    def due(self):
+        return self.pending > 0
+
+    def relearn(self, capacity=None):
+        if not self.pending:
+            return False
+        self.pending = 0
+        self.epoch += 1
+        self.threads.append(threading.current_thread().name)
+        return True
+
+
+def test_rebuilds_run_on_the_learner_thread_never_in_a_request():
+    ledger, policy = Ledger(), Relearning()
+    ext = Extender(ledger, policy, gpu_policy="binpack", mode="decide", binder=lambda *args: None)
+    ledger.on_node(node("n1", [gpu("GPU-0", memory=30000)]))
+    for i in range(3):
+        p = pod(f"p{i}", container(number=1, memory=1000))
+        ledger.on_pod(p)  # the watch: counted, not rebuilt
+        assert ext.filter({"Pod": p, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
+        meta = p["metadata"]
+        assert ext.bind({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
+                         "Node": "n1"})["Error"] == ""
+        assert ext.wait_learned()
+    assert policy.epoch == 3 and set(policy.threads) == {"vgpu-learner"}

@@ -1,0 +1,32 @@
+"""docs/placement.md holds exactly the tables bench/placement_tables.py makes from the committed raw results
+(bench/results/): a figure in the document is a figure someone can regenerate."""
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _tables_module():
+    spec = importlib.util.spec_from_file_location("placement_tables", REPO / "bench" / "placement_tables.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_documented_tables_are_the_ones_the_raw_results_give():
+    tables = _tables_module()
+    documented = tables.blocks((REPO / "docs" / "placement.md").read_text())
+    expected = tables.tables(REPO / "bench" / "results")
+    assert set(documented) == set(expected)
+    for name, table in expected.items():
+        assert documented[name] == table, f"table {name!r} is stale: run bench/placement_tables.py --write"
+
+
+def test_every_committed_result_file_is_in_a_table():
+    tables = _tables_module()
+    expected = tables.tables(REPO / "bench" / "results")
+    for folder, name in (("placement", "suite"), ("departures", "departures")):
+        for path in (REPO / "bench" / "results" / folder).glob("*.json"):
+            assert f"| {path.stem} |" in expected[name], path
