@@ -521,8 +521,11 @@ class Extender:
             if pod is not None and (pod.get("spec") or {}).get("nodeName") == node and (
                 (pod.get("metadata") or {}).get("annotations") or {}
             ).get(keys.VGPU_NODE) == node:
-                ids = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.VGPU_IDS, "")
-                ledger.mark_bound(key, salvage(ids))
+                if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    ledger.release(key)  # a retry from a lagging view of a pod that has finished: nothing to hold
+                else:
+                    ids = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.VGPU_IDS, "")
+                    ledger.mark_bound(key, salvage(ids))
                 return {"Error": ""}
             ledger.release(key)
             return self._bind_failed(ref, node, f"binding conflict: {exc}")

@@ -226,3 +226,21 @@ def test_whole_gpu_mode_gives_number_only_pods_exclusive_cards(kube, served):
     second = kube.create_pod(pod("whole-2", container(number=1)))
     out = ext.post("/filter", go_filter_args(second, names=["node-a"])).json()
     assert out["NodeNames"] == [] and "node-a" in {**out["FailedNodes"], **out["FailedAndUnresolvableNodes"]}
+
+
+def test_retried_bind_of_a_pod_that_already_finished_leaves_no_charge(kube, served):
+    """kube-scheduler's view can lag (a stalled watch): it retries /filter and /bind for a pod we bound and that has
+    since finished. The retry succeeds (the binding is there) and must not charge the GPU again."""
+    kube.create_node(node("n1", [gpu("GPU-1", 8000)]))
+    p = kube.create_pod(pod("p", container(number=1, memory=3000)))
+    ext = served(mode="decide")
+    assert ext.post("/filter", go_filter_args(p, names=["n1"])).json()["NodeNames"] == ["n1"]
+    assert ext.post("/bind", go_bind_args(p, "n1")).json() == {"Error": ""}
+    kube.core.patch_namespaced_pod_status("p", "default", {"status": {"phase": "Succeeded"}},
+                                          _preload_content=False).release_conn()
+    wait_until(lambda: ext.ledger.nodes["n1"].usage[0].memory == 0, what="release on Succeeded")
+    ext.post("/filter", go_filter_args(p, names=["n1"]))
+    assert ext.post("/bind", go_bind_args(p, "n1")).json() == {"Error": ""}
+    ext.ledger.expire()
+    assert ext.ledger.nodes["n1"].usage[0].memory == 0
+    assert "p" not in {c.name for c in ext.ledger.charges.values()}
