@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTOS = (
     "proto/deviceplugin/v1beta1/api.proto",
     "proto/podresources/v1/api.proto",
+    "proto/pluginregistration/v1/api.proto",
+    "proto/dra/v1/api.proto",
 )
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 

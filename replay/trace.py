@@ -144,7 +144,7 @@ def _rows(path: str | Path, flag: str) -> Iterator[tuple[str, dict[str, str]]]:
 
 def load_nodes(path: str | Path) -> list[TraceNode]:
     """Read `sn,cpu_milli,memory_mib,gpu,model`, sorted by name."""
-    nodes = []
+    nodes: list[TraceNode] = []
     for where, row in _rows(path, "--nodes"):
         nodes.append(
             TraceNode(
@@ -162,7 +162,7 @@ def load_nodes(path: str | Path) -> list[TraceNode]:
 
 def load_pods(path: str | Path) -> list[TracePod]:
     """Read a pod list, sorted by name; CPU-only rows get gpu_milli 0."""
-    pods = []
+    pods: list[TracePod] = []
     for where, row in _rows(path, "--pods"):
         num_gpu = _int(row, "num_gpu", where)
         milli = _int(row, "gpu_milli", where) if num_gpu else 0

@@ -1,0 +1,96 @@
+"""The DRA protocols (plugin registration, DRA node service v1) match kubelet's wire facts.
+
+Facts are those of ../shared/research/dra-protocol.md sections 1 and 2: packages, services, method paths, message
+and field names, numbers and types. The generated code itself is checked current by test_proto_codegen.
+"""
+
+import grpc
+from google.protobuf.descriptor import FieldDescriptor
+
+from vgpu.proto.dra.v1 import api_pb2 as dra
+from vgpu.proto.dra.v1 import api_pb2_grpc as dra_grpc
+from vgpu.proto.pluginregistration.v1 import api_pb2 as reg
+from vgpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+
+S, B = "string", "bool"
+REGISTRATION_FACTS = {
+    "InfoRequest": {},
+    "PluginInfo": {"type": (1, S, False), "name": (2, S, False), "endpoint": (3, S, False),
+                   "supported_versions": (4, S, True)},
+    "RegistrationStatus": {"plugin_registered": (1, B, False), "error": (2, S, False)},
+    "RegistrationStatusResponse": {},
+}
+DRA_FACTS = {
+    "Claim": {"namespace": (1, S, False), "uid": (2, S, False), "name": (3, S, False)},
+    "NodePrepareResourcesRequest": {"claims": (1, "Claim", True)},
+    "NodePrepareResourcesResponse": {"claims": (1, "ClaimsEntry", True)},
+    "NodePrepareResourceResponse": {"devices": (1, "Device", True), "error": (2, S, False)},
+    "Device": {"request_names": (1, S, True), "pool_name": (2, S, False), "device_name": (3, S, False),
+               "cdi_device_ids": (4, S, True), "share_id": (5, S, False)},
+    "NodeUnprepareResourcesRequest": {"claims": (1, "Claim", True)},
+    "NodeUnprepareResourcesResponse": {"claims": (1, "ClaimsEntry", True)},
+    "NodeUnprepareResourceResponse": {"error": (1, S, False)},
+}
+
+
+def _describe(field: FieldDescriptor) -> tuple[int, str, bool]:
+    kind = field.message_type.name if field.message_type is not None else {
+        FieldDescriptor.TYPE_STRING: S, FieldDescriptor.TYPE_BOOL: B}[field.type]
+    repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == FieldDescriptor.LABEL_REPEATED
+    return field.number, kind, repeated
+
+
+def _check(module, facts):
+    messages = module.DESCRIPTOR.message_types_by_name
+    assert set(messages) == set(facts)
+    for name, fields in facts.items():
+        assert {f.name: _describe(f) for f in messages[name].fields} == fields, name
+
+
+def test_registration_is_kubelets():
+    assert reg.DESCRIPTOR.package == "pluginregistration"
+    _check(reg, REGISTRATION_FACTS)
+    service = reg.DESCRIPTOR.services_by_name["Registration"]
+    assert service.full_name == "pluginregistration.Registration"
+    assert [m.name for m in service.methods] == ["GetInfo", "NotifyRegistrationStatus"]
+
+
+def test_dra_node_service_is_kubelets():
+    assert dra.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1"
+    _check(dra, DRA_FACTS)
+    service = dra.DESCRIPTOR.services_by_name["DRAPlugin"]
+    assert service.full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
+    assert [m.name for m in service.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
+    # responses are maps keyed by claim UID
+    for name, value in (("NodePrepareResourcesResponse", "NodePrepareResourceResponse"),
+                        ("NodeUnprepareResourcesResponse", "NodeUnprepareResourceResponse")):
+        entry = dra.DESCRIPTOR.message_types_by_name[name].fields_by_name["claims"].message_type
+        assert entry.GetOptions().map_entry
+        assert entry.fields_by_name["key"].type == FieldDescriptor.TYPE_STRING
+        assert entry.fields_by_name["value"].message_type.name == value
+    # share_id is explicitly optional: an unset share differs from an empty one on the wire
+    share = dra.DESCRIPTOR.message_types_by_name["Device"].fields_by_name["share_id"]
+    assert share.has_presence
+
+
+def test_wire_bytes_are_protobuf_standard():
+    info = reg.PluginInfo(type="DRAPlugin", name="gpu.vgpu-sharing.io", endpoint="/p.sock",
+                          supported_versions=["v1.DRAPlugin"])
+    assert info.SerializeToString() == (b"\n\tDRAPlugin\x12\x13gpu.vgpu-sharing.io\x1a\x07/p.sock"
+                                        b"\"\x0cv1.DRAPlugin")
+    assert dra.Device(share_id="").SerializeToString() == b"*\x00"  # present though empty
+    assert dra.Device().SerializeToString() == b""
+    response = dra.NodeUnprepareResourcesResponse()
+    response.claims["u1"].error = "x"
+    # field 1 (map entry), entry: key field 1 "u1", value field 2 {error field 1 "x"}
+    assert response.SerializeToString() == b"\n\t\n\x02u1\x12\x03\n\x01x"
+
+
+def test_generated_stubs_load_with_the_installed_grpc():
+    assert hasattr(reg_grpc, "RegistrationServicer") and hasattr(reg_grpc, "RegistrationStub")
+    assert hasattr(dra_grpc, "DRAPluginServicer") and hasattr(dra_grpc, "DRAPluginStub")
+
+    def version(text):
+        return tuple(int(part) for part in text.split(".")[:3])
+
+    assert version(grpc.__version__) >= version(dra_grpc.GRPC_GENERATED_VERSION)
