@@ -1,6 +1,8 @@
 """Leader hand-over between two real `vgpu scheduler` processes: at most one binds at any moment. The leader is
 frozen (SIGSTOP) past its lease, the standby takes over and binds; when the old leader wakes up with a /bind in
-its hands it refuses, since its lease is no longer current, so the GPU is never over-committed."""
+its hands it refuses, since its lease is no longer current, so the GPU is never over-committed. So that the old
+leader cannot learn of the hand-over before the /bind arrives, its lease requests hang once it wakes (a fault of
+the API-server stand-in that matches its own token): the refusal comes from the lease fence alone."""
 
 from __future__ import annotations
 
@@ -11,13 +13,16 @@ import httpx
 from sched_builders import container, gpu, node, pod
 from sched_helpers import ExtenderProcess, wait_until
 
+from vgpu.testbed.apiserver import write_kubeconfig
 
-def test_a_leader_frozen_past_its_lease_never_binds_after_the_new_one(kube, apiserver):
+
+def test_a_leader_frozen_past_its_lease_never_binds_after_the_new_one(kube, apiserver, tmp_path):
     kube.create_node(node("n1", [gpu("GPU-1", 10000)]))
     first = kube.create_pod(pod("first", container(number=1, memory=8000, cores=50)))
     second = kube.create_pod(pod("second", container(number=1, memory=8000, cores=50)))
     flags = ("--leader-elect", "--lease-namespace", "default")
-    old = ExtenderProcess(apiserver.kubeconfig, *flags).start()
+    old_config = write_kubeconfig(tmp_path / "old-leader.kubeconfig", apiserver.url, token="old-leader")
+    old = ExtenderProcess(old_config, *flags).start()
     new = ExtenderProcess(apiserver.kubeconfig, *flags).start(ready=False)
     try:
         assert httpx.get(new.url + "/readyz").status_code != 200  # a standby
@@ -33,6 +38,7 @@ def test_a_leader_frozen_past_its_lease_never_binds_after_the_new_one(kube, apis
             bound = httpx.post(new.url + "/bind", json={"PodName": "second", "PodNamespace": "default",
                                                         "PodUID": second["metadata"]["uid"], "Node": "n1"}).json()
             assert bound == {"Error": ""}
+            apiserver.faults.set([{"action": "delay", "path": "/leases", "token": "old-leader", "seconds": 20}])
         finally:
             os.kill(old.proc.pid, signal.SIGCONT)
         late = httpx.post(old.url + "/bind", json={"PodName": "first", "PodNamespace": "default",
@@ -42,5 +48,6 @@ def test_a_leader_frozen_past_its_lease_never_binds_after_the_new_one(kube, apis
         assert not kube.pod("first")["spec"].get("nodeName")
         assert kube.pod("second")["spec"]["nodeName"] == "n1"
     finally:
+        apiserver.faults.clear()
         old.stop()
         new.stop()
