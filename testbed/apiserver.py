@@ -13,6 +13,8 @@ Served:
   core/v1                 nodes (cluster-scoped), nodes/status, pods, pods/status, pods/binding, events
   events.k8s.io/v1        events
   coordination.k8s.io/v1  leases
+  resource.k8s.io/v1      deviceclasses, resourceslices (cluster-scoped), resourceclaims, resourceclaims/status,
+                          resourceclaimtemplates (structural checks of testbed.resourceapi)
 Verbs: get, list (fieldSelector with = == !=, labelSelector with = == != in notin, exists, !exists),
 watch (`?watch=true&resourceVersion=N`, chunked JSON lines, ADDED/MODIFIED/DELETED/BOOKMARK; an ERROR event with
 a 410 Status when N is older than the retained history), create, update (PUT; 409 on a stale resourceVersion),
@@ -68,7 +70,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -78,6 +80,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
+from vgpu.testbed import resourceapi
 from vgpu.testbed.discovery import CORE_VERSIONS, api_groups, as_table, resource_list, wants_table
 from vgpu.testbed.faults import FaultPlan
 
@@ -124,6 +127,10 @@ _RESOURCES = {
         _Resource("", "v1", "events", "Event", namespaced=True),
         _Resource("events.k8s.io", "v1", "events", "Event", namespaced=True),
         _Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),
+        _Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", namespaced=False),
+        _Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False),
+        _Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True, has_status=True),
+        _Resource("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", namespaced=True),
     )
 }
 
@@ -142,6 +149,16 @@ class StatusError(Exception):
         """The metav1.Status body of this error."""
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": self.message, "reason": self.reason, "details": self.details, "code": self.code}
+
+
+def _check_resource_api(res: _Resource, name: str, check: Callable[[], None]) -> None:
+    """Run a testbed.resourceapi check; its Invalid becomes kube-apiserver's 422 naming the field."""
+    try:
+        check()
+    except resourceapi.Invalid as exc:
+        raise StatusError(422, "Invalid", f'{res.kind} "{name}" is invalid: {exc}',
+                          {"name": name, "kind": res.plural, "causes": [{"field": exc.field, "message": exc.what}]}
+                          ) from None
 
 
 def _validate_pod(name: str, spec: Any) -> None:
@@ -585,6 +602,9 @@ class Store:
                 _validate_pod(meta["name"], obj.setdefault("spec", {}))
                 obj["status"] = {"phase": "Pending"}
                 _default_requests(obj["spec"])
+            elif res.kind == "ResourceClaim":
+                obj.pop("status", None)  # the allocation is written through the status subresource only
+            _check_resource_api(res, meta["name"], lambda: resourceapi.check_create(res.kind, obj))
             return self._commit(res, "ADDED", obj, None)
 
     def _store_update(self, res: _Resource, old: Obj, new: Obj, subresource: str | None) -> Obj:
@@ -608,6 +628,8 @@ class Store:
         new["metadata"]["resourceVersion"] = m_old.get("resourceVersion")
         if new == old:
             return old
+        if subresource is None:
+            _check_resource_api(res, m_old["name"], lambda: resourceapi.check_update(res.kind, old, new))
         return self._commit(res, "MODIFIED", new, old)
 
     def update(self, res_key: str, ns: str, name: str, body: Obj, subresource: str | None = None) -> Obj:

@@ -59,6 +59,11 @@ SERVED = (
     ServedResource("", "v1", "events", "Event", True, tuple(_RW), ("ev",)),
     ServedResource("events.k8s.io", "v1", "events", "Event", True, tuple(_RW), ("ev",)),
     ServedResource("coordination.k8s.io", "v1", "leases", "Lease", True, tuple(_RW)),
+    ServedResource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False, tuple(_RW)),
+    ServedResource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", False, tuple(_RW)),
+    ServedResource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, tuple(_RW)),
+    ServedResource("resource.k8s.io", "v1", "resourceclaims/status", "ResourceClaim", True, ("get", "patch", "update")),
+    ServedResource("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True, tuple(_RW)),
 )
 CORE_VERSIONS: Obj = {"kind": "APIVersions", "versions": ["v1"],
                       "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
