@@ -244,3 +244,29 @@ def test_retried_bind_of_a_pod_that_already_finished_leaves_no_charge(kube, serv
     ext.ledger.expire()
     assert ext.ledger.nodes["n1"].usage[0].memory == 0
     assert "p" not in {c.name for c in ext.ledger.charges.values()}
+
+
+def test_a_node_deleted_under_bound_pods_is_not_placed_on_and_returns_with_their_charges(kube, served):
+    """A node object deleted while pods hold its GPUs (a node re-registering, an operator's mistake): nothing is
+    placed there while it is gone, and when it comes back its running pods are charged again, so the GPU they hold
+    is not handed out twice."""
+    n1 = node("n1", [gpu("GPU-1", 8000)])
+    kube.create_node(n1)
+    kube.create_node(node("n2", [gpu("GPU-2", 8000)]))
+    held = kube.create_pod(pod("held", container(number=1, memory=6000)))
+    ext = served(mode="decide")
+    assert ext.post("/filter", go_filter_args(held, names=["n1"])).json()["NodeNames"] == ["n1"]
+    assert ext.post("/bind", go_bind_args(held, "n1")).json() == {"Error": ""}
+    wait_until(lambda: "n1" in ext.ledger.nodes and ext.ledger.nodes["n1"].usage[0].memory == 6000, what="charge")
+
+    kube.core.delete_node("n1", _preload_content=False).read()
+    wait_until(lambda: "n1" not in ext.ledger.nodes, what="node gone from the ledger")
+    late = kube.create_pod(pod("late", container(number=1, memory=4000)))
+    out = ext.post("/filter", go_filter_args(late, names=["n1", "n2"])).json()
+    assert out["NodeNames"] == ["n2"] and "not known" in out["FailedAndUnresolvableNodes"]["n1"]
+
+    kube.create_node(n1)
+    wait_until(lambda: "n1" in ext.ledger.nodes, what="node back in the ledger")
+    assert ext.ledger.nodes["n1"].usage[0].memory == 6000  # the running pod is charged again
+    other = kube.create_pod(pod("other", container(number=1, memory=4000)))
+    assert ext.post("/filter", go_filter_args(other, names=["n1"])).json()["NodeNames"] == []
