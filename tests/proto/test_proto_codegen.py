@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from google.protobuf.descriptor import FieldDescriptor
+from proto_facts import I32, I64, U64, B, S, assert_messages
 
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as dp
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
@@ -18,7 +18,6 @@ from vgpu.proto.podresources.v1 import api_pb2_grpc as pr_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
 
-S, B, I32, I64, U64 = "string", "bool", "int32", "int64", "uint64"
 # message -> {field name: (number, type or message name, repeated)}
 DEVICEPLUGIN_FACTS = {
     "DevicePluginOptions": {"pre_start_required": (1, B, False), "get_preferred_allocation_available": (2, B, False)},
@@ -104,21 +103,6 @@ PODRESOURCES_FACTS = {
     "GetPodResourcesRequest": {"pod_name": (1, S, False), "pod_namespace": (2, S, False)},
     "GetPodResourcesResponse": {"pod_resources": (1, "PodResources", False)},
 }
-SCALARS = {
-    FieldDescriptor.TYPE_STRING: S,
-    FieldDescriptor.TYPE_BOOL: B,
-    FieldDescriptor.TYPE_INT32: I32,
-    FieldDescriptor.TYPE_INT64: I64,
-    FieldDescriptor.TYPE_UINT64: U64,
-}
-
-
-def _describe(field: FieldDescriptor) -> tuple[int, str, bool]:
-    kind = field.message_type.name if field.message_type is not None else SCALARS[field.type]
-    repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == FieldDescriptor.LABEL_REPEATED
-    return field.number, kind, repeated
-
-
 @pytest.mark.parametrize(
     "module,facts,package",
     [(dp, DEVICEPLUGIN_FACTS, "v1beta1"), (pr, PODRESOURCES_FACTS, "v1")],
@@ -126,11 +110,7 @@ def _describe(field: FieldDescriptor) -> tuple[int, str, bool]:
 )
 def test_field_numbers_match_kubelet(module, facts, package):
     assert module.DESCRIPTOR.package == package
-    messages = module.DESCRIPTOR.message_types_by_name
-    assert set(messages) == set(facts)
-    for name, fields in facts.items():
-        actual = {f.name: _describe(f) for f in messages[name].fields}
-        assert actual == fields, name
+    assert_messages(module, facts)
 
 
 def test_method_paths_are_kubelets():

@@ -6,13 +6,13 @@ and field names, numbers and types. The generated code itself is checked current
 
 import grpc
 from google.protobuf.descriptor import FieldDescriptor
+from proto_facts import B, S, assert_messages
 
 from vgpu.proto.dra.v1 import api_pb2 as dra
 from vgpu.proto.dra.v1 import api_pb2_grpc as dra_grpc
 from vgpu.proto.pluginregistration.v1 import api_pb2 as reg
 from vgpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
-S, B = "string", "bool"
 REGISTRATION_FACTS = {
     "InfoRequest": {},
     "PluginInfo": {"type": (1, S, False), "name": (2, S, False), "endpoint": (3, S, False),
@@ -33,23 +33,9 @@ DRA_FACTS = {
 }
 
 
-def _describe(field: FieldDescriptor) -> tuple[int, str, bool]:
-    kind = field.message_type.name if field.message_type is not None else {
-        FieldDescriptor.TYPE_STRING: S, FieldDescriptor.TYPE_BOOL: B}[field.type]
-    repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == FieldDescriptor.LABEL_REPEATED
-    return field.number, kind, repeated
-
-
-def _check(module, facts):
-    messages = module.DESCRIPTOR.message_types_by_name
-    assert set(messages) == set(facts)
-    for name, fields in facts.items():
-        assert {f.name: _describe(f) for f in messages[name].fields} == fields, name
-
-
 def test_registration_is_kubelets():
     assert reg.DESCRIPTOR.package == "pluginregistration"
-    _check(reg, REGISTRATION_FACTS)
+    assert_messages(reg, REGISTRATION_FACTS)
     service = reg.DESCRIPTOR.services_by_name["Registration"]
     assert service.full_name == "pluginregistration.Registration"
     assert [m.name for m in service.methods] == ["GetInfo", "NotifyRegistrationStatus"]
@@ -57,7 +43,7 @@ def test_registration_is_kubelets():
 
 def test_dra_node_service_is_kubelets():
     assert dra.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1"
-    _check(dra, DRA_FACTS)
+    assert_messages(dra, DRA_FACTS)
     service = dra.DESCRIPTOR.services_by_name["DRAPlugin"]
     assert service.full_name == "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin"
     assert [m.name for m in service.methods] == ["NodePrepareResources", "NodeUnprepareResources"]
