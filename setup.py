@@ -1,9 +1,9 @@
 """Packaging: the top-level folders install as one import package, `vgpu`, and the C libraries are built.
 
 `vgpu/` is the core; `scheduler/`, `deviceplugin/`, `draplugin/`, `isolation/`, `proto/`, `replay/` and
-`testbed/` become `vgpu.scheduler`, `vgpu.deviceplugin`, ... (setuptools' package_dir). The test bed (stand-ins, the simulated GPU,
-`vgpu demo`) is packaged only when its folder is present: the production image's build context leaves it out, and
-with it the `demo` subcommand it registers under the `vgpu.subcommands` entry-point group.
+`testbed/` become `vgpu.scheduler`, `vgpu.deviceplugin`, ... (setuptools' package_dir). The test bed (stand-ins,
+the simulated GPU, `vgpu demo`) is packaged only when its folder is present: the production image's build context
+leaves it out, and with it the `demo` subcommand it registers under the `vgpu.subcommands` entry-point group.
 
 Building (also for editable installs) first runs `make` in isolation/ (libvgpu.so) and, with the test bed, in
 testbed/ (the simulated libcuda.so.1 and libnvidia-ml.so.1); a failed C build fails the install.
