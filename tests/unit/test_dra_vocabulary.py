@@ -23,7 +23,7 @@ def test_memory_quantities_in_mib_round_up(value, mib):
 
 @pytest.mark.parametrize("value", ["-1Mi", "ten", "", None, "1Zi"])
 def test_memory_quantities_that_are_not_amounts_are_refused(value):
-    with pytest.raises(CodecError, match="^consumed memory: "):
+    with pytest.raises(CodecError, match=r"^consumed memory: "):
         mib_of(value, "consumed memory")
 
 
@@ -66,7 +66,7 @@ def test_another_drivers_slice_is_not_ours():
 def test_a_device_without_memory_capacity_is_named():
     device = _device(3)
     del device["capacity"]["memory"]
-    with pytest.raises(CodecError, match="gpu-3.*memory"):
+    with pytest.raises(CodecError, match=r"gpu-3.*memory"):
         slice_devices(_slice([device]))
 
 
