@@ -22,8 +22,13 @@ def register(subparsers: Any) -> None:
         "demo", help="run a simulated GPU cluster with sample pods",
         description="Start an API-server, kubelet and kube-scheduler stand-in around the real extender and device "
                     "plugins over simulated GPUs, submit sample pods and show nodes, GPUs and pods live.")
-    p.add_argument("--nodes", type=_positive, default=3, help="simulated GPU nodes (default 3)")
-    p.add_argument("--gpus", default="4xA100-40GB", help="GPUs per node, e.g. 4xA100-40GB or 2xA100-80GB,2xT4")
+    p.add_argument("--nodes", type=_positive, default=None, help="simulated GPU nodes (default 3; 1 with --dra)")
+    p.add_argument("--gpus", default=None,
+                   help="GPUs per node, e.g. 4xA100-40GB or 2xA100-80GB,2xT4 (default 4xA100-40GB; 1xA100-40GB "
+                        "with --dra)")
+    p.add_argument("--dra", action="store_true",
+                   help="DRA mode: the real DRA plugin serves the GPUs; the samples ask through ResourceClaims "
+                        "(docs/dra.md)")
     p.add_argument("--pods", default=None, help="YAML file of pods to submit instead of the samples")
     p.add_argument("--headless", action="store_true", help="no live table: print a summary, exit 0 on success")
     p.add_argument("--duration", type=float, default=None,
@@ -47,6 +52,12 @@ def _run(args: argparse.Namespace) -> int:
 
     if importlib.util.find_spec("httpx") is None:
         raise ConfigError("the test bed needs its extra dependencies: pip install 'vgpu-sharing[testbed]'")
+    if args.dra:
+        from vgpu.testbed.demo_dra import run_dra_demo
+
+        return run_dra_demo(args)
     from vgpu.testbed.demo import run_demo
 
+    args.nodes = args.nodes or 3
+    args.gpus = args.gpus or "4xA100-40GB"
     return run_demo(args)

@@ -222,6 +222,8 @@ class NodeProcs:
     kubelet: Proc | None = None
     plugin: Proc | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    plugins_registry: Path | None = None  # where DRA plugins register with the node's kubelet stand-in
+    cdi_dir: Path | None = None  # CDI specs the node's kubelet stand-in resolves DRA devices against
 
 
 class LocalCluster:
@@ -232,8 +234,10 @@ class LocalCluster:
                  node_cpu: str = "64", node_memory: str = "256Gi", log_level: str = "INFO",
                  scheduler_args: Iterable[str] = (), plugin_args: Iterable[str] = (),
                  unschedulable_flush: float = 5.0, memory_factor: int | None = None,
-                 resource_mode: str = "mib", backend: str = "sim", cgroup_root: str | None = None) -> None:
+                 resource_mode: str = "mib", backend: str = "sim", cgroup_root: str | None = None,
+                 dra: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
+        self.dra = dra
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.logs = self.workdir / "logs"
         self.n_nodes = nodes
@@ -265,7 +269,8 @@ class LocalCluster:
             port = first_metrics if i == 0 and first_metrics else free_port()
             self.nodes.append(NodeProcs(name=name, dir=ndir, kubelet_dir=ndir / "device-plugins",
                                         hook_path=ndir / "hook", sim_control=ndir / "sim-control",
-                                        metrics_port=port))
+                                        metrics_port=port, plugins_registry=ndir / "plugins_registry",
+                                        cdi_dir=ndir / "cdi"))
         per_node = [gpus] * nodes if isinstance(gpus, str) else list(gpus)
         if len(per_node) != nodes:
             raise ValueError(f"gpus: {len(per_node)} specs for {nodes} nodes")
@@ -309,11 +314,15 @@ class LocalCluster:
                 sys.executable, "-m", "vgpu.testbed.podrunner", "--node-name", node.name,
                 "--kubelet-dir", str(node.kubelet_dir), "--kubeconfig", self.kubeconfig, "--workdir", str(node.dir),
                 "--trace", str(self.trace), "--memory-factor", str(self.memory_factor), "--cpu", node_cpu,
-                "--memory", node_memory, "--log-level", log_level, *cgroup_args],
+                "--memory", node_memory, "--log-level", log_level, *cgroup_args,
+                "--plugins-registry", str(node.plugins_registry), "--cdi-dir", str(node.cdi_dir)],
                 self.logs / f"kubelet-{node.name}.log")
             source = ["--backend", "sim", "--sim-gpus", node_gpus, *self._sim_control_args(node)]
             if backend == "nvml":
                 source = ["--backend", "nvml", *cgroup_args]
+            if dra:
+                node.plugin = self._dra_plugin(node, source, log_level)
+                continue
             node.plugin = Proc(f"device-plugin-{node.name}", _vgpu(
                 "--log-level", log_level, "device-plugin", *source,
                 "--node-name", node.name, "--kubelet-dir", str(node.kubelet_dir), "--hook-path", str(node.hook_path),
@@ -325,6 +334,16 @@ class LocalCluster:
         self._core: Any = None
 
     # -- helpers
+    def _dra_plugin(self, node: NodeProcs, source: list[str], log_level: str) -> Proc:
+        """DRA mode: the node's GPUs are served by our real `vgpu dra-plugin`, registered with the kubelet
+        stand-in through its plugin registry and writing CDI specs where the stand-in reads them."""
+        return Proc(f"dra-plugin-{node.name}", _vgpu(
+            "--log-level", log_level, "dra-plugin", *source, "--node-name", node.name,
+            "--plugins-dir", str(node.dir / "plugins"), "--registry-dir", str(node.plugins_registry),
+            "--cdi-dir", str(node.cdi_dir), "--hook-path", str(node.hook_path),
+            "--lock-dir", str(node.dir / "vgpulock"), "--kubeconfig", self.kubeconfig, *self.plugin_args),
+            self.logs / f"dra-plugin-{node.name}.log")
+
     def _sim_control_args(self, node: NodeProcs) -> list[str]:
         from vgpu.testbed import compat
 
@@ -376,6 +395,16 @@ class LocalCluster:
             raise RuntimeError(f"create pod {ns}/{(pod.get('metadata') or {}).get('name')}: {resp.status_code} "
                                f"{resp.text[:300]}")
         raise RuntimeError("create pod: API server does not answer")
+
+    def api_post(self, path: str, body: dict) -> dict:
+        """Create an object at `path`; an object that exists already is left as it is (409)."""
+        resp = self._http.post(path, content=orjson.dumps(body), headers={"Content-Type": "application/json"})
+        if resp.status_code == 409:
+            return body
+        if resp.status_code not in (200, 201):
+            raise RuntimeError(f"POST {path}: {resp.status_code} {resp.text[:300]}")
+        created: dict = orjson.loads(resp.content)
+        return created
 
     def delete_pod(self, namespace: str, name: str) -> None:
         """Delete a pod."""
@@ -447,8 +476,12 @@ class LocalCluster:
         return compat.kubelet_ready(node.kubelet_dir)
 
     def node_ready(self, name: str) -> bool:
-        """The node publishes an inventory and kubelet advertises vgpu-number."""
+        """The node publishes an inventory and kubelet advertises vgpu-number (DRA mode: its ResourceSlice is
+        published and its kubelet stand-in registered the driver)."""
         from vgpu import keys
+
+        if self.dra:
+            return self._dra_node_ready(name)
 
         node = self.api_get(f"/api/v1/nodes/{name}")
         if not node:
@@ -460,6 +493,19 @@ class LocalCluster:
         except ValueError:
             count = 0
         return bool(annotations.get(keys.NODE_REGISTER)) and count > 0
+
+    def _dra_node_ready(self, name: str) -> bool:
+        slices = (self.api_get("/apis/resource.k8s.io/v1/resourceslices") or {}).get("items") or []
+        published = any((s.get("spec") or {}).get("nodeName") == name and (s.get("spec") or {}).get("devices")
+                        for s in slices)
+        node = next((n for n in self.nodes if n.name == name), None)
+        registered = node is not None and bool(self.dra_status(node).get("drivers"))
+        return published and registered
+
+    def resource_get(self, kind: str, namespace: str | None = None) -> list[dict]:
+        """Every object of a resource.k8s.io/v1 kind (`resourceslices`, `resourceclaims`, ...)."""
+        where = f"/namespaces/{namespace}" if namespace else ""
+        return (self.api_get(f"/apis/resource.k8s.io/v1{where}/{kind}") or {}).get("items") or []
 
     def start_extender(self, timeout: float = 30.0) -> None:
         """Start (or restart) `vgpu scheduler` and wait for /readyz."""
@@ -588,6 +634,15 @@ class LocalCluster:
         line = f"xid {gpu} {code}\n" if command == "xid" else f"{command} {gpu}\n"
         with open(node.sim_control, "a") as handle:
             handle.write(line)
+
+    def dra_status(self, node: NodeProcs) -> dict[str, Any]:
+        """What the node's kubelet stand-in reports of DRA (`<node dir>/dra-status.json`): registered drivers,
+        rejected plugin sockets, per pod the prepared claims and container edits, pending unprepares."""
+        try:
+            status: dict[str, Any] = orjson.loads((node.dir / "dra-status.json").read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return {}
+        return status
 
     def read_trace(self) -> list[dict]:
         """The JSON lines the driver and the kubelets appended to the trace file."""

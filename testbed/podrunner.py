@@ -6,7 +6,8 @@ process sees through its environment instead, faithfully to what the container w
 
   * env: the envs of every ContainerAllocateResponse, then the container's `env` (plain values and the downward-API
     fields kubelet resolves), in kubelet's order: it lists the device plugins' variables first and the spec's after
-    them, and the runtime keeps the last value of a name, so a container's own `env` wins;
+    them, and the runtime keeps the last value of a name, so a container's own `env` wins; the CDI edits of the
+    container's DRA devices (testbed/cdi.py) come last, as the runtime applies them to the finished spec;
   * a path in an env value that lies under a mount's container path is rewritten to the mount's host path, so
     `CUDA_DEVICE_MEMORY_SHARED_CACHE=/tmp/vgpu/<uuid4>.cache` becomes
     `$HOOK_PATH/vgpu/containers/<podUID>_<container>/<uuid4>.cache` (the file the node monitor reads);
@@ -73,6 +74,16 @@ class ContainerAllocation:
 
     envs: dict[str, str] = field(default_factory=dict)
     mounts: list[tuple[str, str, bool]] = field(default_factory=list)  # (container_path, host_path, read_only)
+    runtime_envs: dict[str, str] = field(default_factory=dict)  # set by the runtime (CDI) after the spec's env
+
+    def add_cdi(self, edits: Any) -> None:
+        """Add the merged CDI edits of the container's DRA devices (testbed/cdi.py ContainerEdits) as a runtime
+        applies them: env after the container's own (a name already set is replaced), a mount on a container path
+        already mounted replaces that mount."""
+        self.runtime_envs = edits.apply_env(self.runtime_envs)
+        for mount in edits.mounts:
+            self.mounts = [m for m in self.mounts if m[0] != mount.container_path]
+            self.mounts.append((mount.container_path, mount.host_path, mount.read_only))
 
     def merge(self, response: Any) -> None:
         """Add one ContainerAllocateResponse (protobuf message or dict with envs / mounts)."""
@@ -91,14 +102,15 @@ class ContainerAllocation:
 
 
 def handed_out(alloc: ContainerAllocation) -> dict[str, Any]:
-    """The limits the device plugin handed a container, from its env: GPU UUIDs in CUDA order, MiB on each, and
-    the SM percentage (empty when the container got no GPU)."""
-    gpus = [u for u in (alloc.envs.get("NVIDIA_VISIBLE_DEVICES") or "").split(",") if u and u not in ("all", "none")]
+    """The limits the device plugin (or its DRA devices' CDI edits) handed a container, from its env: GPU UUIDs in
+    CUDA order, MiB on each, and the SM percentage (empty when the container got no GPU)."""
+    envs = {**alloc.envs, **alloc.runtime_envs}
+    gpus = [u for u in (envs.get("NVIDIA_VISIBLE_DEVICES") or "").split(",") if u and u not in ("all", "none")]
     memory = []
     for i in range(len(gpus)):
-        raw = alloc.envs.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "")
+        raw = envs.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "")
         memory.append(int(raw[:-1]) if raw.endswith("m") and raw[:-1].isdigit() else 0)
-    cores = alloc.envs.get("CUDA_DEVICE_SM_LIMIT", "0")
+    cores = envs.get("CUDA_DEVICE_SM_LIMIT", "0")
     return {"gpus": gpus, "memory_mib": memory, "cores": int(cores) if cores.isdigit() else 0}
 
 
@@ -176,6 +188,8 @@ def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, sim_dir:
             env[name] = str(item.get("value") or "")
         elif ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
             env[name] = _downward(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
+    for key, value in alloc.runtime_envs.items():  # CDI edits: the runtime applies them to the finished spec
+        env[key] = (map_to_host(value, alloc.mounts) or value) if value.startswith("/") else value
     # /etc/ld.so.preload -> LD_PRELOAD
     preload_host = map_to_host("/etc/ld.so.preload", alloc.mounts)
     if preload_host is not None:
@@ -280,12 +294,39 @@ class PodRunner:
             try:
                 node = read_json(self._core().read_node(self.node_name, _preload_content=False))
                 value = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_REGISTER)
-                devices = decode_volcano(value)
-                self._inventory = {d.uuid: (d.type.removeprefix("NVIDIA-"), d.memory) for d in devices}
+                if value is None:  # DRA mode: the node's GPUs are in its ResourceSlices
+                    self._inventory = self._slice_inventory()
+                else:
+                    devices = decode_volcano(value)
+                    self._inventory = {d.uuid: (d.type.removeprefix("NVIDIA-"), d.memory) for d in devices}
                 self._inventory_at = time.monotonic()
             except Exception as exc:
                 log.info("node inventory unreadable node=%s error=%s", self.node_name, exc)
         return self._inventory
+
+    def _slice_inventory(self) -> dict[str, tuple[str, int]]:
+        """UUID -> (model, MiB) of the devices this node's ResourceSlices publish with a `uuid` attribute and a
+        `memory` capacity (the DRA plugin's view of the node's GPUs)."""
+        from kubernetes import client as k8s
+
+        from vgpu.kube.client import read_json
+        from vgpu.quantity import parse_quantity
+
+        resource = k8s.ResourceV1Api(self._core().api_client)
+        slices = read_json(resource.list_resource_slice(_preload_content=False)).get("items") or []
+        found: dict[str, tuple[str, int]] = {}
+        for item in slices:
+            spec = item.get("spec") or {}
+            if spec.get("nodeName") != self.node_name:
+                continue
+            for device in spec.get("devices") or ():
+                attributes = device.get("attributes") or {}
+                uuid = (attributes.get("uuid") or {}).get("string")
+                memory = ((device.get("capacity") or {}).get("memory") or {}).get("value")
+                if uuid and memory is not None:
+                    model = str((attributes.get("model") or {}).get("string") or f"Sim-{uuid[-6:]}")
+                    found[uuid] = (model, int(parse_quantity(memory) // (1 << 20)))
+        return found
 
     def _record(self, **fields: Any) -> None:
         if self._trace is not None:
@@ -578,16 +619,26 @@ class NodeAgent:
     and keeps the node's capacity/allocatable of every registered resource (healthy device count) in node status.
     A restarted agent adopts the processes its predecessor started (their state files under `<workdir>/pods`)
     instead of admitting those pods again, as kubelet does from its checkpoint.
+
+    DRA (testbed/dra_kubelet.py): DRA plugins register through `plugins_registry` (default
+    `<kubelet root>/plugins_registry`, the root being the device-plugin directory's parent). An admitted pod with
+    `spec.resourceClaims` (or an extended-resource claim) has its claims prepared before its containers start, and
+    each container gets its CDI edits (specs in `cdi_dirs`, default `<workdir>/cdi`) besides the device plugins'
+    answers. A preparation that fails leaves the pod Pending (containers waiting in ContainerCreating, an event
+    FailedPrepareDynamicResources) and is tried again every `dra_retry` seconds, as kubelet's pod worker does.
+    Claims are unprepared once the pod's containers are gone.
     """
 
     def __init__(self, node_name: str, kubelet_dir: str | os.PathLike[str], workdir: str | os.PathLike[str],
                  kubeconfig: str | None, cpu: str = "64", memory: str = "256Gi", max_pods: str = "250",
                  trace: str | None = None, admit_grace: float = 10.0, memory_factor: int = 1,
-                 cgroup_root: str | None = None) -> None:
+                 cgroup_root: str | None = None, plugins_registry: str | None = None,
+                 cdi_dirs: Sequence[str] | None = None, dra_retry: float = 1.0) -> None:
         from kubernetes import client as k8s
 
         from vgpu.kube.cache import WatchCache
         from vgpu.kube.client import make_api_client
+        from vgpu.testbed.dra_kubelet import DRAKubelet
         from vgpu.testbed.kubelet import KubeletStandIn
 
         self.node_name = node_name
@@ -598,6 +649,13 @@ class NodeAgent:
         self.runner = PodRunner(node_name, workdir, api=self.core, trace=trace, on_exit=self._on_exit,
                                 memory_factor=memory_factor, cgroup_root=cgroup_root)
         self.kubelet = KubeletStandIn(kubelet_dir, on_admitted=self._on_admitted)
+        registry = Path(plugins_registry) if plugins_registry else Path(kubelet_dir).parent / "plugins_registry"
+        self.dra = DRAKubelet(registry, cdi_dirs or [str(Path(workdir) / "cdi")], self.api_client,
+                              state_file=Path(workdir) / "dra_manager_state.json")
+        self.dra_retry = dra_retry
+        self.dra_waiting: dict[str, dict[str, ContainerAllocation]] = {}  # pod uid -> allocations, prepare failed
+        self.dra_errors: dict[str, str] = {}  # pod uid -> last preparation error
+        self._dra_status = b""
         self.cache = WatchCache(self.api_client, "pods", field_selector=f"spec.nodeName={node_name}",
                                 on_add=self._on_pod, on_update=lambda _old, new: self._on_pod(new),
                                 on_delete=self._on_delete, name=f"kubelet-pods[{node_name}]")
@@ -618,10 +676,12 @@ class NodeAgent:
                 if entry.is_socket():
                     entry.unlink(missing_ok=True)
         self.kubelet.start()
+        self.dra.start()
         self.cache.start()
         if not self.cache.wait_synced(30):
             raise RuntimeError(f"kubelet stand-in {self.node_name}: pod cache did not sync")
-        for target, name in ((self._admit_loop, "admit"), (self._status_loop, "node-status")):
+        for target, name in ((self._admit_loop, "admit"), (self._status_loop, "node-status"),
+                             (self._dra_retry_loop, "dra-retry")):
             threading.Thread(target=target, name=name, daemon=True).start()
         return self
 
@@ -631,6 +691,7 @@ class NodeAgent:
         self.queue.put(None)
         self.cache.stop()
         self.kubelet.stop()
+        self.dra.stop()
         self.runner.close()
 
     # -- node object and status
@@ -656,8 +717,19 @@ class NodeAgent:
                     return
                 time.sleep(0.2)
 
+    def _write_dra_status(self) -> None:
+        """Keep `<workdir>/dra-status.json` (registered drivers, rejected plugins, prepared claims and container
+        edits per pod, pending unprepares) current for the demo and tests that watch the node from outside."""
+        status = orjson.dumps(self.dra.status(), option=orjson.OPT_SORT_KEYS)
+        if status != self._dra_status:
+            path = self.runner.workdir / "dra-status.json"
+            path.with_suffix(".tmp").write_bytes(status)
+            os.replace(path.with_suffix(".tmp"), path)
+            self._dra_status = status
+
     def _status_loop(self) -> None:
         while not self.stop_event.wait(0.3):
+            self._write_dra_status()
             with self.kubelet.cond:
                 capacity = {name: str(len(s.devices)) for name, s in self.kubelet.resources.items()}
                 allocatable = {name: str(len(s.healthy()) if s.connected else 0)
@@ -692,6 +764,7 @@ class NodeAgent:
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             if not self.runner.known(uid):
                 self.kubelet.release(uid)
+                self.dra.manager.unprepare(uid)
             return
         with self.lock:
             if uid in self.handled:
@@ -702,6 +775,9 @@ class NodeAgent:
         uid = (pod.get("metadata") or {}).get("uid") or ""
         self.runner.stop_pod(uid)
         self.kubelet.release(uid)
+        with self.lock:
+            self.dra_waiting.pop(uid, None)
+        self.dra.manager.unprepare(uid)  # the pod's processes are gone
         (self.runner.pod_state_dir / f"{uid}.devices.json").unlink(missing_ok=True)
         with self.lock:
             self.handled.discard(uid)
@@ -709,6 +785,7 @@ class NodeAgent:
     def _on_exit(self, pod: Obj, phase: str) -> None:
         uid = (pod.get("metadata") or {}).get("uid") or ""
         self.kubelet.release(uid)
+        self.dra.manager.unprepare(uid)
         (self.runner.pod_state_dir / f"{uid}.devices.json").unlink(missing_ok=True)
 
     def _on_admitted(self, pod: Obj, allocations: dict[str, list[Any]]) -> None:
@@ -721,7 +798,79 @@ class NodeAgent:
             alloc = merged[name] = ContainerAllocation()
             for response in responses:
                 alloc.merge(response)
+        if _uses_dra(pod):
+            self._prepare_and_run(pod, merged)
+            return
         self.runner.run_pod(pod, merged)
+
+    def _prepare_and_run(self, pod: Obj, allocations: dict[str, ContainerAllocation]) -> bool:
+        """Prepare the pod's claims, add each container's CDI edits and run it; on failure keep it waiting."""
+        from vgpu.testbed.dra_kubelet import PrepareError
+
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        try:
+            preparation = self.dra.manager.prepare(pod)
+        except PrepareError as exc:
+            message = f"prepare dynamic resources: {exc}"
+            with self.lock:
+                first = self.dra_errors.get(uid) != message
+                self.dra_waiting[uid] = allocations
+                self.dra_errors[uid] = message
+            if first:
+                log.info("event=dra-prepare-failed pod=%s error=%s", _key(pod), message)
+                self._waiting_for_dra(pod, message)
+            return False
+        with self.lock:
+            self.dra_waiting.pop(uid, None)
+            self.dra_errors.pop(uid, None)
+            deleted = uid not in self.handled
+        if deleted:  # deleted while its claims were being prepared
+            self.dra.manager.unprepare(uid)
+            return False
+        for name, edits in preparation.edits.items():
+            allocations.setdefault(name, ContainerAllocation()).add_cdi(edits)
+        self.runner.run_pod(pod, allocations)
+        return True
+
+    def _waiting_for_dra(self, pod: Obj, message: str) -> None:
+        """Report a failed preparation as kubelet does: the pod stays Pending, its containers wait in
+        ContainerCreating, and an event FailedPrepareDynamicResources carries the reason."""
+        spec = pod.get("spec") or {}
+        waiting = [{"name": c.get("name"), "image": c.get("image") or "", "imageID": "", "ready": False,
+                    "started": False, "restartCount": 0,
+                    "state": {"waiting": {"reason": "ContainerCreating", "message": message}}}
+                   for c in spec.get("containers") or ()]
+        self.runner._patch_status(pod, {"phase": "Pending", "containerStatuses": waiting})
+        self.runner._record(ev="prepare-failed", uid=(pod.get("metadata") or {}).get("uid"), pod=_key(pod),
+                            node=self.node_name, reason="FailedPrepareDynamicResources", message=message)
+        meta = pod.get("metadata") or {}
+        now = _now()
+        event = {"metadata": {"generateName": f"{meta.get('name')}.", "namespace": meta.get("namespace") or "default"},
+                 "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": meta.get("name"),
+                                    "namespace": meta.get("namespace") or "default", "uid": meta.get("uid")},
+                 "reason": "FailedPrepareDynamicResources",
+                 "message": f"Failed to prepare dynamic resources: {message}",
+                 "type": "Warning", "source": {"component": "kubelet", "host": self.node_name},
+                 "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+        try:
+            self.core.create_namespaced_event(meta.get("namespace") or "default", event, _preload_content=False)
+        except Exception as exc:
+            log.info("event=event-not-written pod=%s error=%s", _key(pod), str(exc)[:200])
+
+    def _dra_retry_loop(self) -> None:
+        while not self.stop_event.wait(self.dra_retry):
+            with self.lock:
+                waiting = list(self.dra_waiting.items())
+            for uid, allocations in waiting:
+                pod = next((p for p in self.cache.list() if (p.get("metadata") or {}).get("uid") == uid), None)
+                if pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    with self.lock:
+                        self.dra_waiting.pop(uid, None)
+                    continue
+                with self.lock:
+                    if uid not in self.dra_waiting:  # deleted meanwhile
+                        continue
+                self._prepare_and_run(pod, allocations)
 
     def _restore_devices(self, uid: str) -> None:
         try:
@@ -807,6 +956,12 @@ class NodeAgent:
                 self._fail(pod, "UnexpectedAdmissionError", f"{type(exc).__name__}: {exc}")
 
 
+def _uses_dra(pod: Obj) -> bool:
+    """Whether the pod has ResourceClaims (its own, or the scheduler's claim for DRA-backed extended resources)."""
+    return bool((pod.get("spec") or {}).get("resourceClaims")
+                or ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("resourceClaimName"))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one node's kubelet stand-in with the pod runner until SIGTERM / SIGINT."""
     import argparse
@@ -826,6 +981,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds to wait for a device plugin to (re-)register before failing an admission")
     ap.add_argument("--log-level", default="WARNING")
     ap.add_argument("--cgroup-root", default=None, help="run each container in a cgroup of its own under this dir")
+    ap.add_argument("--plugins-registry", default=None,
+                    help="where DRA plugins register (default: plugins_registry next to --kubelet-dir)")
+    ap.add_argument("--cdi-dir", action="append", default=None,
+                    help="CDI spec directory, lowest priority first (repeatable; default: WORKDIR/cdi)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     stop = threading.Event()
@@ -833,7 +992,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     agent = NodeAgent(args.node_name, args.kubelet_dir, args.workdir, args.kubeconfig, cpu=args.cpu,
                       memory=args.memory, max_pods=args.max_pods, trace=args.trace, admit_grace=args.admit_grace,
-                      memory_factor=args.memory_factor, cgroup_root=args.cgroup_root)
+                      memory_factor=args.memory_factor, cgroup_root=args.cgroup_root,
+                      plugins_registry=args.plugins_registry, cdi_dirs=args.cdi_dir)
     try:
         agent.start()
     except RuntimeError as exc:

@@ -20,6 +20,11 @@ the bare document or the ConfigMap that carries it), watches pods whose `spec.sc
   4. assume the pod on the node, then in a binding goroutine (a thread here) `POST {urlPrefix}/{bindVerb}` with
      ExtenderBindingArgs `{"PodName", "PodNamespace", "PodUID", "Node"}` when an interested extender binds, else
      the default binder (`pods/binding`).
+DRA (`resource.k8s.io/v1`): testbed/dra_scheduling.py adds kube-scheduler's DynamicResources plugin (pods wait
+for their claims, the in-tree filters are followed by structured-parameters allocation per node, PreBind writes the
+allocations and reservations before the binding; extended resources served by DRA skip the in-tree fit on nodes
+that do not advertise them) and kube-controller-manager's resourceclaim controller (claims from templates, release
+when pods end); `--no-dra` leaves claims alone.
 A failed cycle records a `FailedScheduling` event and the `PodScheduled=False` condition with the reasons
 ("0/3 nodes are available: 3 insufficient memory.") and puts the pod back with backoff (1 s doubling to 10 s, as
 kube-scheduler's podInitialBackoffSeconds / podMaxBackoffSeconds); unschedulable pods are retried when a node or
@@ -59,6 +64,8 @@ import yaml
 
 from vgpu.errors import ConfigError
 from vgpu.requests import pod_resource_requests, resource_amount
+from vgpu.testbed.dra_allocator import AllocationError
+from vgpu.testbed.dra_scheduling import DraBindError, DynamicResources, PodDra
 
 __all__ = [
     "BUILTIN_CONFIG",
@@ -446,9 +453,12 @@ class SchedulerDriver:
 
     def __init__(self, config: SchedulerConfig, kubeconfig: str | None, trace: str | None = None,
                  unschedulable_flush: float = 30.0, bind_workers: int = 16, seed: int | None = None,
-                 api: Any = None) -> None:
+                 api: Any = None, dra: bool = True) -> None:
         self.config = config
         self.api = api if api is not None else _Api(kubeconfig)
+        # DRA (testbed/dra_scheduling.py): the DynamicResources plugin and the resourceclaim controller
+        self.dra = DynamicResources(self.api.client, self._dra_changed, self._cached_pod) \
+            if dra and hasattr(self.api, "client") else None
         self.names = config.scheduler_names
         self.unschedulable_flush = unschedulable_flush
         self.random = random.Random(seed)
@@ -461,6 +471,9 @@ class SchedulerDriver:
         self.active: list[tuple[float, str]] = []  # heap of (enqueue time, key)
         self.in_active: set[str] = set()
         self.in_flight: set[str] = set()
+        # moveRequestCycle: a pod whose cycle saw a requeueing event go by is not parked as unschedulable
+        self.flush_seq = 0
+        self.cycle_seq: dict[str, int] = {}
         self.stop_event = threading.Event()
         self.synced = {"pods": threading.Event(), "nodes": threading.Event()}
         self.binder = ThreadPoolExecutor(bind_workers, thread_name_prefix="bind")
@@ -485,6 +498,8 @@ class SchedulerDriver:
         for event in self.synced.values():
             if not event.wait(sync_timeout):
                 raise RuntimeError("scheduler driver: caches did not sync (is the API server up?)")
+        if self.dra is not None:
+            self.dra.start(sync_timeout)
         loop = threading.Thread(target=self._loop, name="schedule", daemon=True)
         loop.start()
         self.threads.append(loop)
@@ -496,6 +511,8 @@ class SchedulerDriver:
         with self.lock:
             self.lock.notify_all()
         self.binder.shutdown(wait=True, cancel_futures=True)
+        if self.dra is not None:
+            self.dra.stop()
         for client in self.http.values():
             client.close()
         if self._trace is not None:
@@ -569,6 +586,8 @@ class SchedulerDriver:
                     self._forget_pod(key)
             self.pods = fresh
             for key, pod in fresh.items():
+                if self.dra is not None:
+                    self.dra.pod_event(None, pod)
                 self._consider(key, pod)
 
     def _apply(self, kind: str, typ: str | None, obj: Obj) -> None:
@@ -586,14 +605,26 @@ class SchedulerDriver:
                 self.pods.pop(key, None)
                 self._forget_pod(key)
                 self._flush_unschedulable("pod deleted")
+                if self.dra is not None:
+                    self.dra.pod_event(obj, None)
                 return
             old = self.pods.get(key)
             self.pods[key] = obj
             if old is not None and _terminal(obj) and not _terminal(old):
                 self._flush_unschedulable("pod finished")
+            if self.dra is not None and self.dra.pod_event(old, obj):
+                self._flush_unschedulable("pod claims recorded")
             self._consider(key, obj)
 
+    def _cached_pod(self, namespace: str, name: str) -> Obj | None:
+        return self.pods.get(f"{namespace}/{name}")
+
+    def _dra_changed(self, why: str) -> None:
+        with self.lock:
+            self._flush_unschedulable(why)
+
     def _forget_pod(self, key: str) -> None:
+        self.cycle_seq.pop(key, None)
         self.assumed.pop(key, None)
         self.bound_at.pop(key, None)
         self.queue_state.pop(key, None)
@@ -630,6 +661,7 @@ class SchedulerDriver:
 
     def _flush_unschedulable(self, why: str) -> None:
         """Caller holds the lock. Move unschedulable pods back to the queue (they keep their backoff)."""
+        self.flush_seq += 1
         moved = 0
         for key, state in self.queue_state.items():
             if state.unschedulable_since and key not in self.in_active and key not in self.in_flight:
@@ -742,6 +774,8 @@ class SchedulerDriver:
                 continue
             if name not in _BASE_RESOURCES and "/" not in name:
                 continue
+            if self.dra is not None and self.dra.serves_extended(name, node):
+                continue  # KEP-5004: the DynamicResources filter allocates it on this node
             have = resource_amount(name, allocatable[name]) if name in allocatable else Fraction(0)
             if value > have - used.get(name, Fraction(0)):
                 reasons.append(f"Insufficient {name}")
@@ -829,11 +863,28 @@ class SchedulerDriver:
                 return
             nodes = dict(self.nodes)
             usage = self._node_usage()
+            self.cycle_seq[key] = self.flush_seq
         total = len(nodes)
+        dra_state: PodDra | None = None
+        if self.dra is not None:
+            dra_state, message, wait = self.dra.pre_filter(pod)
+            if wait:
+                self._wait_for_claims(key, message)
+                return
+            if message:
+                self._fail(key, pod, "Unschedulable", f"0/{total} nodes are available: {message}.", started)
+                return
         reasons: Counter[str] = Counter()
         feasible: list[str] = []
         for name in sorted(nodes):
             why = self._in_tree_filter(pod, nodes[name], usage.get(name, {}))
+            if not why and self.dra is not None and dra_state is not None:
+                try:
+                    why = [reason] if (reason := self.dra.filter(pod, dra_state, nodes[name])) else []
+                except AllocationError as exc:
+                    self._fail(key, pod, "SchedulerError", f'running "DynamicResources" filter plugin: {exc}',
+                               started)
+                    return
             if why:
                 reasons.update(set(why))
             else:
@@ -877,14 +928,32 @@ class SchedulerDriver:
             chosen = self.random.choice([name for name in feasible if scores[name] == best])
         with self.lock:
             self.assumed[key] = (chosen, pod)
+            self.cycle_seq.pop(key, None)
+        if self.dra is not None and dra_state is not None:
+            self.dra.reserve(key, pod, dra_state, chosen)
         self.stats["scheduled"] += 1
-        self.binder.submit(self._bind, key, pod, chosen, started, time.time())
+        self.binder.submit(self._bind, key, pod, chosen, started, time.time(), dra_state)
 
-    def _bind(self, key: str, pod: Obj, node: str, started: float, bind_sent: float) -> None:
+    def _wait_for_claims(self, key: str, message: str) -> None:
+        """PreEnqueue: the pod waits, without an event, until its claims exist (a claim or pod event moves it)."""
+        with self.lock:
+            self.in_flight.discard(key)
+            state = self.queue_state.setdefault(key, _QueuedPod(first_seen=time.time()))
+            state.last_message = message
+            if self.cycle_seq.pop(key, self.flush_seq) != self.flush_seq:
+                self._push(key, time.monotonic() + INITIAL_BACKOFF)
+            else:
+                state.unschedulable_since = time.monotonic()
+        log.info("event=waiting_for_claims pod=%s message=%s", key, message)
+
+    def _bind(self, key: str, pod: Obj, node: str, started: float, bind_sent: float,
+              dra_state: PodDra | None = None) -> None:
         meta = pod.get("metadata") or {}
         binder = next((e for e in self.config.extenders if e.bind_verb and e.is_interested(pod)), None)
         error = ""
         try:
+            if self.dra is not None and dra_state is not None:
+                self.dra.pre_bind(pod, dra_state)
             if binder is not None:
                 args = {"PodName": meta.get("name"), "PodNamespace": meta.get("namespace") or "default",
                         "PodUID": meta.get("uid"), "Node": node}
@@ -894,9 +963,16 @@ class SchedulerDriver:
                 self.api.bind(pod, node)
         except _ExtenderError as exc:
             error = str(exc)
+        except DraBindError as exc:
+            error = f'running PreBind plugin "DynamicResources": {exc}'
         except Exception as exc:
             error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         done = time.time()
+        if self.dra is not None and dra_state is not None:
+            if error:
+                self.dra.unreserve(key, pod, dra_state)
+            else:
+                self.dra.forget(key)
         if error:
             self.stats["bind_failed"] += 1
             with self.lock:
@@ -936,8 +1012,9 @@ class SchedulerDriver:
         with self.lock:
             self.in_flight.discard(key)
             state = self._requeue_with_backoff(key, message)
-            if reason == "SchedulerError":
-                # errors (extender down, bind refused) are retried on backoff alone, not on cluster events
+            if reason == "SchedulerError" or self.cycle_seq.pop(key, self.flush_seq) != self.flush_seq:
+                # errors (extender down, bind refused) are retried on backoff alone, not on cluster events;
+                # so is a pod whose cycle missed an event that requeues unschedulable pods
                 state.unschedulable_since = 0.0
                 self._push(key, state.backoff_until)
             changed = state.last_message != message
@@ -1001,6 +1078,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--unschedulable-flush", type=float, default=30.0,
                     help="seconds after which unschedulable pods are retried without a cluster event")
     ap.add_argument("--builtin-config", action="store_true", help="use the built-in copy (driver tests only)")
+    ap.add_argument("--no-dra", action="store_true", help="leave ResourceClaims alone (no DynamicResources plugin)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -1021,7 +1099,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    driver = SchedulerDriver(config, args.kubeconfig, trace=args.trace, unschedulable_flush=args.unschedulable_flush)
+    driver = SchedulerDriver(config, args.kubeconfig, trace=args.trace, unschedulable_flush=args.unschedulable_flush,
+                             dra=not args.no_dra)
     try:
         driver.start()
     except RuntimeError as exc:

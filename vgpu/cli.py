@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from vgpu import __version__
 from vgpu.deviceplugin import cli as deviceplugin_cli
+from vgpu.draplugin import cli as draplugin_cli
 from vgpu.errors import ConfigError, VGPUError
 from vgpu.isolation import cli as isolation_cli
 from vgpu.replay import cli as replay_cli
@@ -29,6 +30,7 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 COMPONENTS: tuple[Callable[[Any], None], ...] = (
     scheduler_cli.register,
     deviceplugin_cli.register,
+    draplugin_cli.register,
     isolation_cli.register,
     replay_cli.register,
 )

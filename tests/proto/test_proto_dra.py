@@ -10,6 +10,8 @@ from proto_facts import B, S, assert_messages
 
 from vgpu.proto.dra.v1 import api_pb2 as dra
 from vgpu.proto.dra.v1 import api_pb2_grpc as dra_grpc
+from vgpu.proto.dra.v1beta1 import api_pb2 as dra_beta
+from vgpu.proto.dra.v1beta1 import api_pb2_grpc as dra_beta_grpc
 from vgpu.proto.pluginregistration.v1 import api_pb2 as reg
 from vgpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
@@ -57,6 +59,20 @@ def test_dra_node_service_is_kubelets():
     # share_id is explicitly optional: an unset share differs from an empty one on the wire
     share = dra.DESCRIPTOR.message_types_by_name["Device"].fields_by_name["share_id"]
     assert share.has_presence
+
+
+def test_dra_node_service_v1beta1_has_v1s_shape_in_its_own_package():
+    assert dra_beta.DESCRIPTOR.package == "k8s.io.kubelet.pkg.apis.dra.v1beta1"
+    assert_messages(dra_beta, DRA_FACTS)
+    service = dra_beta.DESCRIPTOR.services_by_name["DRAPlugin"]
+    assert service.full_name == "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin"
+    paths = [f"/{service.full_name}/{m.name}" for m in service.methods]
+    assert paths == ["/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodePrepareResources",
+                     "/k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin/NodeUnprepareResources"]
+    assert hasattr(dra_beta_grpc, "DRAPluginServicer") and hasattr(dra_beta_grpc, "DRAPluginStub")
+    # the same message on the wire in both versions
+    claim = {"namespace": "default", "uid": "u1", "name": "c"}
+    assert dra_beta.Claim(**claim).SerializeToString() == dra.Claim(**claim).SerializeToString()
 
 
 def test_wire_bytes_are_protobuf_standard():

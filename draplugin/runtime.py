@@ -1,0 +1,128 @@
+"""Wiring of a running DRA kubelet plugin: GPU backend, health, isolation library, slice publisher, gRPC servers.
+
+Built from a `DRAConfig` by `vgpu dra-plugin` (draplugin.cli). `start()` installs libvgpu.so, loads the checkpoint,
+serves the DRA and registration sockets, publishes the slice and follows the backend's health events (an unhealthy
+GPU leaves the slice, a recovered one comes back); `stop()` undoes it in reverse. The slice is left in place on
+stop: kubelet deletes the slices of a driver that stays unregistered, and a restart must not make devices vanish
+from the scheduler's view.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from vgpu.deviceplugin.backends import GPUBackend, GPUInfo, HealthEvent, make_backend
+from vgpu.deviceplugin.host import HostFiles
+from vgpu.draplugin.cdi import CDISpecs
+from vgpu.draplugin.checkpoint import Checkpoint
+from vgpu.draplugin.config import DRAConfig
+from vgpu.draplugin.prepare import ClaimPreparer
+from vgpu.draplugin.server import DRAServers
+from vgpu.draplugin.slices import SlicePublisher
+from vgpu.errors import VGPUError
+from vgpu.isolation.build import paths as isolation_paths
+from vgpu.kube.client import make_api_client
+
+__all__ = ["BackendUnavailable", "DRAPluginRuntime", "GPUHealth"]
+
+log = logging.getLogger(__name__)
+_POLL_SECONDS = 0.5
+
+
+class BackendUnavailable(VGPUError):
+    """The GPU backend could not start (the process exits with status 1)."""
+
+
+class GPUHealth:
+    """Which of the node's GPUs are healthy; thread-safe."""
+
+    def __init__(self, gpus: list[GPUInfo]) -> None:
+        self.gpus = list(gpus)
+        self._healthy = {g.uuid: True for g in gpus}
+        self._lock = threading.Lock()
+
+    def apply(self, event: HealthEvent) -> bool:
+        """Record a health event; True when it changed a known GPU's health."""
+        with self._lock:
+            if event.uuid not in self._healthy or self._healthy[event.uuid] == event.healthy:
+                return False
+            self._healthy[event.uuid] = event.healthy
+            return True
+
+    def is_healthy(self, uuid: str) -> bool:
+        """Whether the GPU is known and healthy."""
+        with self._lock:
+            return self._healthy.get(uuid, False)
+
+    def healthy(self) -> list[GPUInfo]:
+        """The healthy GPUs."""
+        with self._lock:
+            return [g for g in self.gpus if self._healthy[g.uuid]]
+
+
+class DRAPluginRuntime:
+    """Everything `vgpu dra-plugin` runs, built from a DRAConfig."""
+
+    def __init__(self, config: DRAConfig, backend: GPUBackend | None = None) -> None:
+        self.config = config
+        self.backend = backend or make_backend(config.backend_config())
+        self.servers: DRAServers | None = None
+        self.publisher: SlicePublisher | None = None
+        self._stopping = threading.Event()
+        self._health_thread: threading.Thread | None = None
+
+    def start(self) -> DRAPluginRuntime:
+        """Start serving; raises BackendUnavailable or ConfigError when the node cannot be served."""
+        config, backend = self.config, self.backend
+        if backend.init_error:
+            raise BackendUnavailable(f"GPU backend {config.backend} failed to start: {backend.init_error}")
+        gpus = []
+        for gpu in backend.devices():
+            if gpu.mig_enabled:
+                log.error("event=gpu_skipped uuid=%s index=%d reason=mig_enabled: MIG-enabled cards are not "
+                          "published", gpu.uuid, gpu.nvml_index)
+                continue
+            gpus.append(gpu)
+        health = GPUHealth(gpus)
+        host = HostFiles(config.hook_path, config.lock_dir)
+        library = isolation_paths().libvgpu
+        try:
+            if host.install_library(library):
+                log.info("event=libvgpu_installed source=%s target=%s", library, host.vgpu_root / "libvgpu.so")
+        except OSError as exc:
+            log.error("event=libvgpu_not_installed source=%s target=%s error=%s: containers will not find the "
+                      "isolation library", library, host.vgpu_root / "libvgpu.so", exc)
+        api = make_api_client(config.kubeconfig)
+        preparer = ClaimPreparer(api, config.node_name, gpus, health.is_healthy, host, CDISpecs(config.cdi_dir),
+                                 Checkpoint(config.checkpoint_path), config.isolation_fail_open)
+        log.info("event=start node=%s gpus=%d backend=%s prepared_claims=%d", config.node_name, len(gpus),
+                 config.backend, len(preparer.prepared))
+        self.publisher = SlicePublisher(api, config.node_name, health.healthy).start()
+        # kubelet deletes the slices of a driver it does not know (at its start, or once the plugin was gone for a
+        # while): each registration republishes
+        self.servers = DRAServers(preparer, config.dra_socket, config.registration_socket, self.publisher.wake)
+        self.servers.start()
+        self._health_thread = threading.Thread(target=self._follow_health, args=(health, self.publisher),
+                                               name="dra-health", daemon=True)
+        self._health_thread.start()
+        return self
+
+    def _follow_health(self, health: GPUHealth, publisher: SlicePublisher) -> None:
+        while not self._stopping.is_set():
+            for event in self.backend.poll_health(_POLL_SECONDS):
+                if health.apply(event):
+                    log.warning("event=gpu_health_changed uuid=%s healthy=%s reason=%s xid=%s", event.uuid,
+                                event.healthy, event.reason, event.xid)
+                    publisher.wake()
+
+    def stop(self) -> None:
+        """Stop serving (sockets removed), stop the publisher and the health thread, release the backend."""
+        self._stopping.set()
+        if self.servers is not None:
+            self.servers.stop()
+        if self.publisher is not None:
+            self.publisher.stop()
+        if self._health_thread is not None:
+            self._health_thread.join(5)
+        self.backend.close()

@@ -1,0 +1,241 @@
+"""This node's ResourceSlice (`resource.k8s.io/v1`): its content, and the thread that keeps it published.
+
+One slice per node, `<node>-gpu.vgpu-sharing.io`, pool = the node's name, one device per healthy GPU with the
+attributes `uuid`, `model`, `index`, `memory` (MiB) and, where the backend knows it,
+`resource.kubernetes.io/numaNode`, and the consumable capacities `memory` (the whole card by default, any whole
+number of MiB) and `cores` (0..100 percent, 0 by default: no compute reservation, no SM limit). Devices allow
+multiple allocations. The slice is owned by the Node object, so it goes when the node goes.
+
+`SlicePublisher` writes the slice at start, after every `wake()` (a health change, a registration with kubelet)
+and every minute, with pool.generation one above the slice it replaces; a slice that is current (quantities
+compared by value, as the API server may rewrite them in canonical form) is not rewritten. API errors are logged
+and retried with backoff; the plugin keeps serving meanwhile. Slices of our driver for this node under another
+name are deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kubernetes import client as k8s
+
+from vgpu.deviceplugin.backends import GPUInfo
+from vgpu.dra import CAPACITY_CORES, CAPACITY_MEMORY, DRIVER, device_name
+from vgpu.kube.client import read_json, read_object
+from vgpu.kube.errors import ApiError, NotFoundError, translate
+from vgpu.quantity import parse_quantity
+
+__all__ = ["NUMA_ATTRIBUTE", "SlicePublisher", "slice_devices_for", "slice_name", "slice_spec"]
+
+log = logging.getLogger(__name__)
+
+NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+_BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 30.0
+_RESYNC_SECONDS = 60.0  # a slice deleted or changed by someone else is restored within this time
+_TIMEOUT = 10.0  # seconds per API request
+
+
+def slice_name(node: str) -> str:
+    """The name of the node's slice."""
+    return f"{node}-{DRIVER}"
+
+
+def _device(gpu: GPUInfo) -> dict[str, Any]:
+    memory = f"{gpu.memory_mib}Mi"
+    attributes: dict[str, Any] = {
+        "uuid": {"string": gpu.uuid},
+        "model": {"string": gpu.name},
+        "index": {"int": gpu.nvml_index},
+        "memory": {"int": gpu.memory_mib},
+    }
+    if gpu.numa is not None and gpu.numa >= 0:
+        attributes[NUMA_ATTRIBUTE] = {"int": gpu.numa}
+    return {
+        "name": device_name(gpu.nvml_index),
+        "attributes": attributes,
+        "capacity": {
+            CAPACITY_MEMORY: {"value": memory, "requestPolicy": {
+                "default": memory, "validRange": {"min": "1Mi", "max": memory, "step": "1Mi"}}},
+            CAPACITY_CORES: {"value": "100", "requestPolicy": {
+                "default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}},
+        },
+        "allowMultipleAllocations": True,
+    }
+
+
+def slice_devices_for(gpus: Sequence[GPUInfo]) -> list[dict[str, Any]]:
+    """The slice's devices for these (healthy) GPUs, in index order."""
+    return [_device(g) for g in sorted(gpus, key=lambda g: g.nvml_index)]
+
+
+def slice_spec(node: str, gpus: Sequence[GPUInfo], generation: int) -> dict[str, Any]:
+    """The slice's spec."""
+    return {
+        "driver": DRIVER,
+        "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+        "nodeName": node,
+        "devices": slice_devices_for(gpus),
+    }
+
+
+def _comparable(devices: Any) -> Any:
+    """Devices with every capacity quantity as its value ("40960Mi" and "40Gi" compare equal)."""
+    if not isinstance(devices, list):
+        return devices
+    out = []
+    for device in devices:
+        if not isinstance(device, dict) or not isinstance(device.get("capacity"), dict):
+            out.append(device)
+            continue
+        capacity = {name: _quantities(entry) for name, entry in device["capacity"].items()}
+        out.append({**device, "capacity": capacity})
+    return out
+
+
+def _quantities(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _quantities(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_quantities(item) for item in value]
+    try:
+        return parse_quantity(value)
+    except ValueError:
+        return value
+
+
+class SlicePublisher:
+    """Keeps this node's slice equal to the healthy GPUs; one thread, woken by `wake()`."""
+
+    def __init__(self, api: k8s.ApiClient, node: str, healthy_gpus: Callable[[], list[GPUInfo]]) -> None:
+        self.resource = k8s.ResourceV1Api(api)
+        self.core = k8s.CoreV1Api(api)
+        self.node = node
+        self.name = slice_name(node)
+        self.healthy_gpus = healthy_gpus
+        self.generation = 0  # of the slice last written or found current
+        self._changed = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> SlicePublisher:
+        """Publish now and on every change, from a thread of its own."""
+        self._changed.set()
+        self._thread = threading.Thread(target=self._run, name="dra-slices", daemon=True)
+        self._thread.start()
+        return self
+
+    def wake(self) -> None:
+        """The healthy GPUs changed: publish again."""
+        self._changed.set()
+
+    def stop(self) -> None:
+        """Stop the thread; the slice stays (a restarting plugin must not make its devices vanish)."""
+        self._stopping.set()
+        self._changed.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        delay = _BACKOFF_FIRST
+        while not self._stopping.is_set():
+            self._changed.wait(_RESYNC_SECONDS)
+            if self._stopping.is_set():
+                return
+            self._changed.clear()
+            try:
+                self.publish()
+                delay = _BACKOFF_FIRST
+            except ApiError as exc:
+                log.warning("event=slice_publish_failed slice=%s error=%s retry_in=%.1fs", self.name, exc, delay)
+                self._changed.set()
+                if self._stopping.wait(delay):
+                    return
+                delay = min(delay * 2, _BACKOFF_MAX)
+
+    def publish(self) -> None:
+        """Write the slice if it differs from what the API server has; raises ApiError."""
+        gpus = self.healthy_gpus()
+        devices = slice_devices_for(gpus)
+        current = self._read_slice()
+        owner = self._owner()
+        if current is not None:
+            spec = current.get("spec") or {}
+            found = int((spec.get("pool") or {}).get("generation") or 0)
+            same = (_comparable(spec.get("devices") or []) == _comparable(devices)
+                    and spec.get("nodeName") == self.node
+                    and (current.get("metadata") or {}).get("ownerReferences") == owner)
+            if same:
+                self.generation = found
+                log.info("event=slice_current slice=%s generation=%d", self.name, found)
+                self._delete_others()
+                return
+            generation = max(found, self.generation) + 1
+        else:
+            generation = self.generation + 1
+        body: Any = {  # the client's typed signature wants its models; a dict is serialised as is
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": self.name},
+            "spec": slice_spec(self.node, gpus, generation),
+        }
+        if owner is not None:
+            body["metadata"]["ownerReferences"] = owner
+        try:
+            if current is None:
+                read_json(self.resource.create_resource_slice(body, _preload_content=False, _request_timeout=_TIMEOUT))
+            else:
+                body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                read_json(self.resource.replace_resource_slice(self.name, body, _preload_content=False,
+                                                               _request_timeout=_TIMEOUT))
+        except Exception as exc:
+            raise translate(exc, f"write ResourceSlice {self.name}") from None
+        self.generation = generation
+        log.info("event=slice_published slice=%s generation=%d devices=%s", self.name, generation,
+                 ",".join(d["name"] for d in devices) or "none")
+        self._delete_others()
+
+    def _read_slice(self) -> dict[str, Any] | None:
+        try:
+            return read_object(self.resource.read_resource_slice(self.name, _preload_content=False,
+                                                                 _request_timeout=_TIMEOUT))
+        except Exception as exc:
+            error = translate(exc, f"read ResourceSlice {self.name}")
+            if isinstance(error, NotFoundError):
+                return None
+            raise error from None
+
+    def _owner(self) -> list[dict[str, Any]] | None:
+        """The owner reference to this node's Node object (None while there is no such object)."""
+        try:
+            node = read_object(self.core.read_node(self.node, _preload_content=False, _request_timeout=_TIMEOUT))
+        except Exception as exc:
+            error = translate(exc, f"read Node {self.node}")
+            if isinstance(error, NotFoundError):
+                return None
+            raise error from None
+        uid = (node.get("metadata") or {}).get("uid")
+        if not uid:
+            return None
+        return [{"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid, "controller": True}]
+
+    def _delete_others(self) -> None:
+        """Delete our driver's slices for this node that are not ours by name (left by an older naming)."""
+        try:
+            listed = read_object(self.resource.list_resource_slice(field_selector=f"spec.nodeName={self.node}",
+                                                                   _preload_content=False, _request_timeout=_TIMEOUT))
+        except Exception as exc:
+            raise translate(exc, "list ResourceSlices") from None
+        for item in listed.get("items") or ():
+            name = str((item.get("metadata") or {}).get("name") or "")
+            if (item.get("spec") or {}).get("driver") != DRIVER or name in ("", self.name):
+                continue
+            try:
+                read_json(self.resource.delete_resource_slice(name, _preload_content=False, _request_timeout=_TIMEOUT))
+                log.info("event=stale_slice_deleted slice=%s", name)
+            except Exception as exc:
+                error = translate(exc, f"delete ResourceSlice {name}")
+                if not isinstance(error, NotFoundError):
+                    raise error from None

@@ -1,0 +1,640 @@
+"""TEST INFRASTRUCTURE: kubelet's Dynamic Resource Allocation side (DRA plugins, claim preparation, CDI edits).
+
+Written from kubelet's published behaviour (pkg/kubelet/cm/dra and the plugin manager), never from the DRA plugin
+it tests. `DRAKubelet` bundles:
+
+* `DRAPlugins`, the handler of plugin type `DRAPlugin` for the plugin watcher (testbed/plugin_watcher.py): a plugin
+  must offer version `v1.DRAPlugin`; its endpoint (an absolute socket path) must answer within `connect_timeout`;
+  a later registration of the same driver takes over, and when its socket goes the earlier one (if still there)
+  serves again; a re-registered driver gets its pending unprepares retried at once;
+* `DRAManager.prepare(pod)`, what kubelet does before a pod's containers start: each of `spec.resourceClaims` is
+  resolved to a ResourceClaim name (`resourceClaimName`, or for a template the pod's
+  `status.resourceClaimStatuses` entry, whose claim must be owned by the pod; no name there means nothing to do),
+  plus the special claim of `status.extendedResourceClaimStatus`; each claim is read from the API server and must be
+  reserved for the pod (`status.reservedFor` has its UID) and allocated; its drivers must be registered;
+  NodePrepareResources is called once per driver with all its claims not prepared yet (a claim shared by pods is
+  prepared once; the claim cache counts the pods using it); a per-claim error, an answer for an unknown claim or a
+  missing answer fails with a message naming the claim. The CDI device IDs returned are then resolved per container
+  (the claims it lists in `resources.claims[]`, narrowed to the devices of `request` when one is named; for the
+  extended-resource claim, the requests mapped to the container's DRA-backed extended resources) against the CDI
+  specs on disk (testbed/cdi.py); an unknown ID fails the preparation too;
+* `DRAManager.unprepare(pod_uid)`, once the pod's containers are gone: claims no other pod uses are unprepared with
+  NodeUnprepareResources, per driver and batched, from a worker thread; a failure is retried `unprepare_attempts`
+  times with a growing delay, then logged and parked until the driver registers again.
+
+The claim cache is kept in `state_file` (JSON) when one is given, so a restarted node agent still knows which claims
+are prepared for which pods, as kubelet's checkpoint does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from vgpu.proto.dra.v1 import api_pb2 as dra
+from vgpu.proto.dra.v1 import api_pb2_grpc as dra_grpc
+from vgpu.testbed.cdi import CDIError, CDIRegistry, ContainerEdits
+from vgpu.testbed.plugin_watcher import PluginWatcher
+
+__all__ = [
+    "PLUGIN_TYPE",
+    "SUPPORTED_VERSIONS",
+    "ClaimInfo",
+    "DRAKubelet",
+    "DRAManager",
+    "DRAPlugins",
+    "DriverRegistration",
+    "PodPreparation",
+    "PrepareError",
+    "PreparedDevice",
+]
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+PLUGIN_TYPE = "DRAPlugin"
+SUPPORTED_VERSIONS = ("v1.DRAPlugin",)
+"""Service versions this stand-in speaks, preferred first."""
+
+
+class PrepareError(Exception):
+    """A pod's claims could not be prepared; kubelet keeps the pod waiting and tries again."""
+
+
+@dataclass(slots=True)
+class DriverRegistration:
+    """A registered DRA plugin: its driver name, service endpoint and the registration socket it came from."""
+
+    name: str
+    endpoint: str
+    socket: Path
+    versions: tuple[str, ...]
+    channel: grpc.Channel
+    stub: dra_grpc.DRAPluginStub
+
+
+class DRAPlugins:
+    """Registered DRA drivers (the plugin watcher's handler for type `DRAPlugin`)."""
+
+    def __init__(self, connect_timeout: float = 2.0) -> None:
+        self.connect_timeout = connect_timeout
+        self.cond = threading.Condition()
+        self._by_name: dict[str, list[DriverRegistration]] = {}  # newest last
+        self.registrations = 0  # successful registrations so far
+        self.on_registered: list[Callable[[str], None]] = []
+
+    def validate_plugin(self, name: str, endpoint: str, versions: list[str]) -> None:
+        """ValueError unless the plugin names itself and its endpoint and offers a version we speak."""
+        if not name:
+            raise ValueError("DRA plugin: empty driver name")
+        if not any(v in versions for v in SUPPORTED_VERSIONS):
+            raise ValueError(f"DRA plugin {name}: none of the versions {versions} is supported "
+                             f"(supported: {', '.join(SUPPORTED_VERSIONS)})")
+        if not endpoint or not os.path.isabs(endpoint):
+            raise ValueError(f"DRA plugin {name}: endpoint {endpoint!r} is not an absolute socket path")
+
+    def register_plugin(self, name: str, endpoint: str, versions: list[str], socket: Path) -> None:
+        """Dial the endpoint and take the driver into use; ValueError when it does not answer."""
+        channel = grpc.insecure_channel(f"unix://{endpoint}")
+        try:
+            grpc.channel_ready_future(channel).result(timeout=self.connect_timeout)
+        except grpc.FutureTimeoutError:
+            channel.close()
+            raise ValueError(f"DRA plugin {name}: endpoint {endpoint} is not reachable") from None
+        entry = DriverRegistration(name, endpoint, socket, tuple(versions), channel,
+                                   dra_grpc.DRAPluginStub(channel))
+        with self.cond:
+            stack = self._by_name.setdefault(name, [])
+            for old in [r for r in stack if r.socket == socket]:
+                stack.remove(old)
+                old.channel.close()
+            stack.append(entry)
+            self.registrations += 1
+            self.cond.notify_all()
+        log.info("event=dra-driver-registered driver=%s endpoint=%s", name, endpoint)
+        for callback in self.on_registered:
+            callback(name)
+
+    def deregister_plugin(self, name: str, socket: Path) -> None:
+        """Forget the registration made through `socket` (an earlier one of the driver serves again)."""
+        with self.cond:
+            stack = self._by_name.get(name, [])
+            for old in [r for r in stack if r.socket == socket]:
+                stack.remove(old)
+                old.channel.close()
+            if not stack:
+                self._by_name.pop(name, None)
+            self.cond.notify_all()
+        log.info("event=dra-driver-deregistered driver=%s socket=%s", name, socket)
+
+    def get(self, name: str) -> DriverRegistration | None:
+        """The registration in use for a driver, or None."""
+        with self.cond:
+            stack = self._by_name.get(name)
+            return stack[-1] if stack else None
+
+    def _wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, 0.1))
+            return True
+
+    def wait_registered(self, name: str, present: bool = True, timeout: float = 10.0) -> bool:
+        """Wait until the driver is registered (or, with present=False, no longer); False on timeout."""
+        return self._wait(lambda: bool(self._by_name.get(name)) == present, timeout)
+
+    def wait_for_endpoint(self, name: str, endpoint: str, timeout: float = 10.0) -> bool:
+        """Wait until the driver's registration in use has this endpoint; False on timeout."""
+        return self._wait(lambda: bool(self._by_name.get(name)) and self._by_name[name][-1].endpoint == endpoint,
+                          timeout)
+
+    def drivers(self) -> dict[str, str]:
+        """Driver name -> endpoint in use."""
+        with self.cond:
+            return {name: stack[-1].endpoint for name, stack in self._by_name.items() if stack}
+
+    def close(self) -> None:
+        """Close every connection."""
+        with self.cond:
+            for stack in self._by_name.values():
+                for entry in stack:
+                    entry.channel.close()
+            self._by_name.clear()
+
+
+@dataclass(slots=True)
+class PreparedDevice:
+    """One device a driver prepared for a claim."""
+
+    driver: str
+    pool: str
+    device: str
+    request_names: list[str]
+    cdi_device_ids: list[str]
+    share_id: str | None = None
+
+    def serves(self, request: str) -> bool:
+        """Whether a container asking for `request` ("" = the whole claim) gets this device; a subrequest
+        `request/alternative` of firstAvailable serves its request."""
+        if not request or not self.request_names:
+            return True
+        return any(n == request or n.startswith(request + "/") for n in self.request_names)
+
+
+@dataclass(slots=True)
+class ClaimInfo:
+    """The claim cache's entry for one ResourceClaim on this node."""
+
+    uid: str
+    namespace: str
+    name: str
+    drivers: list[str]
+    pod_uids: set[str] = field(default_factory=set)
+    devices: dict[str, list[PreparedDevice]] = field(default_factory=dict)  # per driver that prepared it
+    unprepared: set[str] = field(default_factory=set)  # drivers that unprepared it
+    attempts: int = 0  # failed unprepare attempts
+    next_try: float = 0.0
+
+    @property
+    def prepared(self) -> bool:
+        """Every driver of the claim prepared it."""
+        return all(d in self.devices for d in self.drivers)
+
+    def as_claim(self) -> dra.Claim:
+        """The claim's identity on the wire."""
+        return dra.Claim(namespace=self.namespace, uid=self.uid, name=self.name)
+
+
+@dataclass(slots=True)
+class PodPreparation:
+    """What preparing a pod gave: the claims it uses and, per container, the CDI devices and their edits."""
+
+    uid: str
+    claims: list[str]
+    cdi_devices: dict[str, list[str]]
+    edits: dict[str, ContainerEdits]
+
+
+def _claim_from_dict(raw: Obj) -> ClaimInfo:
+    info = ClaimInfo(uid=raw["uid"], namespace=raw["namespace"], name=raw["name"], drivers=list(raw["drivers"]),
+                     pod_uids=set(raw.get("pod_uids") or ()), unprepared=set(raw.get("unprepared") or ()))
+    info.devices = {driver: [PreparedDevice(**d) for d in devices]
+                    for driver, devices in (raw.get("devices") or {}).items()}
+    return info
+
+
+class DRAManager:
+    """Prepares and unprepares a node's ResourceClaims (see the module docstring)."""
+
+    def __init__(self, api_client: Any, plugins: DRAPlugins, cdi: CDIRegistry, state_file: Path | None = None,
+                 rpc_timeout: float = 10.0, unprepare_attempts: int = 5, retry_delay: float = 0.2) -> None:
+        from kubernetes import client as k8s
+
+        self.resource = k8s.ResourceV1Api(api_client)
+        self.plugins = plugins
+        self.cdi = cdi
+        self.state_file = state_file
+        self.rpc_timeout = rpc_timeout
+        self.unprepare_attempts = unprepare_attempts
+        self.retry_delay = retry_delay
+        self.cond = threading.Condition()
+        self.claims: dict[tuple[str, str], ClaimInfo] = {}  # (namespace, name) -> entry
+        self.pending: dict[str, ClaimInfo] = {}  # claim uid -> entry no pod uses any more, to unprepare
+        self.pods: dict[str, PodPreparation] = {}  # pod uid -> last successful preparation
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._load()
+        plugins.on_registered.append(self._driver_back)
+
+    # -- lifecycle
+    def start(self) -> DRAManager:
+        """Start the unprepare worker."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._unprepare_loop, name="dra-unprepare", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the worker (pending unprepares stay in the state file)."""
+        self._stop.set()
+        with self.cond:
+            self.cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+        """Wait until `predicate()` (evaluated under the lock) holds; False on timeout."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(min(left, 0.1))
+            return True
+
+    # -- state file
+    def _load(self) -> None:
+        if self.state_file is None or not self.state_file.exists():
+            return
+        try:
+            raw = json.loads(self.state_file.read_text())
+            claims = [_claim_from_dict(c) for c in raw.get("claims") or ()]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("event=dra-state-unreadable path=%s error=%s", self.state_file, exc)
+            return
+        for info in claims:
+            if info.pod_uids:
+                self.claims[(info.namespace, info.name)] = info
+            else:
+                self.pending[info.uid] = info
+
+    def _save(self) -> None:
+        """Write the claim cache (callers hold the lock)."""
+        if self.state_file is None:
+            return
+        entries = list(self.claims.values()) + [c for c in self.pending.values()
+                                                 if self.claims.get((c.namespace, c.name)) is not c]
+        data = {"claims": [{**asdict(c), "pod_uids": sorted(c.pod_uids), "unprepared": sorted(c.unprepared)}
+                           for c in entries]}
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.state_file)
+
+    # -- prepare
+    def prepare(self, pod: Mapping[str, Any]) -> PodPreparation:
+        """Prepare the pod's claims and resolve each container's CDI edits; PrepareError says why not."""
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        namespace = str(meta.get("namespace") or "default")
+        by_pod_claim, extended = self._claim_names(pod)
+        names = list(dict.fromkeys([n for n in by_pod_claim.values() if n] + ([extended] if extended else [])))
+        owned = {n for pc, n in by_pod_claim.items() if n and self._from_template(pod, pc)}
+        claims = [self._fetch(pod, name, must_own=name in owned) for name in names]
+        batches: dict[str, list[ClaimInfo]] = {}
+        with self.cond:
+            for claim in claims:
+                cmeta = claim["metadata"]
+                drivers = list(dict.fromkeys(r.get("driver") or "" for r in _results(claim)))
+                key = (namespace, cmeta["name"])
+                info = self.claims.get(key)
+                if info is None:
+                    info = self.pending.pop(cmeta["uid"], None) or ClaimInfo(cmeta["uid"], namespace, cmeta["name"],
+                                                                             drivers)
+                    for driver in info.unprepared:  # a claim taken back before all its drivers unprepared it
+                        info.devices.pop(driver, None)
+                    info.unprepared.clear()
+                    self.claims[key] = info
+                elif info.uid != cmeta["uid"]:
+                    raise PrepareError(f"an older ResourceClaim {cmeta['name']} with UID {info.uid} is still in use "
+                                       f"on this node (the new one has UID {cmeta['uid']})")
+                info.pod_uids.add(uid)
+                for driver in info.drivers:
+                    if driver not in info.devices:
+                        batches.setdefault(driver, []).append(info)
+            self._save()
+        for driver, infos in batches.items():
+            self._prepare_batch(driver, infos)
+        edits, devices = self._container_edits(pod, by_pod_claim, extended)
+        preparation = PodPreparation(uid=uid, claims=names, cdi_devices=devices, edits=edits)
+        with self.cond:
+            self.pods[uid] = preparation
+            self.cond.notify_all()
+        return preparation
+
+    @staticmethod
+    def _from_template(pod: Mapping[str, Any], pod_claim: str) -> bool:
+        for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+            if entry.get("name") == pod_claim:
+                return not entry.get("resourceClaimName")
+        return False
+
+    @staticmethod
+    def _claim_names(pod: Mapping[str, Any]) -> tuple[dict[str, str | None], str | None]:
+        """pod claim name -> ResourceClaim name (None: no claim was generated), and the extended-resource claim."""
+        meta = pod.get("metadata") or {}
+        status = pod.get("status") or {}
+        generated = {s.get("name"): s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or ()}
+        out: dict[str, str | None] = {}
+        for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+            name = str(entry.get("name") or "")
+            if entry.get("resourceClaimName"):
+                out[name] = str(entry["resourceClaimName"])
+            elif entry.get("resourceClaimTemplateName"):
+                if name not in generated:
+                    raise PrepareError(f"pod {meta.get('namespace')}/{meta.get('name')}: no ResourceClaim generated "
+                                       f"yet for {name!r} (status.resourceClaimStatuses has no entry)")
+                out[name] = generated[name] or None
+            else:
+                raise PrepareError(f"pod {meta.get('namespace')}/{meta.get('name')}: resourceClaims entry {name!r} "
+                                   "names neither resourceClaimName nor resourceClaimTemplateName")
+        extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName") or None
+        return out, extended
+
+    def _fetch(self, pod: Mapping[str, Any], name: str, must_own: bool) -> Obj:
+        from kubernetes.client.exceptions import ApiException
+
+        from vgpu.kube.client import read_json
+
+        meta = pod.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        namespace = str(meta.get("namespace") or "default")
+        try:
+            claim: Obj = read_json(self.resource.read_namespaced_resource_claim(name, namespace,
+                                                                                _preload_content=False))
+        except ApiException as exc:
+            raise PrepareError(f"fetch ResourceClaim {name}: {exc.status} {exc.reason}") from None
+        except Exception as exc:
+            raise PrepareError(f"fetch ResourceClaim {name}: {type(exc).__name__}: {exc}") from None
+        cmeta = claim.get("metadata") or {}
+        if must_own and not any(o.get("uid") == uid and o.get("controller")
+                                for o in cmeta.get("ownerReferences") or ()):
+            raise PrepareError(f"ResourceClaim {name} was not created for pod {namespace}/{meta.get('name')} "
+                               "(the pod is not its owner)")
+        status = claim.get("status") or {}
+        if not any(r.get("uid") == uid for r in status.get("reservedFor") or ()):
+            raise PrepareError(f"pod {meta.get('name')} ({uid}) is not allowed to use ResourceClaim {name} "
+                               f"({cmeta.get('uid')}): it is not reserved for the pod")
+        if not status.get("allocation"):
+            raise PrepareError(f"ResourceClaim {name} is not allocated")
+        if not _results(claim):
+            raise PrepareError(f"ResourceClaim {name}: its allocation has no device results")
+        for driver in dict.fromkeys(r.get("driver") or "" for r in _results(claim)):
+            if self.plugins.get(driver) is None:
+                raise PrepareError(f"ResourceClaim {name}: DRA driver {driver} is not registered")
+        return claim
+
+    def _prepare_batch(self, driver: str, infos: list[ClaimInfo]) -> None:
+        plugin = self.plugins.get(driver)
+        if plugin is None:
+            raise PrepareError(f"DRA driver {driver} is not registered")
+        request = dra.NodePrepareResourcesRequest(claims=[i.as_claim() for i in infos])
+        try:
+            response = plugin.stub.NodePrepareResources(request, timeout=self.rpc_timeout)
+        except grpc.RpcError as exc:
+            raise PrepareError(f"NodePrepareResources ({driver}): {_rpc_error(exc)}") from None
+        by_uid = {i.uid: i for i in infos}
+        for claim_uid, result in response.claims.items():
+            info = by_uid.get(claim_uid)
+            if info is None:
+                raise PrepareError(f"NodePrepareResources ({driver}) answered for unknown claim UID {claim_uid}")
+            if result.error:
+                raise PrepareError(f"NodePrepareResources failed for ResourceClaim {info.name}: {result.error}")
+            devices = [PreparedDevice(driver, d.pool_name, d.device_name, list(d.request_names),
+                                      list(d.cdi_device_ids), d.share_id if d.HasField("share_id") else None)
+                       for d in result.devices]
+            with self.cond:
+                info.devices[driver] = devices
+                self._save()
+            log.info("event=dra-claim-prepared driver=%s claim=%s/%s devices=%d", driver, info.namespace,
+                     info.name, len(devices))
+        missing = [i.name for i in infos if i.uid not in response.claims]
+        if missing:
+            raise PrepareError(f"NodePrepareResources ({driver}) skipped {len(missing)} ResourceClaims: "
+                               f"{', '.join(missing)}")
+
+    def _container_edits(self, pod: Mapping[str, Any], by_pod_claim: Mapping[str, str | None],
+                         extended: str | None) -> tuple[dict[str, ContainerEdits], dict[str, list[str]]]:
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+        spec = pod.get("spec") or {}
+        mappings = ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get("requestMappings") or ()
+        edits: dict[str, ContainerEdits] = {}
+        devices: dict[str, list[str]] = {}
+        for ctr in list(spec.get("initContainers") or ()) + list(spec.get("containers") or ()):
+            name = str(ctr.get("name") or "")
+            wanted: list[tuple[str, str]] = []
+            for ref in (ctr.get("resources") or {}).get("claims") or ():
+                claim = by_pod_claim.get(str(ref.get("name") or ""))
+                if claim:
+                    wanted.append((claim, str(ref.get("request") or "")))
+            if extended:
+                asked = _extended_resources(ctr)
+                wanted += [(extended, str(m.get("requestName") or "")) for m in mappings
+                           if m.get("containerName") == name and m.get("resourceName") in asked]
+            ids: list[str] = []
+            with self.cond:
+                for claim, request in wanted:
+                    info = self.claims.get((namespace, claim))
+                    if info is None:
+                        raise PrepareError(f"container {name}: ResourceClaim {claim} is not prepared")
+                    for per_driver in info.devices.values():
+                        for device in per_driver:
+                            if device.serves(request):
+                                ids.extend(device.cdi_device_ids)
+            ids = list(dict.fromkeys(ids))
+            if not ids:
+                continue
+            try:
+                edits[name] = self.cdi.resolve(ids)
+            except CDIError as exc:
+                raise PrepareError(f"container {name}: {exc}") from None
+            devices[name] = ids
+        return edits, devices
+
+    # -- unprepare
+    def unprepare(self, pod_uid: str) -> None:
+        """The pod's containers are gone: queue its claims that no other pod uses for NodeUnprepareResources."""
+        with self.cond:
+            self.pods.pop(pod_uid, None)
+            for key, info in list(self.claims.items()):
+                if pod_uid not in info.pod_uids:
+                    continue
+                info.pod_uids.discard(pod_uid)
+                if not info.pod_uids:
+                    del self.claims[key]
+                    info.attempts, info.next_try = 0, 0.0
+                    self.pending[info.uid] = info
+            self._save()
+            self.cond.notify_all()
+
+    def prepared_claims(self, pod_uid: str) -> list[ClaimInfo]:
+        """The cache entries a pod uses."""
+        with self.cond:
+            return [info for info in self.claims.values() if pod_uid in info.pod_uids]
+
+    def _driver_back(self, driver: str) -> None:
+        with self.cond:
+            for info in self.pending.values():
+                if driver in info.drivers:
+                    info.next_try = 0.0
+            self.cond.notify_all()
+
+    def _unprepare_loop(self) -> None:
+        while not self._stop.is_set():
+            with self.cond:
+                now = time.monotonic()
+                due = [i for i in self.pending.values() if i.next_try <= now]
+                if not due:
+                    soonest = min((i.next_try for i in self.pending.values()), default=math.inf)
+                    self.cond.wait(min(1.0, max(0.01, soonest - now)))
+                    continue
+            batches: dict[str, list[ClaimInfo]] = {}
+            for info in due:
+                for driver in info.drivers:
+                    if driver not in info.unprepared:
+                        batches.setdefault(driver, []).append(info)
+            failed: dict[str, str] = {}  # claim uid -> error
+            for driver, infos in batches.items():
+                failed.update(self._unprepare_batch(driver, infos))
+            with self.cond:
+                for info in due:
+                    if info.uid in failed:
+                        info.attempts += 1
+                        if info.attempts >= self.unprepare_attempts:
+                            info.next_try = math.inf
+                            log.warning("event=dra-unprepare-gave-up claim=%s/%s attempts=%d error=%s",
+                                        info.namespace, info.name, info.attempts, failed[info.uid])
+                        else:
+                            info.next_try = time.monotonic() + self.retry_delay * 2 ** (info.attempts - 1)
+                    elif all(d in info.unprepared for d in info.drivers):
+                        self.pending.pop(info.uid, None)
+                        log.info("event=dra-claim-unprepared claim=%s/%s", info.namespace, info.name)
+                self._save()
+                self.cond.notify_all()
+
+    def _unprepare_batch(self, driver: str, infos: list[ClaimInfo]) -> dict[str, str]:
+        plugin = self.plugins.get(driver)
+        if plugin is None:
+            return {i.uid: f"DRA driver {driver} is not registered" for i in infos}
+        request = dra.NodeUnprepareResourcesRequest(claims=[i.as_claim() for i in infos])
+        try:
+            response = plugin.stub.NodeUnprepareResources(request, timeout=self.rpc_timeout)
+        except grpc.RpcError as exc:
+            return {i.uid: f"NodeUnprepareResources ({driver}): {_rpc_error(exc)}" for i in infos}
+        failed = {}
+        for info in infos:
+            result = response.claims.get(info.uid)
+            if result is None:
+                failed[info.uid] = f"NodeUnprepareResources ({driver}) skipped ResourceClaim {info.name}"
+            elif result.error:
+                failed[info.uid] = f"NodeUnprepareResources failed for ResourceClaim {info.name}: {result.error}"
+            else:
+                with self.cond:
+                    info.unprepared.add(driver)
+        for uid, error in failed.items():
+            log.info("event=dra-unprepare-failed driver=%s claim_uid=%s error=%s", driver, uid, error)
+        return failed
+
+
+def _results(claim: Mapping[str, Any]) -> list[Obj]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return list((allocation.get("devices") or {}).get("results") or ())
+
+
+def _extended_resources(container: Mapping[str, Any]) -> set[str]:
+    """Names the container asks for a non-zero amount of (requests, or limits, which default requests)."""
+    from vgpu.quantity import parse_quantity
+
+    resources = container.get("resources") or {}
+    asked: set[str] = set()
+    for table in (resources.get("limits") or {}, resources.get("requests") or {}):
+        for name, raw in table.items():
+            try:
+                if parse_quantity(raw) != 0:
+                    asked.add(str(name))
+            except ValueError:
+                continue
+    return asked
+
+
+def _rpc_error(exc: grpc.RpcError) -> str:
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    details = exc.details() if isinstance(exc, grpc.Call) else str(exc)
+    return f"{code.name if code else 'error'}: {details}"
+
+
+class DRAKubelet:
+    """The DRA side of one node's kubelet: plugin watcher, registered drivers, claim manager, CDI registry."""
+
+    def __init__(self, registry_dir: str | Path, cdi_dirs: Iterable[str | Path], api_client: Any,
+                 state_file: Path | None = None, rpc_timeout: float = 10.0, unprepare_attempts: int = 5,
+                 retry_delay: float = 0.2, watch_interval: float = 0.1) -> None:
+        self.plugins = DRAPlugins()
+        self.watcher = PluginWatcher(registry_dir, {PLUGIN_TYPE: self.plugins}, interval=watch_interval)
+        self.cdi = CDIRegistry(list(cdi_dirs))
+        self.manager = DRAManager(api_client, self.plugins, self.cdi, state_file=state_file, rpc_timeout=rpc_timeout,
+                                  unprepare_attempts=unprepare_attempts, retry_delay=retry_delay)
+
+    def start(self) -> DRAKubelet:
+        """Start watching for plugins and the unprepare worker."""
+        for directory in self.cdi.dirs:
+            directory.mkdir(parents=True, exist_ok=True)
+        self.manager.start()
+        self.watcher.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching, stop the worker, close plugin connections."""
+        self.watcher.stop()
+        self.manager.stop()
+        self.plugins.close()
+
+    def drivers(self) -> dict[str, str]:
+        """Registered driver -> endpoint."""
+        return self.plugins.drivers()
+
+    def status(self) -> dict[str, Any]:
+        """Registered drivers, rejected plugin sockets, and per pod the prepared claims and container edits."""
+        with self.manager.cond:
+            pods = {uid: {"claims": list(p.claims), "cdiDevices": dict(p.cdi_devices),
+                          "edits": {name: e.as_dict() for name, e in p.edits.items()}}
+                    for uid, p in self.manager.pods.items()}
+            pending = sorted(f"{i.namespace}/{i.name}" for i in self.manager.pending.values())
+        with self.watcher.cond:
+            rejected = {str(path): error for path, error in self.watcher.rejected.items()}
+        return {"drivers": self.drivers(), "rejected": rejected, "pods": pods, "pendingUnprepare": pending}
