@@ -244,12 +244,12 @@ class LocalCluster:
         self.gpus = gpus
         self.node_cpu, self.node_memory = node_cpu, node_memory
         self.log_level = log_level
-        self.scheduler_args = list(scheduler_args)
+        self.scheduler_args = list(scheduler_args) + (["--dra"] if dra else [])
         self.plugin_args = list(plugin_args)
         self.unschedulable_flush = unschedulable_flush
         from vgpu.testbed.scheduler_driver import find_deploy_config
 
-        config = scheduler_config or find_deploy_config()
+        config = scheduler_config or find_deploy_config(dra=dra)
         if config is None:
             # deploy/ has no KubeSchedulerConfiguration in this tree: fall back to the driver's built-in copy
             self.scheduler_config: str | None = None

@@ -192,9 +192,9 @@ def run_dra_demo(args: argparse.Namespace) -> int:
     status = 1
     old_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        print(f"vgpu demo --dra: starting {nodes} node(s) x {gpus} in {workdir}", file=out, flush=True)
+        print(f"vgpu demo: starting {nodes} node(s) x {gpus} in {workdir}", file=out, flush=True)
         cluster.start()
-        print(f"vgpu demo --dra: up; API server {cluster.url}; kubeconfig {cluster.kubeconfig}", file=out, flush=True)
+        print(f"vgpu demo: up; API server {cluster.url}; kubeconfig {cluster.kubeconfig}", file=out, flush=True)
         for body in classes:
             cluster.api_post("/apis/resource.k8s.io/v1/deviceclasses", body)
         count, card = _smallest_card(cluster.resource_get("resourceslices"))
@@ -202,7 +202,7 @@ def run_dra_demo(args: argparse.Namespace) -> int:
         shares, later, share_mib = sample_claim_pods(count, card, hold)
         cluster.api_post(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaimtemplates",
                          claim_template(share_mib))
-        print(f"vgpu demo --dra: {count} GPU(s); {len(shares)} pods claim {share_mib} MiB and {SHARE_CORES} % each",
+        print(f"vgpu demo: {count} GPU(s); {len(shares)} pods claim {share_mib} MiB and {SHARE_CORES} % each",
               file=out, flush=True)
         for pod in shares:
             cluster.create_pod(pod)
@@ -218,7 +218,7 @@ def run_dra_demo(args: argparse.Namespace) -> int:
                               for p in shares):
                 for pod in queued:
                     cluster.create_pod(pod)
-                    print(f"vgpu demo --dra: submitted {pod['metadata']['name']}", file=out, flush=True)
+                    print(f"vgpu demo: submitted {pod['metadata']['name']}", file=out, flush=True)
                 queued = []
             if not queued and all(_phase(pods.get(p["metadata"]["name"])) in ("Succeeded", "Failed")
                                   for p in submitted):
@@ -234,13 +234,13 @@ def run_dra_demo(args: argparse.Namespace) -> int:
             print(line, file=out)
         kept = args.workdir or args.keep_workdir or not ok
         where = f"logs in {workdir}/logs and {workdir}/node-*/logs" if kept else "--keep-workdir keeps the logs"
-        print(f"vgpu demo --dra: {'PASS' if ok else 'FAIL'}: {len(submitted)} pod(s); {where}", file=out, flush=True)
+        print(f"vgpu demo: {'PASS' if ok else 'FAIL'}: {len(submitted)} pod(s); {where}", file=out, flush=True)
         status = 0 if ok else 1
     except KeyboardInterrupt:
-        print("\nvgpu demo --dra: interrupted, stopping", file=out, flush=True)
+        print("\nvgpu demo: interrupted, stopping", file=out, flush=True)
         status = 130
     except (RuntimeError, TimeoutError, OSError) as exc:
-        print(f"vgpu demo --dra: {exc}", file=sys.stderr, flush=True)
+        print(f"vgpu demo: {exc}", file=sys.stderr, flush=True)
         status = 1
     finally:
         cluster.stop()

@@ -296,13 +296,15 @@ def load_scheduler_config(path: str | Path) -> SchedulerConfig:
     return parse_scheduler_config(text, str(path))
 
 
-def find_deploy_config(root: str | Path | None = None) -> Path | None:
-    """The file under deploy/ that holds the KubeSchedulerConfiguration, or None if deploy/ has none yet."""
+def find_deploy_config(root: str | Path | None = None, dra: bool = False) -> Path | None:
+    """The file under deploy/ that holds the KubeSchedulerConfiguration (with `dra`, DRA mode's, under deploy/dra/),
+    or None if deploy/ has none yet."""
     base = Path(root) if root else Path(__file__).resolve().parents[1]
     deploy = base / "deploy"
     if not deploy.is_dir():
         return None
-    candidates = sorted(deploy.rglob("*.yaml")) + sorted(deploy.rglob("*.yml"))
+    candidates = [p for p in sorted(deploy.rglob("*.yaml")) + sorted(deploy.rglob("*.yml"))
+                  if (p.relative_to(deploy).parts[0] == "dra") == dra]
     candidates.sort(key=lambda p: (0 if "scheduler" in str(p.relative_to(deploy)) else 1, str(p)))
     for path in candidates:
         try:
