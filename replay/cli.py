@@ -34,6 +34,10 @@ def register(subparsers: Any) -> None:
         default=None,
         help=f"node policy to replay (repeatable; 'ours' = {OURS}); default: fgd, bestfit, ours",
     )
+    p.add_argument("--mode", default="deviceplugin", choices=("deviceplugin", "dra", "dra-naive"),
+                   help="who picks the GPUs inside the chosen node: deviceplugin (our fit), dra (kube-scheduler's "
+                   "allocator, first fit, with our policy scoring nodes on that choice), dra-naive (the allocator's "
+                   "first fit on the node chosen as in deviceplugin mode); docs/dra.md")
     p.add_argument("--variant", default="", help="replay a variant derived from the pod list (replay/variants.py: "
                    "multigpu30, gpuspec25, nodes4, ...)")
     p.add_argument("--seeds", type=int, default=10, help="number of seeds, 42, 43, ... (default 10)")
@@ -102,6 +106,8 @@ def _main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--ratio: {ratio} is outside 1.0..3.0")
     if args.time_scale is not None and (not args.departures or args.time_scale <= 0):
         raise ConfigError("--time-scale: needs --departures and a positive value")
+    if args.departures and args.mode != "deviceplugin":
+        raise ConfigError("--mode: the departures replay runs in deviceplugin mode only")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     Trace.load(args.nodes, args.pods)  # a bad file is one error line before any progress is drawn
     progress = _Progress(not args.no_progress)
@@ -115,7 +121,8 @@ def _main(args: argparse.Namespace) -> int:
         rows = [r.summary() for r in departures]
         table = format_departures_table(summarise_departures(departures, names))
     else:
-        results = run_many(args.nodes, args.pods, names, seeds, runner=run_one, **common)
+        runner_one = functools.partial(run_one, mode=args.mode)
+        results = run_many(args.nodes, args.pods, names, seeds, runner=runner_one, **common)
         rows = [r.summary() for r in results]
         table = format_table(summarise(results, names))
     print(json.dumps({"results": rows}) if args.json else table)

@@ -6,6 +6,12 @@ Each pod in the seed's arrival sequence (`replay.arrivals`) first goes through k
 node comparison (ties go to the node's seed rank). The chosen node is charged; a pod that fits nowhere fails and is
 not retried. Results are the unallocated GPU share when arrivals reach 100 % and 130 % of capacity.
 
+`mode` says who picks the GPUs inside the chosen node (`MODES`): `deviceplugin`, our fit with the policy's GPU
+order (the extender's grant is what the device plugin serves); `dra`, kube-scheduler's structured-parameters
+allocator (first fit in slice order, `lowest_index_order`), with our policy scoring each node on the devices the
+allocator will take there (what the extender does in DRA mode, docs/dra.md); `dra-naive`, the node our policy picks
+in device-plugin mode, and then the allocator's first fit on it (a node policy that ignores who picks the device).
+
 Two things differ from a live cluster, on purpose: CPU-only pods are placed by the policy too, as the FGD protocol
 does (in a cluster kube-scheduler places them without the extender), and pods never leave.
 Called by `vgpu replay` (replay/cli.py) and bench/.
@@ -24,13 +30,17 @@ from vgpu.replay.arrivals import arrival_sequence
 from vgpu.replay.cluster import ReplayCluster
 from vgpu.replay.trace import Trace, TracePod
 from vgpu.replay.variants import derive
+from vgpu.scheduler.fit import fit
 from vgpu.scheduler.nodestate import NodeState, gpu_types
-from vgpu.scheduler.placement import REFRESH_BUDGET, Placement, PodShape
+from vgpu.scheduler.placement import REFRESH_BUDGET, Choice, Placement, PodShape
 from vgpu.scheduler.policies import make_policy
 from vgpu.scheduler.policies.base import NodePolicy
+from vgpu.scheduler.policies.shares import lowest_index_order
 
-__all__ = ["Candidates", "RunResult", "curve", "load_trace", "new_placement", "prepare_policy", "replay", "run_many",
-           "run_one"]
+__all__ = ["MODES", "Candidates", "RunResult", "curve", "load_trace", "new_placement", "prepare_policy", "replay",
+           "run_many", "run_one"]
+
+MODES = ("deviceplugin", "dra", "dra-naive")
 
 
 @dataclass(slots=True)
@@ -45,10 +55,12 @@ class RunResult:
     seconds: float
     pods: int = 0
     curve: list[float] = field(default_factory=list)  # unallocated % at arrived 0..130
+    mode: str = "deviceplugin"
 
     def summary(self) -> dict[str, object]:
-        """The JSON row of `vgpu replay --json`."""
-        return {
+        """The JSON row of `vgpu replay --json` (`mode` only when it is not device-plugin mode)."""
+        row: dict[str, object] = {"mode": self.mode} if self.mode != "deviceplugin" else {}
+        return row | {
             "policy": self.policy,
             "seed": self.seed,
             "unallocated_pct_at_100": round(self.unallocated_pct_at_100, 4),
@@ -100,9 +112,14 @@ class Candidates(Sequence[NodeState]):
         return self.states[int(self.indices[i])]
 
 
-def new_placement(cluster: ReplayCluster, policy: NodePolicy, seed: int, refresh_budget: int) -> Placement:
-    """The extender's placement loop in decide mode over the cluster's nodes (slot = node index)."""
-    placement = Placement(policy, decide=True, refresh_budget=refresh_budget, seed=seed)
+def new_placement(cluster: ReplayCluster, policy: NodePolicy, seed: int, refresh_budget: int,
+                  mode: str = "deviceplugin") -> Placement:
+    """The extender's placement loop in decide mode over the cluster's nodes (slot = node index); in `dra` mode it
+    fits and scores with the allocator's first-fit device order."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
+    placement = Placement(policy, decide=True, refresh_budget=refresh_budget, seed=seed,
+                          device_order=lowest_index_order if mode == "dra" else None)
     for state in cluster.states:
         placement.register(state)
     return placement
@@ -118,14 +135,16 @@ def replay(
     on_pod: Callable[[int], None] | None = None,
     refresh_budget: int = REFRESH_BUDGET,
     background: int = 0,
+    mode: str = "deviceplugin",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Place `sequence` one pod at a time; per event the arrived and allocated milli-GPU and the node (-1: failed).
+    `mode` (`MODES`, module docstring) says who picks the GPUs inside the chosen node.
 
     As in the extender, the policy counts each pod before it is placed and relearns after it (`relearn`, off the
     request path: a new target applies from the next pod); `background` stale results are rescored between pods,
     as the extender's learner thread does between requests."""
     cluster.reset(rank)
-    placement = new_placement(cluster, policy, seed, refresh_budget)
+    placement = new_placement(cluster, policy, seed, refresh_budget, mode)
     shapes: dict[tuple[int, int, int, int, tuple[str, ...]], PodShape] = {}
     n_events = len(sequence)
     arrived_hist = np.zeros(n_events, dtype=np.int64)
@@ -144,6 +163,8 @@ def replay(
         policy.observe(shape.requests, shape.context)
         candidates = cluster.fitting(pod.cpu, pod.memory)
         choice = placement.choose(Candidates(states, candidates), shape, explain=False, slots=candidates)
+        if mode == "dra-naive":
+            _first_fit(choice, shape)
         if choice.best is not None and choice.result is not None:
             n = int(candidates[choice.best_index])
             cluster.place(n, pod.cpu, pod.memory, choice.result)
@@ -157,6 +178,17 @@ def replay(
         if on_pod is not None:
             on_pod(e)
     return arrived_hist, alloc_hist, where
+
+
+def _first_fit(choice: Choice, shape: PodShape) -> None:
+    """Replace the chosen node's GPUs by the allocator's first fit on that node (nothing when nothing was chosen).
+
+    The same GPUs pass the fit in any order, so a pod with one request fits by first fit wherever it fitted."""
+    if choice.best is None:
+        return
+    state = choice.best
+    result = fit(state.devices, state.usage, shape.requests, shape.selectors, lowest_index_order)
+    choice.result = result if result.ok else None
 
 
 _TRACES: dict[tuple[str, str, str], tuple[Trace, ReplayCluster]] = {}
@@ -181,13 +213,14 @@ def prepare_policy(name: str, pods: Sequence[TracePod], seed: int) -> NodePolicy
     return policy
 
 
-def run_one(nodes: str, pods: str, policy_name: str, seed: int, ratio: float = 1.3, variant: str = "") -> RunResult:
-    """Replay one (trace or variant, policy, seed)."""
+def run_one(nodes: str, pods: str, policy_name: str, seed: int, ratio: float = 1.3, variant: str = "",
+            mode: str = "deviceplugin") -> RunResult:
+    """Replay one (trace or variant, policy, seed) in `mode` (`MODES`)."""
     trace, cluster = load_trace(nodes, pods, variant)
     sequence, rank = arrival_sequence(trace.pods, cluster.capacity_milli, len(trace.nodes), seed, ratio)
     policy = prepare_policy(policy_name, trace.pods, seed)
     start = time.process_time()
-    arrived, allocated, where = replay(cluster, trace.pods, sequence, rank, policy, seed)
+    arrived, allocated, where = replay(cluster, trace.pods, sequence, rank, policy, seed, mode=mode)
     seconds = time.process_time() - start
     top = round(100 * ratio)
     unalloc = curve(arrived, allocated, cluster.capacity_milli, top=max(top, 130))
@@ -200,6 +233,7 @@ def run_one(nodes: str, pods: str, policy_name: str, seed: int, ratio: float = 1
         seconds=seconds,
         pods=len(sequence),
         curve=[float(x) for x in unalloc],
+        mode=mode,
     )
 
 

@@ -36,6 +36,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--scheduler-name", help="component name on events (default vgpu-scheduler)")
     p.add_argument("--qps", type=float, help="API client QPS (default 50)")
     p.add_argument("--burst", type=int, help="API client burst (default 100)")
+    p.add_argument("--dra", action="store_true", default=None,
+                   help="DRA mode: also filter and score pods that ask our DeviceClass through ResourceClaims")
     p.add_argument("--leader-elect", action="store_true", default=None, help="run Lease leader election")
     p.add_argument("--lease-namespace", help="namespace of the leader-election Lease (default kube-system)")
     p.add_argument("--assume-ttl", type=float, dest="assume_ttl_seconds",

@@ -64,6 +64,11 @@ class SchedulerConfig(BaseModel):
     leader_elect: bool = Field(False, description="run Lease leader election (several replicas)")
     lease_name: str = Field(SCHEDULER_NAME, description="Lease name for leader election")
     lease_namespace: str = Field("kube-system", description="Lease namespace for leader election")
+    dra: bool = Field(
+        False, description="DRA mode: watch ResourceSlices and ResourceClaims of the gpu.vgpu-sharing.io driver and "
+        "filter and score the pods that ask its DeviceClass through claims (docs/dra.md; needs list and watch on "
+        "resourceslices and resourceclaims)"
+    )
     pod_field_selector: str = Field(
         "status.phase!=Succeeded,status.phase!=Failed", description="field selector of the pod watch"
     )

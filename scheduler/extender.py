@@ -40,6 +40,7 @@ from vgpu.errors import ConfigError, VGPUError
 from vgpu.requests import ContainerRequest, Selectors, pod_cpu_memory, pod_requests, pod_selectors
 from vgpu.resources import SCHEDULER_NAME
 from vgpu.scheduler.constraints import constraint_failure
+from vgpu.scheduler.draview import DRAView
 from vgpu.scheduler.fit import GPU_ORDERS, FitResult, fit
 from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger
 from vgpu.scheduler.nodestate import NodeState, gpu_types
@@ -117,6 +118,7 @@ class Extender:
         clock: Callable[[], float] = time.time,
         scheduler_names: frozenset[str] = frozenset({SCHEDULER_NAME}),
         grant_key: bytes | None = None,
+        dra: DRAView | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
@@ -137,6 +139,7 @@ class Extender:
         self.clock = clock
         self.scheduler_names = scheduler_names
         self.grant_key = grant_key
+        self.dra = dra  # DRA mode: pods asking our DeviceClass through claims (scheduler.draview)
         # pods learned from, by UID, with the parsed form of those not bound yet
         self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()
         self._seen_max = 200_000
@@ -389,6 +392,8 @@ class Extender:
                 self.events(pod_ref(pod), "Warning", "FilteringFailed", str(exc))
             return filter_result(names, objects, [], {}, {}, error=str(exc))
         if not info.requests:
+            if self.dra is not None and isinstance(pod, Mapping):
+                return self._dra_filter(names, objects, pod)
             return filter_result(names, objects, names, {}, {})
         exists = self._exists(info)  # before the lock: it may read the API server
         ledger = self.ledger
@@ -418,8 +423,11 @@ class Extender:
         """ExtenderArgs -> HostPriorityList (scores 0..10, best = 10)."""
         args = lower_keys(raw_args)
         names, objects = candidate_nodes(args)
-        info = self._pod_info(args.get("pod"))
+        pod = args.get("pod")
+        info = self._pod_info(pod)
         if not info.requests:
+            if self.dra is not None and isinstance(pod, Mapping) and len(names) > 1:
+                return self._dra_prioritize(names, pod)
             return [{"Host": n, "Score": 0} for n in names]
         if len(names) == 1:  # scores only rank candidates against each other: one candidate needs none
             return [{"Host": names[0], "Score": MAX_PRIORITY}]
@@ -428,16 +436,51 @@ class Extender:
             states, positions, _ = self._resolve(names, objects, {})
             for position, score in zip(positions, self.placement.scores(states, self._shape(info))):
                 scores[position] = score
-        values = [s for s in scores if s is not None]
-        if not values:
+        return _priorities(names, scores)
+
+    def _dra_filter(self, names: list[str], objects: dict[str, Mapping[str, Any]] | None,
+                    pod: Mapping[str, Any]) -> dict[str, Any]:
+        """/filter for a pod without our extended resources: all candidates unless it asks our DeviceClass through
+        claims, then the nodes our arithmetic says can hold it (decide mode: the best of them)."""
+        assert self.dra is not None
+        try:
+            asked = self.dra.pod_requests(pod)
+            if not asked.requests:
+                if asked.problem:
+                    log.info("event=dra_pod_neutral pod=%s reason=%s", pod_ref(pod)["name"], asked.problem)
+                return filter_result(names, objects, names, {}, {})
+            self._dra_observe(pod, asked.requests)
+            with self.ledger.lock:  # the policy's learner rebuilds under this lock
+                choice, skipped = self.dra.choose([str(n) for n in names], pod, asked.requests)
+        except VGPUError as exc:
+            self.events(pod_ref(pod), "Warning", "FilteringFailed", str(exc))
+            return filter_result(names, objects, [], {}, {}, error=str(exc))
+        feasible = [state.name for state in choice.feasible]
+        unresolvable = {**skipped, **choice.unresolvable}
+        if not feasible:
+            self.events(pod_ref(pod), "Warning", "FilteringFailed",
+                        failure_message(len(names), choice.failed, unresolvable))
+        return filter_result(names, objects, feasible, choice.failed, unresolvable)
+
+    def _dra_observe(self, pod: Mapping[str, Any], requests: tuple[ContainerRequest, ...]) -> None:
+        """Show a DRA pod to the node policy once, as the pod watch does for pods with our extended resources."""
+        assert self.dra is not None
+        if self.dra.first_sight(pod):
+            cpu, memory = pod_cpu_memory(pod)
+            self._observe(requests, PodContext(cpu=cpu, memory=memory))
+            self._wake_learner()
+
+    def _dra_prioritize(self, names: list[str], pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """/prioritize for a pod without our extended resources: the node policy's scores when it asks our
+        DeviceClass through claims, else 0 everywhere."""
+        assert self.dra is not None
+        asked = self.dra.pod_requests(pod)
+        if not asked.requests:
             return [{"Host": n, "Score": 0} for n in names]
-        low, high = min(values), max(values)
-        span = high - low
-        if span <= 1e-12:
-            return [{"Host": n, "Score": 0 if s is None else MAX_PRIORITY} for n, s in zip(names, scores)]
-        factor = MAX_PRIORITY / span
-        return [{"Host": n, "Score": 0 if s is None else round((s - low) * factor)}
-                for n, s in zip(names, scores)]
+        self._dra_observe(pod, asked.requests)
+        with self.ledger.lock:  # the policy's learner rebuilds under this lock
+            scores = self.dra.scores([str(n) for n in names], pod, asked.requests)
+        return _priorities(names, scores)
 
     def bind(self, raw_args: Any) -> dict[str, str]:
         """ExtenderBindingArgs -> ExtenderBindingResult. Blocks on one API call; run it off the event loop."""
@@ -589,6 +632,19 @@ class Extender:
                     continue
             out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": int(v.get("numpdbviolations") or 0)}
         return {"NodeNameToMetaVictims": out}
+
+
+def _priorities(names: list[Any], scores: list[float | None]) -> list[dict[str, Any]]:
+    """HostPriorityList from policy scores: the best 10, the worst that fits 0, nodes that do not fit 0."""
+    values = [s for s in scores if s is not None]
+    if not values:
+        return [{"Host": n, "Score": 0} for n in names]
+    low, high = min(values), max(values)
+    span = high - low
+    if span <= 1e-12:
+        return [{"Host": n, "Score": 0 if s is None else MAX_PRIORITY} for n, s in zip(names, scores)]
+    factor = MAX_PRIORITY / span
+    return [{"Host": n, "Score": 0 if s is None else round((s - low) * factor)} for n, s in zip(names, scores)]
 
 
 def _frozen(value: Any) -> Any:

@@ -9,6 +9,8 @@ logged since it was last used. Evaluations are memoised by the node's GPU state 
 pod's signature, so nodes in the same state are fitted and scored once. A request costs a few array operations
 over the candidates plus the evaluations of the nodes that changed since the board was last used. A pod that names
 GPU UUIDs is evaluated per node. Fits are stored with GPU indices; the chosen node's grants use its own UUIDs.
+In DRA mode someone else picks the GPUs (kube-scheduler's allocator): `device_order` then replaces the policy's GPU
+order, so nodes are fitted and scored on the GPUs the pod will really get (scheduler/draview.py, docs/dra.md).
 
 Comparison: the higher score wins, then the lower `NodeState.rank` (the extender's ledger ranks nodes by name, the
 replay by the seed's random order); a policy with `tie_break = "random"` draws uniformly among the best instead.
@@ -115,8 +117,12 @@ class Placement:
     """Fits, scores and compares nodes for pods under one node policy; see the module docstring."""
 
     def __init__(self, policy: NodePolicy, *, gpu_policy: str = "binpack", decide: bool = True,
-                 refresh_budget: int = REFRESH_BUDGET, rescore_limit: int = RESCORE_LIMIT, seed: int = 0) -> None:
+                 refresh_budget: int = REFRESH_BUDGET, rescore_limit: int = RESCORE_LIMIT, seed: int = 0,
+                 device_order: GPUOrder | None = None) -> None:
         self.policy = policy
+        # the order devices are really taken in when someone else picks them (DRA mode: kube-scheduler's allocator,
+        # first fit); it replaces the policy's GPU order, so nodes are scored on the devices the pod will get
+        self.device_order = device_order
         self.decide = decide
         self.refresh_budget = refresh_budget
         self.rescore_limit = rescore_limit
@@ -214,10 +220,11 @@ class Placement:
         if entry is None or (entry.fit_epoch != epoch and entry.epoch != ANY_EPOCH):
             # a learning policy's GPU order may have changed too
             node = state.context() if self.contextual else None
-            fit_key = (key[0], self.policy.order_class(node, pod.context), key[2])
+            order_class = 0 if self.device_order else self.policy.order_class(node, pod.context)
+            fit_key = (key[0], order_class, key[2])
             known = self._fits.get(fit_key)
             if known is None or known[1] != epoch:
-                order = self.policy.gpu_order(node, pod.context) or self.default_order
+                order = self.device_order or self.policy.gpu_order(node, pod.context) or self.default_order
                 known = (fit(state.devices, state.usage, pod.requests, pod.selectors, order), epoch)
                 self.evaluations += 1
                 if len(self._fits) >= MEMO_LIMIT:

@@ -19,6 +19,7 @@ from vgpu.kube.cache import Backoff
 from vgpu.kube.client import read_object
 from vgpu.kube.errors import ApiError, ConflictError, NotFoundError, translate
 from vgpu.scheduler.config import SchedulerConfig
+from vgpu.scheduler.draview import DRAView
 from vgpu.scheduler.extender import BindConflict, Extender
 from vgpu.scheduler.ledger import Ledger
 from vgpu.scheduler.metrics import SchedulerMetrics
@@ -58,6 +59,18 @@ class SchedulerRuntime:
                                self.ledger.on_pod_delete)
         self.metrics.track_cache("nodes", lambda: self.nodes.synced)
         self.metrics.track_cache("pods", lambda: self.pods.synced)
+        policy = make_policy(config.node_policy)  # one policy: DRA pods and device-plugin pods teach it alike
+        self.dra_caches: list[WatchCache] = []
+        self.dra: DRAView | None = None
+        if config.dra:
+            view = self.dra = DRAView(policy, decide=config.mode == "decide")
+            slices = WatchCache(self.api, "resourceslices", name="vgpu-scheduler-resourceslices")
+            slices.add_handlers(view.on_slice, lambda old, new: view.on_slice(new), view.on_slice_delete)
+            claims = WatchCache(self.api, "resourceclaims", name="vgpu-scheduler-resourceclaims")
+            claims.add_handlers(view.on_claim, lambda old, new: view.on_claim(new), view.on_claim_delete)
+            self.dra_caches = [slices, claims]
+            self.metrics.track_cache("resourceslices", lambda: slices.synced)
+            self.metrics.track_cache("resourceclaims", lambda: claims.synced)
         self.recorder = EventRecorder(self.api, config.scheduler_name)
         self.elector: LeaderElector | None = None
         if config.leader_elect:
@@ -68,7 +81,7 @@ class SchedulerRuntime:
             self.metrics.leader.set(1)
         self.extender = Extender(
             self.ledger,
-            make_policy(config.node_policy),
+            policy,
             gpu_policy=config.gpu_policy,
             mode=config.mode,
             binder=self._bind,
@@ -78,6 +91,7 @@ class SchedulerRuntime:
             ready=self.not_ready,
             scheduler_names=names,
             grant_key=key,
+            dra=self.dra,
         )
         self.app = create_app(self.extender, self.not_ready, self.metrics, config.max_body_bytes,
                               housekeeping=self.ledger.expire, housekeeping_interval=EXPIRY_INTERVAL)
@@ -96,6 +110,9 @@ class SchedulerRuntime:
             return "node cache not synced"
         if not self.pods.synced:
             return "pod cache not synced"
+        for cache in self.dra_caches:
+            if not cache.synced:
+                return f"{cache.kind} cache not synced"
         if self.elector is not None and not self.elector.holds_lease():
             return "not the leader" if not self.elector.is_leader else "the leader's lease is not current"
         return ""
@@ -142,6 +159,8 @@ class SchedulerRuntime:
         """Start caches, leader election and the metrics server; optionally wait `wait` s for the caches."""
         self.nodes.start()
         self.pods.start()
+        for cache in self.dra_caches:
+            cache.start()
         if self.elector is not None:
             self.elector.start()
         if self.config.metrics_listen:
@@ -152,12 +171,16 @@ class SchedulerRuntime:
         if wait:
             self.nodes.wait_synced(wait)
             self.pods.wait_synced(wait)
+            for cache in self.dra_caches:
+                cache.wait_synced(wait)
         return self
 
     def stop(self) -> None:
         """Stop everything started by `start` (the HTTP server is the caller's)."""
         if self.elector is not None:
             self.elector.stop()
+        for cache in self.dra_caches:
+            cache.stop()
         self.pods.stop()
         self.nodes.stop()
         self.recorder.close(1.0)

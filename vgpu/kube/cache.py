@@ -1,4 +1,5 @@
-"""List-then-watch caches of nodes and pods (plain dicts), the informer of vgpu-sharing.
+"""List-then-watch caches of nodes, pods, and DRA ResourceSlices and ResourceClaims (plain dicts), the informer
+of vgpu-sharing.
 
 Used by the scheduler extender (all nodes, all pods: usage ledger) and by the device plugin (its node's pods, via
 `field_selector="spec.nodeName=<node>"`). One thread per cache: it lists, then watches from the list's
@@ -64,9 +65,13 @@ class _Expired(Exception):
     pass
 
 
+KINDS = ("pods", "nodes", "resourceslices", "resourceclaims")
+NAMESPACED = ("pods", "resourceclaims")
+
+
 def _key_of(kind: str, obj: Obj) -> str:
     meta = obj.get("metadata") or {}
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}" if kind == "pods" else str(meta.get("name", ""))
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}" if kind in NAMESPACED else str(meta.get("name", ""))
 
 
 def _rv_of(obj: Obj) -> str:
@@ -74,17 +79,18 @@ def _rv_of(obj: Obj) -> str:
 
 
 class WatchCache:
-    """A list-then-watch cache of `kind` ("pods" or "nodes"); keys are "ns/name" for pods, "name" for nodes."""
+    """A list-then-watch cache of `kind` (`KINDS`: pods, nodes, resource.k8s.io/v1 resourceslices and
+    resourceclaims); keys are "ns/name" for namespaced kinds, "name" for the others."""
 
     def __init__(self, api_client: k8s.ApiClient, kind: str = "pods", *, field_selector: str | None = None,
                  label_selector: str | None = None, namespace: str | None = None,
                  on_add: AddHandler | None = None, on_update: UpdateHandler | None = None,
                  on_delete: DeleteHandler | None = None, watch_timeout: int = 300,
                  backoff: Backoff | None = None, name: str | None = None, progress_interval: float = 5.0) -> None:
-        if kind not in ("pods", "nodes"):
-            raise ValueError(f"WatchCache kind must be 'pods' or 'nodes', not {kind!r}")
-        if kind == "nodes" and namespace:
-            raise ValueError("nodes are cluster-scoped: no namespace")
+        if kind not in KINDS:
+            raise ValueError(f"WatchCache kind must be one of {', '.join(KINDS)}, not {kind!r}")
+        if kind not in NAMESPACED and namespace:
+            raise ValueError(f"{kind} are cluster-scoped: no namespace")
         self.kind = kind
         self.field_selector = field_selector
         self.label_selector = label_selector
@@ -93,6 +99,7 @@ class WatchCache:
         self.progress_interval = progress_interval  # 0: no progress check
         self.name = name or f"watch-{kind}" + (f"[{field_selector}]" if field_selector else "")
         self._core = k8s.CoreV1Api(api_client)
+        self._resource = k8s.ResourceV1Api(api_client)
         self._handlers: list[tuple[AddHandler | None, UpdateHandler | None, DeleteHandler | None]] = []
         if on_add or on_update or on_delete:
             self._handlers.append((on_add, on_update, on_delete))
@@ -204,6 +211,12 @@ class WatchCache:
         kw.update(field_selector=self.field_selector, label_selector=self.label_selector, _preload_content=False)
         if self.kind == "nodes":
             return self._core.list_node(**kw)
+        if self.kind == "resourceslices":
+            return self._resource.list_resource_slice(**kw)
+        if self.kind == "resourceclaims":
+            if self.namespace:
+                return self._resource.list_namespaced_resource_claim(self.namespace, **kw)
+            return self._resource.list_resource_claim_for_all_namespaces(**kw)
         if self.namespace:
             return self._core.list_namespaced_pod(self.namespace, **kw)
         return self._core.list_pod_for_all_namespaces(**kw)

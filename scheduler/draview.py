@@ -1,0 +1,350 @@
+"""DRA mode: the cluster's GPUs as our driver's ResourceSlices publish them, their use from allocated ResourceClaims,
+and the extender's answers for pods that ask our DeviceClass through claims.
+
+In DRA mode kube-scheduler's structured-parameters allocator picks the device inside a node (first fit in slice
+order, `lowest_index_order`) and writes the allocation in PreBind; the extender can still filter nodes and score them
+(docs/dra.md). `DRAView` keeps one `NodeState` per node that has slices of our driver (`vgpu.dra.slice_devices`),
+charged with the shares of the allocated claims on its devices (`vgpu.dra.claim_consumption`), and places through
+its own `scheduler.placement.Placement`, so the node policy is the extender's. A node whose slice or one of whose
+claims does not parse is skipped with the reason (FailedNodes) and does not affect the others.
+
+Feeds: `on_slice` / `on_slice_delete` and `on_claim` / `on_claim_delete` (watch handlers, any thread); nodes are
+rebuilt at the next request after a change. Thread-safe (one lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vgpu.dra import (
+    CAPACITY_CORES,
+    CAPACITY_MEMORY,
+    DEVICE_CLASS,
+    DRIVER,
+    SliceDevice,
+    claim_consumption,
+    cores_of,
+    mib_of,
+    slice_devices,
+)
+from vgpu.errors import CodecError
+from vgpu.inventory import GPUDevice
+from vgpu.keys import DEVICE_TYPE
+from vgpu.requests import ContainerRequest, Selectors, pod_cpu_memory
+from vgpu.scheduler.fit import GPUOrder
+from vgpu.scheduler.nodestate import NodeState
+from vgpu.scheduler.placement import Choice, Placement
+from vgpu.scheduler.policies.base import NodePolicy, PodContext
+from vgpu.scheduler.policies.shares import lowest_index_order
+
+__all__ = ["NO_SLICES", "ClaimRequests", "DRAView", "pod_claim_keys"]
+
+log = logging.getLogger(__name__)
+
+NO_SLICES = f"no ResourceSlice of driver {DRIVER} on this node"
+SHARED_SPLIT = 1 << 20  # allocations a device with allowMultipleAllocations takes (DRA sets no count limit)
+SEEN_MAX = 100_000  # pods remembered as already shown to the node policy
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRequests:
+    """What a pod asks of our driver through its claims: the requests still to allocate, and why the extender
+    cannot place it (`problem`: a claim not created yet, a form we do not read); `ours` when any claim names our
+    DeviceClass."""
+
+    requests: tuple[ContainerRequest, ...] = ()
+    problem: str = ""
+    ours: bool = False
+
+
+def pod_claim_keys(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """The "namespace/name" of each ResourceClaim a pod uses, and the pod claim names whose claim (from a template)
+    is not created yet (not in status.resourceClaimStatuses)."""
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+    generated = {str(s.get("name")): s.get("resourceClaimName")
+                 for s in (pod.get("status") or {}).get("resourceClaimStatuses") or () if isinstance(s, Mapping)}
+    keys: list[str] = []
+    missing: list[str] = []
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+        if not isinstance(entry, Mapping):
+            continue
+        name = str(entry.get("name") or "")
+        claim = entry.get("resourceClaimName") or (generated.get(name) if entry.get("resourceClaimTemplateName")
+                                                   else None)
+        if claim:
+            keys.append(f"{namespace}/{claim}")
+        elif entry.get("resourceClaimTemplateName"):
+            missing.append(name)
+    return keys, missing
+
+
+def _claim_requests(claim: Mapping[str, Any], key: str) -> list[ContainerRequest]:
+    """Our DeviceClass's requests of an unallocated claim, in our request form (CodecError for a form we do not
+    read). A capacity the request leaves out takes the request-policy default our plugin publishes
+    (draplugin/slices.py): the whole card's memory, and no cores."""
+    out: list[ContainerRequest] = []
+    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+        if not isinstance(request, Mapping):
+            raise CodecError(f"claim {key}: a request is not an object")
+        name = str(request.get("name") or "")
+        exactly = request.get("exactly")
+        if not isinstance(exactly, Mapping):
+            if any(isinstance(a, Mapping) and a.get("deviceClassName") == DEVICE_CLASS
+                   for a in request.get("firstAvailable") or ()):
+                raise CodecError(f"claim {key} request {name!r}: firstAvailable is not read by the extender")
+            continue
+        if exactly.get("deviceClassName") != DEVICE_CLASS:
+            continue
+        if exactly.get("allocationMode", "ExactCount") != "ExactCount":
+            raise CodecError(f"claim {key} request {name!r}: allocationMode {exactly.get('allocationMode')!r} is "
+                             "not read by the extender")
+        count = exactly.get("count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise CodecError(f"claim {key} request {name!r}: count {count!r} is not a positive integer")
+        wanted = (exactly.get("capacity") or {}).get("requests") or {}
+        if not isinstance(wanted, Mapping):
+            raise CodecError(f"claim {key} request {name!r}: capacity.requests is not an object")
+        where = f"claim {key} request {name!r}"
+        has_memory = CAPACITY_MEMORY in wanted
+        memory = mib_of(wanted[CAPACITY_MEMORY], f"{where} memory") if has_memory else 0
+        cores = cores_of(wanted[CAPACITY_CORES], f"{where} cores") if CAPACITY_CORES in wanted else 0
+        out.append(ContainerRequest(container=f"{key}/{name}", init=False, count=count, memory=memory,
+                                    memory_percent=0 if has_memory else 100, cores=cores))
+    return out
+
+
+def _device(device: SliceDevice) -> GPUDevice:
+    model = device.model or "GPU"
+    kind = model if DEVICE_TYPE.lower() in model.lower() else f"{DEVICE_TYPE}-{model}"
+    return GPUDevice(uuid=f"{device.pool}/{device.name}", split=SHARED_SPLIT if device.shared else 1,
+                     memory=device.memory_mib, type=kind, index=max(device.index, 0), cores=device.cores)
+
+
+class DRAView:
+    """Slices and claims of our driver, one `NodeState` per node that publishes slices; see the module docstring."""
+
+    def __init__(self, policy: NodePolicy, *, decide: bool = True, device_order: GPUOrder = lowest_index_order) -> None:
+        # nodes are fitted and scored on the devices the allocator will take (first fit), not the policy's own
+        self.placement = Placement(policy, decide=decide, device_order=device_order)
+        self._lock = threading.Lock()
+        self._slices: dict[str, tuple[str, Mapping[str, Any]]] = {}  # slice name -> (node, slice)
+        self._claims: dict[str, Mapping[str, Any]] = {}  # "ns/name" -> claim
+        self._claim_pools: dict[str, set[str]] = {}  # claim key -> pools its allocation results name
+        self._pool_claims: dict[str, set[str]] = {}  # pool -> claim keys
+        self._pool_nodes: dict[str, set[str]] = {}  # pool -> nodes whose slices carry it
+        self._states: dict[str, NodeState] = {}
+        self._dirty: set[str] = set()
+        self._ranked = True
+        self._seen: OrderedDict[str, None] = OrderedDict()
+
+    # ------------------------------------------------------------------ feeds
+
+    def on_slice(self, resource_slice: Mapping[str, Any]) -> None:
+        """A ResourceSlice was added or changed (other drivers' slices and slices not bound to a node are ignored)."""
+        spec = resource_slice.get("spec") or {}
+        name = str((resource_slice.get("metadata") or {}).get("name") or "")
+        node = spec.get("nodeName") if isinstance(spec, Mapping) else None
+        with self._lock:
+            self._drop_slice(name)
+            if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER or not isinstance(node, str) or not node:
+                return
+            self._slices[name] = (node, resource_slice)
+            self._pool_nodes.setdefault(_pool_of(resource_slice), set()).add(node)
+            self._dirty.add(node)
+            if node not in self._states:
+                self._ranked = False
+
+    def on_slice_delete(self, resource_slice: Mapping[str, Any]) -> None:
+        """A ResourceSlice was deleted."""
+        with self._lock:
+            self._drop_slice(str((resource_slice.get("metadata") or {}).get("name") or ""))
+
+    def _drop_slice(self, name: str) -> None:
+        known = self._slices.pop(name, None)
+        if known is None:
+            return
+        node, old = known
+        pool = _pool_of(old)
+        if not any(n == node and _pool_of(s) == pool for n, s in self._slices.values()):
+            self._pool_nodes.get(pool, set()).discard(node)
+        self._dirty.add(node)
+
+    def on_claim(self, claim: Mapping[str, Any]) -> None:
+        """A ResourceClaim was added or changed: the nodes of the pools its allocation names are recounted."""
+        key = _claim_key(claim)
+        try:
+            results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results")
+            pools = {str(r.get("pool") or "") for r in results or () if isinstance(r, Mapping)
+                     and r.get("driver") == DRIVER}
+        except (AttributeError, TypeError):
+            log.warning("event=dra_claim_ignored claim=%s reason=status.allocation is not an allocation", key)
+            pools = set()
+        with self._lock:
+            self._forget_claim(key)
+            self._claims[key] = claim
+            if pools:
+                self._claim_pools[key] = pools
+                for pool in pools:
+                    self._pool_claims.setdefault(pool, set()).add(key)
+                    self._dirty.update(self._pool_nodes.get(pool, ()))
+
+    def on_claim_delete(self, claim: Mapping[str, Any]) -> None:
+        """A ResourceClaim was deleted."""
+        with self._lock:
+            self._forget_claim(_claim_key(claim))
+
+    def _forget_claim(self, key: str) -> None:
+        self._claims.pop(key, None)
+        for pool in self._claim_pools.pop(key, ()):
+            self._pool_claims.get(pool, set()).discard(key)
+            self._dirty.update(self._pool_nodes.get(pool, ()))
+
+    # ------------------------------------------------------------------ nodes
+
+    def _rebuild(self, node: str) -> None:
+        """Read a node's devices from its slices (slice name order, then device order) and charge its claims."""
+        mine = sorted((name, s) for name, (n, s) in self._slices.items() if n == node)
+        state = self._states.get(node)
+        if not mine:
+            if state is not None:
+                state.set_devices((), NO_SLICES)
+            return
+        if state is None:
+            state = self._states[node] = NodeState(name=node)
+        try:
+            found = [d for _, s in mine for d in slice_devices(s)]
+            whole = {(d.pool, d.name): d for d in found}
+            grants: list[tuple[str, int, int]] = []
+            for key in sorted({k for pool in {d.pool for d in found} for k in self._pool_claims.get(pool, ())}):
+                for share in claim_consumption(self._claims[key], whole):
+                    if (share.pool, share.device) in whole:
+                        grants.append((f"{share.pool}/{share.device}", share.memory_mib, share.cores))
+        except (CodecError, AttributeError, TypeError, ValueError) as exc:  # a shape the readers do not expect
+            why = str(exc) if isinstance(exc, CodecError) else f"{exc.__class__.__name__}: {exc}"
+            log.warning("event=dra_node_skipped node=%s reason=%s", node, why)
+            state.set_devices((), f"malformed DRA object: {why}")
+            return
+        state.set_devices(tuple(_device(d) for d in found))
+        state.charge(tuple(grants))
+
+    def _refresh(self) -> None:
+        """Rebuild the nodes changed since the last request and number them in name order (lock held)."""
+        for node in sorted(self._dirty):
+            self._rebuild(node)
+        self._dirty.clear()
+        if not self._ranked:
+            for rank, name in enumerate(sorted(self._states)):
+                self._states[name].rank = rank
+                self.placement.register(self._states[name])
+            self.placement.rerank()
+            self._ranked = True
+
+    def states(self) -> dict[str, NodeState]:
+        """The nodes with slices of our driver, rebuilt where they changed (for tools and tests)."""
+        with self._lock:
+            self._refresh()
+            return dict(self._states)
+
+    # ------------------------------------------------------------------ pods
+
+    def first_sight(self, pod: Mapping[str, Any]) -> bool:
+        """True the first time a pod (by UID, else namespace/name) is asked about: the node policy learns from it
+        once."""
+        meta = pod.get("metadata") or {}
+        key = str(meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}")
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen[key] = None
+            if len(self._seen) > SEEN_MAX:
+                self._seen.popitem(last=False)
+            return True
+
+    def pod_requests(self, pod: Mapping[str, Any]) -> ClaimRequests:
+        """What `pod` asks of our driver through the claims it names; claims already allocated ask nothing more.
+        A pod or claim of an unexpected shape asks nothing, with the reason in `problem`."""
+        try:
+            return self._pod_requests(pod)
+        except (AttributeError, TypeError) as exc:
+            return ClaimRequests(problem=f"unreadable pod or claim: {exc.__class__.__name__}: {exc}")
+
+    def _pod_requests(self, pod: Mapping[str, Any]) -> ClaimRequests:
+        keys, missing = pod_claim_keys(pod)
+        if not keys and not missing:
+            return ClaimRequests()
+        requests: list[ContainerRequest] = []
+        problems: list[str] = [f"pod claim {name!r} is not created yet" for name in missing]
+        ours = False
+        with self._lock:
+            claims = [(key, self._claims.get(key)) for key in keys]
+        for key, claim in claims:
+            if claim is None:
+                problems.append(f"claim {key} is not known yet")
+                continue
+            try:
+                found = _claim_requests(claim, key)
+            except CodecError as exc:
+                return ClaimRequests(problem=str(exc), ours=True)
+            ours = ours or bool(found) or _names_our_class(claim)
+            if not (claim.get("status") or {}).get("allocation"):
+                requests.extend(found)
+        return ClaimRequests(tuple(requests), "; ".join(problems) if problems and not requests else "", ours)
+
+    def choose(self, names: Iterable[str], pod: Mapping[str, Any],
+               requests: tuple[ContainerRequest, ...]) -> tuple[Choice, dict[str, str]]:
+        """Place the pod's claim requests over the candidate nodes: the placement's choice, and the candidates that
+        cannot take DRA pods of our driver with the reason."""
+        cpu, memory = pod_cpu_memory(pod)
+        context = PodContext(cpu=cpu, memory=memory)
+        with self._lock:
+            self._refresh()
+            states: list[NodeState] = []
+            skipped: dict[str, str] = {}
+            for name in names:
+                state = self._states.get(str(name))
+                if state is None or state.error:
+                    skipped[str(name)] = state.error if state is not None else NO_SLICES
+                else:
+                    states.append(state)
+            shape = self.placement.shape(requests, Selectors(), context)
+            return self.placement.choose(states, shape), skipped
+
+    def scores(self, names: list[str], pod: Mapping[str, Any],
+               requests: tuple[ContainerRequest, ...]) -> list[float | None]:
+        """The node policy's score of each candidate (None where the pod does not fit or the node is skipped)."""
+        cpu, memory = pod_cpu_memory(pod)
+        with self._lock:
+            self._refresh()
+            known = [(i, self._states.get(str(n))) for i, n in enumerate(names)]
+            usable = [(i, s) for i, s in known if s is not None and not s.error]
+            shape = self.placement.shape(requests, Selectors(), PodContext(cpu=cpu, memory=memory))
+            values = self.placement.scores([s for _, s in usable], shape)
+        out: list[float | None] = [None] * len(names)
+        for (i, _), value in zip(usable, values):
+            out[i] = value
+        return out
+
+
+def _names_our_class(claim: Mapping[str, Any]) -> bool:
+    for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
+        if isinstance(request, Mapping) and isinstance(request.get("exactly"), Mapping) \
+                and request["exactly"].get("deviceClassName") == DEVICE_CLASS:
+            return True
+    return False
+
+
+def _pool_of(resource_slice: Mapping[str, Any]) -> str:
+    """The pool name of one of our slices ("" when it has none: `slice_devices` then names the problem)."""
+    pool = (resource_slice.get("spec") or {}).get("pool")
+    return str(pool.get("name") or "") if isinstance(pool, Mapping) else ""
+
+
+def _claim_key(claim: Mapping[str, Any]) -> str:
+    meta = claim.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
