@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-__all__ = ["inspect_table", "register"]
+__all__ = ["flag_overrides", "inspect_table", "register"]
 
 
 def register(subparsers: Any) -> None:
@@ -52,6 +52,14 @@ def register(subparsers: Any) -> None:
     q.set_defaults(func=_run_inspect)
 
 
+def flag_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The `vgpu scheduler` flags as configuration keys (every flag whose destination is a SchedulerConfig field;
+    None where the flag was not given)."""
+    from vgpu.scheduler.config import SchedulerConfig
+
+    return {key: value for key, value in vars(args).items() if key in SchedulerConfig.model_fields}
+
+
 def _run_scheduler(args: argparse.Namespace) -> int:
     import asyncio
     import logging
@@ -61,13 +69,7 @@ def _run_scheduler(args: argparse.Namespace) -> int:
     from vgpu.scheduler.runtime import SchedulerRuntime
     from vgpu.scheduler.server import make_uvicorn_server, parse_listen
 
-    overrides = {
-        key: getattr(args, key, None)
-        for key in ("kubeconfig", "listen", "metrics_listen", "node_policy", "gpu_policy", "mode",
-                    "scheduler_name", "qps", "burst", "leader_elect", "lease_namespace", "assume_ttl_seconds",
-                    "tls_cert_file", "tls_key_file", "tls_client_ca_file", "grant_key_file", "scheduler_names")
-    }
-    config = load_config(args.config, overrides)
+    config = load_config(args.config, flag_overrides(args))
     host, port = parse_listen(config.listen, 8888)
     runtime = SchedulerRuntime(config)
     # built before anything starts: unusable TLS files are one line and exit 2, not a traceback after the caches

@@ -47,6 +47,8 @@ __all__ = ["NO_SLICES", "ClaimRequests", "DRAView", "pod_claim_keys"]
 log = logging.getLogger(__name__)
 
 NO_SLICES = f"no ResourceSlice of driver {DRIVER} on this node"
+NEEDS_CLAIM = ("node serves GPUs through DRA: only volcano.sh/vgpu-number (whole GPUs) can be asked in "
+               "resources.limits there; shares of memory or cores need a ResourceClaim (docs/dra.md)")
 SHARED_SPLIT = 1 << 20  # allocations a device with allowMultipleAllocations takes (DRA sets no count limit)
 SEEN_MAX = 100_000  # pods remembered as already shown to the node policy
 
@@ -243,6 +245,13 @@ class DRAView:
                 self.placement.register(self._states[name])
             self.placement.rerank()
             self._ranked = True
+
+    def serves(self, name: str) -> bool:
+        """Whether node `name` publishes a usable ResourceSlice of our driver (a node in DRA mode)."""
+        with self._lock:
+            self._refresh()
+            state = self._states.get(name)
+            return state is not None and not state.error
 
     def states(self) -> dict[str, NodeState]:
         """The nodes with slices of our driver, rebuilt where they changed (for tools and tests)."""

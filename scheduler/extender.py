@@ -40,7 +40,7 @@ from vgpu.errors import ConfigError, VGPUError
 from vgpu.requests import ContainerRequest, Selectors, pod_cpu_memory, pod_requests, pod_selectors
 from vgpu.resources import SCHEDULER_NAME
 from vgpu.scheduler.constraints import constraint_failure
-from vgpu.scheduler.draview import DRAView
+from vgpu.scheduler.draview import NEEDS_CLAIM, DRAView
 from vgpu.scheduler.fit import GPU_ORDERS, FitResult, fit
 from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger
 from vgpu.scheduler.nodestate import NodeState, gpu_types
@@ -410,14 +410,45 @@ class Extender:
             if choice.best is not None and choice.result is not None and choice.best.name in ledger.nodes and exists:
                 ledger.reserve(uid, info.namespace, info.name, choice.best.name, choice.result.assignment)
         feasible = [state.name for state in choice.feasible]
+        failed = choice.failed
+        if self.dra is not None and isinstance(pod, Mapping):
+            failed = dict(failed)
+            feasible += self._whole_gpus_on_dra(pod, info, failed, unresolvable)
         if not feasible:
             self.events(
                 {"namespace": info.namespace, "name": info.name, "uid": info.uid},
                 "Warning",
                 "FilteringFailed",
-                failure_message(len(names), choice.failed, unresolvable),
+                failure_message(len(names), failed, unresolvable),
             )
-        return filter_result(names, objects, feasible, choice.failed, unresolvable)
+        return filter_result(names, objects, feasible, failed, unresolvable)
+
+    def _whole_gpus_on_dra(self, pod: Mapping[str, Any], info: _PodInfo, failed: dict[str, str],
+                           unresolvable: dict[str, str]) -> list[str]:
+        """Nodes in DRA mode among the `unresolvable` ones (no vGPU inventory) that can take a pod asking our
+        extended resources: kube-scheduler serves `volcano.sh/vgpu-number` there through the DeviceClass with
+        extendedResourceName, one whole GPU per unit (an amount of memory or cores cannot be mapped onto a count
+        of devices, so such a pod fails there with the reason). Moves those nodes from `unresolvable` to the
+        result or to `failed`."""
+        assert self.dra is not None
+        nodes = [name for name in unresolvable if self.dra.serves(name)]
+        if not nodes:
+            return []
+        for name in nodes:
+            del unresolvable[name]
+        if not self._whole_gpus(info):
+            failed.update({name: NEEDS_CLAIM for name in nodes})
+            return []
+        with self.ledger.lock:  # the policy's learner rebuilds under this lock
+            choice, skipped = self.dra.choose(nodes, pod, info.requests)
+        failed.update(choice.failed)
+        unresolvable.update({**skipped, **choice.unresolvable})
+        return [state.name for state in choice.feasible]
+
+    @staticmethod
+    def _whole_gpus(info: _PodInfo) -> bool:
+        """Whether every container asks whole GPUs only (vgpu-number without a memory amount or share)."""
+        return all(r.memory == 0 and r.memory_percent == 100 for r in info.requests)
 
     def prioritize(self, raw_args: Any) -> list[dict[str, Any]]:
         """ExtenderArgs -> HostPriorityList (scores 0..10, best = 10)."""
@@ -509,6 +540,8 @@ class Extender:
             refusal, pod_uid = f"cannot read pod {namespace}/{name}: {exc}", uid
         if refusal:
             return self._bind_failed(ref, node, refusal)
+        if self._on_dra_node(node):
+            return self._bind_on_dra(ref, key, node)
         ledger = self.ledger
         ledger.expire()
         assignment: Assignment
@@ -581,6 +614,44 @@ class Extender:
                 self._seen[key] = None  # keep the key (the pod was learned from), drop the parsed request
         self._wake_learner()
         self.events(ref, "Normal", "BindingSucceeded", f"bound to {node}: {self._describe(assignment)}")
+        return {"Error": ""}
+
+    def _on_dra_node(self, node: str) -> bool:
+        """A node without vGPU inventory whose GPUs our DRA plugin serves."""
+        if self.dra is None:
+            return False
+        with self.ledger.lock:
+            state = self.ledger.nodes.get(node)
+            inventory = state is not None and not state.error
+        return not inventory and self.dra.serves(node)
+
+    def _bind_on_dra(self, ref: dict[str, str], key: str, node: str) -> dict[str, str]:
+        """Bind a pod asking whole GPUs on a node in DRA mode: kube-scheduler's DynamicResources plugin has
+        allocated its extended-resource claim before this call, so the Binding carries no assignment and the
+        ledger charges nothing (the claim holds the GPUs)."""
+        assert self.binder is not None
+        try:
+            info = self._bind_info(key, ref["namespace"], ref["name"])
+        except VGPUError as exc:
+            return self._bind_failed(ref, node, str(exc))
+        if not self._whole_gpus(info):
+            return self._bind_failed(ref, node, NEEDS_CLAIM)
+        with self.ledger.lock:
+            if key in self.ledger.charges:
+                self.ledger.release(key)  # a reservation on a device-plugin node this pod did not take
+        try:
+            self.binder(ref["namespace"], ref["name"], ref["uid"], node, {})
+        except BindConflict as exc:
+            try:
+                pod = self.fetch(ref["namespace"], ref["name"])
+            except Exception:
+                pod = None
+            if pod is not None and (pod.get("spec") or {}).get("nodeName") == node:
+                return {"Error": ""}  # a retry of a bind that already succeeded
+            return self._bind_failed(ref, node, f"binding conflict: {exc}")
+        except Exception as exc:
+            return self._bind_failed(ref, node, f"binding failed: {exc}")
+        self.events(ref, "Normal", "BindingSucceeded", f"bound to {node}: whole GPUs through DRA")
         return {"Error": ""}
 
     def _bind_info(self, key: str, namespace: str, name: str) -> _PodInfo:

@@ -198,3 +198,46 @@ def test_a_request_without_capacities_takes_the_plugins_defaults_a_whole_card_an
     view_shows(cluster, {"n1": [(10240, 60), (1024, 5)], "n2": [(0, 0), (0, 0)]})
     result = cluster.post("/filter", args(pod, ["n1", "n2"])).json()
     assert result["NodeNames"] == ["n2"] and "insufficient memory" in result["FailedNodes"]["n1"]
+
+
+def a_limits_pod(name, limits):
+    """A pod asking our extended resources in resources.limits (no claims)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"schedulerName": "vgpu-scheduler",
+                     "containers": [{"name": "main", "image": "busybox", "resources": {"limits": limits}}]}}
+
+
+def test_whole_gpus_in_limits_pass_dra_nodes_and_shares_are_told_to_use_a_claim(cluster):
+    whole = a_limits_pod("whole", {"volcano.sh/vgpu-number": "1"})
+    result = cluster.post("/filter", args(whole, ["n1", "n2"])).json()
+    assert sorted(result["NodeNames"]) == ["n1", "n2"] and not result["Error"], result
+    two = a_limits_pod("two", {"volcano.sh/vgpu-number": "2"})  # n1 has one whole GPU left
+    result = cluster.post("/filter", args(two, ["n1", "n2"])).json()
+    assert result["NodeNames"] == ["n2"] and "n1" in result["FailedNodes"], result
+    share = a_limits_pod("share", {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "1024"})
+    result = cluster.post("/filter", args(share, ["n1", "n2", "n9"])).json()
+    assert result["NodeNames"] == []
+    assert set(result["FailedNodes"]) == {"n1", "n2"}
+    assert all("ResourceClaim" in reason for reason in result["FailedNodes"].values())
+    assert "n9" in result["FailedAndUnresolvableNodes"]  # neither inventory nor slices
+
+
+def test_bind_on_a_dra_node_carries_no_assignment(cluster, kube):
+    core = k8s.CoreV1Api(kube.api)
+    created = read_json(core.create_namespaced_pod("default", a_limits_pod("whole", {"volcano.sh/vgpu-number": "1"}),
+                                                   _preload_content=False))
+    uid = created["metadata"]["uid"]
+    wait_until(lambda: cluster.runtime.extender.lookup("default", "whole"), what="pod seen")
+    body = {"PodName": "whole", "PodNamespace": "default", "PodUID": uid, "Node": "n2"}
+    assert cluster.post("/bind", body).json() == {"Error": ""}
+    pod = read_json(core.read_namespaced_pod("whole", "default", _preload_content=False))
+    assert pod["spec"]["nodeName"] == "n2"
+    assert not any(k.startswith("volcano.sh/") for k in (pod["metadata"].get("annotations") or {}))
+    assert uid not in cluster.runtime.extender.ledger.charges  # the claim holds the GPU, not the ledger
+    share = read_json(core.create_namespaced_pod(
+        "default", a_limits_pod("share", {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "1024"}),
+        _preload_content=False))
+    wait_until(lambda: cluster.runtime.extender.lookup("default", "share"), what="pod seen")
+    body = {"PodName": "share", "PodNamespace": "default", "PodUID": share["metadata"]["uid"], "Node": "n2"}
+    assert "ResourceClaim" in cluster.post("/bind", body).json()["Error"]
