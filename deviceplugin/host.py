@@ -71,6 +71,17 @@ class HostFiles:
             tmp.unlink(missing_ok=True)
         return True
 
+    def install_library_logged(self, source: Path) -> None:
+        """`install_library`, logging what happened: a failure is logged (containers will not find the library)
+        and never stops the caller."""
+        target = self.vgpu_root / "libvgpu.so"
+        try:
+            if self.install_library(source):
+                log.info("event=libvgpu_installed source=%s target=%s", source, target)
+        except OSError as exc:
+            log.error("event=libvgpu_not_installed source=%s target=%s error=%s: containers will not find the "
+                      "isolation library", source, target, exc)
+
     def prepare(self, pod_uid: str, container: str) -> None:
         """Create the container's accounting and lock directories and ld.so.preload (never deletes). The container's
         own directories are writable by any user (its processes may run as any uid); their roots are not."""

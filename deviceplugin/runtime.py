@@ -129,13 +129,7 @@ class DevicePluginRuntime:
             config.node_name, sharing, pods, host, rules=rules, core_policy=config.core_policy, resource_kinds=kinds,
             options=options, recorder=recorder, kubelet=kubelet_pods,
         )
-        library = isolation_paths().libvgpu
-        try:
-            if host.install_library(library):
-                log.info("event=libvgpu_installed source=%s target=%s", library, host.vgpu_root / "libvgpu.so")
-        except OSError as exc:
-            log.error("event=libvgpu_not_installed source=%s target=%s error=%s: containers will not find the "
-                      "isolation library", library, host.vgpu_root / "libvgpu.so", exc)
+        host.install_library_logged(isolation_paths().libvgpu)
         registrar = Registrar(
             api, config.node_name, state, split=sharing.split_count, factor=factor, mode=config.mode,
             interval=config.register_interval, handshake=config.handshake, housekeeping=allocator.collect_garbage,

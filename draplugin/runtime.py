@@ -86,13 +86,7 @@ class DRAPluginRuntime:
             gpus.append(gpu)
         health = GPUHealth(gpus)
         host = HostFiles(config.hook_path, config.lock_dir)
-        library = isolation_paths().libvgpu
-        try:
-            if host.install_library(library):
-                log.info("event=libvgpu_installed source=%s target=%s", library, host.vgpu_root / "libvgpu.so")
-        except OSError as exc:
-            log.error("event=libvgpu_not_installed source=%s target=%s error=%s: containers will not find the "
-                      "isolation library", library, host.vgpu_root / "libvgpu.so", exc)
+        host.install_library_logged(isolation_paths().libvgpu)
         api = make_api_client(config.kubeconfig)
         preparer = ClaimPreparer(api, config.node_name, gpus, health.is_healthy, host, CDISpecs(config.cdi_dir),
                                  Checkpoint(config.checkpoint_path), config.isolation_fail_open)

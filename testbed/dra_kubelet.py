@@ -67,6 +67,18 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin",)
 """Service versions this stand-in speaks, preferred first."""
 
 
+
+def wait_on(cond: threading.Condition, predicate: Callable[[], bool], timeout: float) -> bool:
+    """Wait on `cond` until `predicate()` (evaluated under it) holds; False on timeout."""
+    deadline = time.monotonic() + timeout
+    with cond:
+        while not predicate():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            cond.wait(min(left, 0.1))
+        return True
+
 class PrepareError(Exception):
     """A pod's claims could not be prepared; kubelet keeps the pod waiting and tries again."""
 
@@ -144,14 +156,7 @@ class DRAPlugins:
             return stack[-1] if stack else None
 
     def _wait(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(min(left, 0.1))
-            return True
+        return wait_on(self.cond, predicate, timeout)
 
     def wait_registered(self, name: str, present: bool = True, timeout: float = 10.0) -> bool:
         """Wait until the driver is registered (or, with present=False, no longer); False on timeout."""
@@ -279,14 +284,7 @@ class DRAManager:
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
         """Wait until `predicate()` (evaluated under the lock) holds; False on timeout."""
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while not predicate():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(min(left, 0.1))
-            return True
+        return wait_on(self.cond, predicate, timeout)
 
     # -- state file
     def _load(self) -> None:
