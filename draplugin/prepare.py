@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from kubernetes import client as k8s
 from vgpu.assignment import DeviceGrant
 from vgpu.deviceplugin.backends import GPUInfo
 from vgpu.deviceplugin.host import HostFiles
-from vgpu.deviceplugin.response import ContainerGrant, ResponseOptions, build_allocation
+from vgpu.deviceplugin.response import FAIL_OPEN_ENV, ContainerGrant, ResponseOptions, build_allocation
 from vgpu.dra import ClaimShare, SliceDevice, claim_consumption, device_name
 from vgpu.draplugin.cdi import CDIDevice, CDISpecs, cdi_device_name, qualified_id
 from vgpu.draplugin.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
@@ -30,7 +30,7 @@ from vgpu.errors import CodecError, VGPUError
 from vgpu.kube.client import read_object
 from vgpu.kube.errors import NotFoundError, translate
 
-__all__ = ["ClaimPreparer", "ClaimRef", "PrepareError"]
+__all__ = ["ClaimPreparer", "ClaimRef", "PrepareError", "pin_limit_env"]
 
 log = logging.getLogger(__name__)
 _TIMEOUT = 10.0  # seconds per API request
@@ -167,7 +167,7 @@ class ClaimPreparer:
                                           cache_dir=self.host.cache_dir(uid, _key(request)),
                                           lock_dir=self.host.lock_dir(uid, _key(request)))
             cdi_name = cdi_device_name(uid, request)
-            cdi_devices.append(CDIDevice(cdi_name, dict(allocation.envs), tuple(allocation.mounts)))
+            cdi_devices.append(CDIDevice(cdi_name, pin_limit_env(allocation.envs, grants), tuple(allocation.mounts)))
             for share, _ in shares:
                 devices.append(PreparedDevice((request,), share.pool, share.device, (qualified_id(cdi_name),),
                                               share.share_id or None))
@@ -191,6 +191,24 @@ class ClaimPreparer:
             key = _key(request)
             for directory in (self.host.cache_dir(prepared.uid, key), self.host.lock_dir(prepared.uid, key)):
                 _remove_tree(directory)
+
+
+def pin_limit_env(envs: Mapping[str, str], grants: Sequence[DeviceGrant]) -> dict[str, str]:
+    """A CDI device's env: the limits `build_allocation` gives, plus a value of ours for every other variable the
+    isolation library reads as a limit or a switch (deviceplugin.response.RESERVED_ENV_NAMES, and
+    CUDA_DEVICE_SM_LIMIT_<i> per device). The container runtime applies CDI env over the container's own, so a
+    value a pod author writes for any of them is replaced, never read. (Device-plugin mode refuses such pods
+    instead: there kubelet puts the pod's env after the plugin's.)"""
+    pinned = dict(envs)
+    for index, grant in enumerate(grants):
+        pinned[f"CUDA_DEVICE_SM_LIMIT_{index}"] = str(grant.cores)
+    pinned.setdefault("CUDA_DEVICE_MEMORY_LIMIT", min((pinned[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"]
+                                                       for i in range(len(grants))), key=lambda v: int(v[:-1])))
+    pinned.setdefault("GPU_CORE_UTILIZATION_POLICY", "default")
+    pinned.setdefault(FAIL_OPEN_ENV, "0")
+    pinned.setdefault("VGPU_CONTEXT_OVERHEAD", "0")
+    pinned.setdefault("VGPU_COUNT_MANAGED", "1")
+    return pinned
 
 
 def _key(request: str) -> str:

@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 from dra_helpers import NODE, ROOT, DRABed, cdi_devices, result
 
+from vgpu.deviceplugin.response import RESERVED_ENV_NAMES
+
 
 def _uuid(bed: DRABed, device: str) -> str:
     for entry in bed.read_slice()["spec"]["devices"]:
@@ -59,7 +61,11 @@ def test_prepare_writes_a_cdi_spec_whose_ids_resolve(started: DRABed, version: s
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "10240m"
     assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
     assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith("/tmp/vgpu/")
-    assert "VGPU_ISOLATION_FAIL_OPEN" not in env
+    # every variable the library reads as a limit or a switch is ours: CDI env replaces what the pod sets
+    assert env["VGPU_ISOLATION_FAIL_OPEN"] == "0" and env["CUDA_DEVICE_SM_LIMIT_0"] == "30"
+    assert (env["GPU_CORE_UTILIZATION_POLICY"], env["VGPU_COUNT_MANAGED"]) == ("default", "1")
+    assert env["CUDA_DEVICE_MEMORY_LIMIT"] == "10240m" and env["VGPU_CONTEXT_OVERHEAD"] == "0"
+    assert set(env) >= RESERVED_ENV_NAMES
     cache, lock = _host_dirs(bed, claim)
     assert mounts["/usr/local/vgpu/libvgpu.so"]["hostPath"] == str(bed.hook / "vgpu" / "libvgpu.so")
     assert "ro" in mounts["/usr/local/vgpu/libvgpu.so"]["options"]

@@ -1,8 +1,9 @@
 """DRA mode end to end, as real processes: our `vgpu dra-plugin` registered with the kubelet stand-in over its
 plugin registry, the kube-scheduler stand-in allocating claims, `vgpu scheduler --dra` choosing nodes, containers
 run with the CDI edits and `libvgpu.so`. What is checked here and nowhere else: a plugin killed while a claim is
-prepared still unprepares it after its restart (checkpoint), and an Xid on a GPU takes it out of the slice so that
-the next claim goes to another GPU, until it recovers."""
+prepared still unprepares it after its restart (checkpoint); an Xid on a GPU takes it out of the slice so that the
+next claim goes to another GPU, until it recovers; a pod that writes the library's variables into its own env runs
+with its claim's limits all the same."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from e2e_helpers import phase, wait_until
+from e2e_helpers import phase, reports, wait_until
 
 from vgpu.dra import DEVICE_CLASS, DRIVER
 from vgpu.testbed.demo_dra import device_classes
@@ -118,3 +119,20 @@ def test_an_xid_takes_the_gpu_out_of_the_slice_and_the_next_claim_goes_elsewhere
     cluster.inject_gpu_fault(node, 0, "recover")
     wait_until("gpu-0 back in the slice",
                lambda: [d["name"] for d in our_slice(cluster)["spec"]["devices"]] == ["gpu-0", "gpu-1"], 90)
+
+
+def test_a_pod_that_writes_the_limits_into_its_own_env_runs_with_its_claims(cluster, request):
+    request.node._e2e_cluster = cluster
+    forged = {"CUDA_DEVICE_MEMORY_LIMIT_0": "40960m", "CUDA_DEVICE_MEMORY_LIMIT": "40960m",
+              "CUDA_DEVICE_SM_LIMIT": "100", "CUDA_DEVICE_SM_LIMIT_0": "100", "GPU_CORE_UTILIZATION_POLICY": "disable",
+              "VGPU_COUNT_MANAGED": "0", "VGPU_ISOLATION_FAIL_OPEN": "1", "VGPU_CONTEXT_OVERHEAD": "0"}
+    pod = claim_pod("forger", "share", ["--mib", "11000", "--chunk", "500", "--kernels", "5", "--expect-oom"])
+    pod["spec"]["containers"][0]["env"] = [{"name": k, "value": v} for k, v in forged.items()]
+    cluster.create_pod(pod)
+    wait_until("forger ended", lambda: phase(pod_named(cluster, "forger") or {}) in ("Succeeded", "Failed"), 90)
+    report = reports(cluster).get((NAMESPACE, "forger", "main")) or {}
+    assert report.get("result") == "oom-refused", report  # refused past its claim's 10 GiB, not at 40 GiB
+    assert report["limits"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "10240m"
+    assert report["env"]["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert report["env"]["GPU_CORE_UTILIZATION_POLICY"] == "default"
+    assert phase(pod_named(cluster, "forger") or {}) == "Succeeded"
