@@ -81,7 +81,10 @@ def test_a_gpu_lost_under_a_running_container_is_reported_on_its_pod(cluster):
     while "VGPUDeviceUnhealthy" not in reasons():
         assert time.monotonic() < deadline, cluster.log()
         time.sleep(0.1)
-    assert ",false," in cluster.node_annotations()["volcano.sh/node-vgpu-register"]
+    # the registrar republishes the inventory on its own thread, woken by the same health change as the event
+    while ",false," not in cluster.node_annotations()["volcano.sh/node-vgpu-register"]:
+        assert time.monotonic() < deadline, cluster.log()
+        time.sleep(0.1)
     with cluster.control.open("a") as control:
         control.write("recover 0\n")
     deadline = time.monotonic() + 15
