@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from vgpu.deviceplugin.backends.sim import parse_sim_spec
 from vgpu.deviceplugin.config import PluginConfig
 from vgpu.dra import DRIVER
 from vgpu.errors import ConfigError
@@ -83,6 +84,11 @@ class DRAConfig:
             raise ConfigError("--sim-gpus: required with --backend sim (e.g. 2xA100-40GB)")
         if backend != "sim" and sim_gpus:
             raise ConfigError(f"--sim-gpus: only meaningful with --backend sim (backend is {backend})")
+        if sim_gpus:
+            try:
+                parse_sim_spec(sim_gpus)
+            except ConfigError as exc:
+                raise ConfigError(f"--sim-gpus {sim_gpus}: {str(exc).removeprefix('sim_gpus: ')}") from None
         sim_control = given("sim_control")
         if sim_control is not None and backend != "sim":
             raise ConfigError(f"--sim-control: only meaningful with --backend sim (backend is {backend})")

@@ -85,9 +85,9 @@ class DRAPluginRuntime:
                 continue
             gpus.append(gpu)
         health = GPUHealth(gpus)
+        api = make_api_client(config.kubeconfig)  # an unusable kubeconfig fails before anything on the host changes
         host = HostFiles(config.hook_path, config.lock_dir)
         host.install_library_logged(isolation_paths().libvgpu)
-        api = make_api_client(config.kubeconfig)
         preparer = ClaimPreparer(api, config.node_name, gpus, health.is_healthy, host, CDISpecs(config.cdi_dir),
                                  Checkpoint(config.checkpoint_path), config.isolation_fail_open)
         log.info("event=start node=%s gpus=%d backend=%s prepared_claims=%d", config.node_name, len(gpus),

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from vgpu.errors import ConfigError
 from vgpu.testbed.demo import NAMESPACE, WORKLOAD, workload_reports
 
 __all__ = ["DemoState", "run_dra_demo", "sample_claim_pods"]
@@ -181,7 +182,10 @@ def run_dra_demo(args: argparse.Namespace) -> int:
         return 2
     nodes = args.nodes or DEFAULT_NODES
     gpus = args.gpus or DEFAULT_GPUS
-    parse_sim_spec(gpus)
+    try:  # bad input fails before anything starts
+        parse_sim_spec(gpus)
+    except ConfigError as exc:
+        raise ConfigError(f"--gpus {gpus}: {str(exc).removeprefix('sim_gpus: ')}") from None
     isolation_paths()
     classes = device_classes()
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="vgpu-demo-dra-"))

@@ -65,7 +65,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     ((), "--node-name: required"),
     (("--node-name", "n", "--backend", "gpu"), "--backend: unknown value 'gpu'"),
     (("--node-name", "n", "--backend", "sim"), "--sim-gpus: required with --backend sim"),
-    (("--node-name", "n", "--backend", "sim", "--sim-gpus", "2xB999"), "unknown model 'B999'"),
+    (("--node-name", "n", "--backend", "sim", "--sim-gpus", "2xB999"), "--sim-gpus 2xB999: unknown model 'B999'"),
     (("--node-name", "n", "--sim-gpus", "1xT4"), "--sim-gpus: only meaningful with --backend sim"),
     (("--node-name", "n", "--plugins-dir", "relative/dir"), "--plugins-dir: must be an absolute path"),
     (("--node-name", "n", "--registry-dir", "/" + "r" * 120), "--registry-dir: socket path"),

@@ -72,6 +72,10 @@ CASES = [
     ("demo", "--pods", "{pods}", "--headless"),
     ("demo", "--nodes", "0", "--headless"),
     ("demo", "--gpus", "3xH9000", "--headless"),
+    ("demo", "--dra", "--gpus", "3xH9000", "--headless"),
+    ("demo", "--dra", "--pods", "{pods}", "--headless"),
+    ("dra-plugin", "--node-name", "n", "--backend", "sim", "--sim-gpus", "3xH9000"),
+    ("dra-plugin", "--node-name", "n", "--backend", "sim", "--sim-gpus", "1xT4", "--kubeconfig", "{binary}"),
 ]
 
 
