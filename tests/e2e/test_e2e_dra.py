@@ -88,13 +88,20 @@ def test_a_plugin_killed_while_a_claim_is_prepared_unprepares_it_after_its_resta
     node = cluster.nodes[0]
     node.plugin.kill()  # SIGKILL: no clean-up of any kind
     node.plugin.start()
-    wait_until("the plugin registered again", lambda: cluster.dra_status(node).get("drivers"), 60)
+
+    def registrations() -> int:
+        return node.plugin.log_path.read_text(errors="replace").count("event=registered_with_kubelet")
+
+    wait_until("the restarted plugin registered", lambda: registrations() >= 2, 60)
     release.touch()
     wait_until("holder succeeded", lambda: phase(pod_named(cluster, "holder") or {}) == "Succeeded", 60)
-    wait_until("its CDI spec removed by the restarted plugin",
-               lambda: not any(uid in d["name"] for s in cdi_specs(cluster).values() for d in s["devices"]), 60)
     containers = Path(node.hook_path) / "vgpu" / "containers"
-    assert not [p for p in containers.glob(f"{uid}*")], "the claim's accounting directory is left behind"
+
+    def unprepared() -> bool:
+        spec_left = any(uid in d["name"] for s in cdi_specs(cluster).values() for d in s["devices"])
+        return not spec_left and not list(containers.glob(f"{uid}*"))
+
+    wait_until("its CDI spec and accounting directory removed by the restarted plugin", unprepared, 60)
 
 
 def test_an_xid_takes_the_gpu_out_of_the_slice_and_the_next_claim_goes_elsewhere(cluster, request, tmp_path):
