@@ -1,10 +1,10 @@
 """Wiring of a running DRA kubelet plugin: GPU backend, health, isolation library, slice publisher, gRPC servers.
 
 Built from a `DRAConfig` by `vgpu dra-plugin` (draplugin.cli). `start()` installs libvgpu.so, loads the checkpoint,
-serves the DRA and registration sockets, publishes the slice and follows the backend's health events (an unhealthy
-GPU leaves the slice, a recovered one comes back); `stop()` undoes it in reverse. The slice is left in place on
-stop: kubelet deletes the slices of a driver that stays unregistered, and a restart must not make devices vanish
-from the scheduler's view.
+serves the DRA (with the device-health stream) and registration sockets, publishes the slice and follows the
+backend's health events (an unhealthy GPU leaves the slice, a recovered one comes back); `stop()` undoes it in
+reverse. The slice is left in place on stop: kubelet deletes the slices of a driver that stays unregistered, and a
+restart must not make devices vanish from the scheduler's view.
 """
 
 from __future__ import annotations
@@ -12,19 +12,20 @@ from __future__ import annotations
 import logging
 import threading
 
-from vgpu.deviceplugin.backends import GPUBackend, GPUInfo, HealthEvent, make_backend
+from vgpu.deviceplugin.backends import GPUBackend, make_backend
 from vgpu.deviceplugin.host import HostFiles
 from vgpu.draplugin.cdi import CDISpecs
 from vgpu.draplugin.checkpoint import Checkpoint
 from vgpu.draplugin.config import DRAConfig
+from vgpu.draplugin.health import GPUHealth
 from vgpu.draplugin.prepare import ClaimPreparer
-from vgpu.draplugin.server import DRAServers
+from vgpu.draplugin.server import DRAServers, HealthService
 from vgpu.draplugin.slices import SlicePublisher
 from vgpu.errors import VGPUError
 from vgpu.isolation.build import paths as isolation_paths
 from vgpu.kube.client import make_api_client
 
-__all__ = ["BackendUnavailable", "DRAPluginRuntime", "GPUHealth"]
+__all__ = ["BackendUnavailable", "DRAPluginRuntime"]
 
 log = logging.getLogger(__name__)
 _POLL_SECONDS = 0.5
@@ -32,33 +33,6 @@ _POLL_SECONDS = 0.5
 
 class BackendUnavailable(VGPUError):
     """The GPU backend could not start (the process exits with status 1)."""
-
-
-class GPUHealth:
-    """Which of the node's GPUs are healthy; thread-safe."""
-
-    def __init__(self, gpus: list[GPUInfo]) -> None:
-        self.gpus = list(gpus)
-        self._healthy = {g.uuid: True for g in gpus}
-        self._lock = threading.Lock()
-
-    def apply(self, event: HealthEvent) -> bool:
-        """Record a health event; True when it changed a known GPU's health."""
-        with self._lock:
-            if event.uuid not in self._healthy or self._healthy[event.uuid] == event.healthy:
-                return False
-            self._healthy[event.uuid] = event.healthy
-            return True
-
-    def is_healthy(self, uuid: str) -> bool:
-        """Whether the GPU is known and healthy."""
-        with self._lock:
-            return self._healthy.get(uuid, False)
-
-    def healthy(self) -> list[GPUInfo]:
-        """The healthy GPUs."""
-        with self._lock:
-            return [g for g in self.gpus if self._healthy[g.uuid]]
 
 
 class DRAPluginRuntime:
@@ -95,7 +69,8 @@ class DRAPluginRuntime:
         self.publisher = SlicePublisher(api, config.node_name, health.healthy).start()
         # kubelet deletes the slices of a driver it does not know (at its start, or once the plugin was gone for a
         # while): each registration republishes
-        self.servers = DRAServers(preparer, config.dra_socket, config.registration_socket, self.publisher.wake)
+        self.servers = DRAServers(preparer, config.dra_socket, config.registration_socket, self.publisher.wake,
+                                  HealthService(config.node_name, health))
         self.servers.start()
         self._health_thread = threading.Thread(target=self._follow_health, args=(health, self.publisher),
                                                name="dra-health", daemon=True)

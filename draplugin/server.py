@@ -1,16 +1,19 @@
-"""The kubelet-facing gRPC side: the DRA node service (v1 and v1beta1) and the plugin-registration service.
+"""The kubelet-facing gRPC side: the DRA node service (v1 and v1beta1), the device-health stream and the
+plugin-registration service.
 
 `DRAServers.start()` removes stale sockets, serves `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin` and its v1beta1 twin
 from one implementation on the DRA socket, then `pluginregistration.Registration` on the registration socket in
 kubelet's registry directory (kubelet's plugin watcher finds it there and calls GetInfo, then
 NotifyRegistrationStatus). Both DRA calls are batched: every claim of the request is answered under its UID, a
-failed claim carries its `error`, and no claim's failure fails the call or another claim.
+failed claim carries its `error`, and no claim's failure fails the call or another claim. `v1.DRAResourceHealth`
+(on the DRA socket) streams every device's health at once and again at each change.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
 from types import ModuleType
@@ -18,15 +21,17 @@ from typing import Any
 
 import grpc
 
-from vgpu.dra import DRIVER
+from vgpu.dra import DRIVER, device_name
 from vgpu.draplugin.checkpoint import PreparedClaim, PreparedDevice
+from vgpu.draplugin.health import DeviceHealthState, GPUHealth
 from vgpu.draplugin.prepare import ClaimPreparer, ClaimRef
 from vgpu.errors import VGPUError
 from vgpu.proto.dra.v1 import api_pb2 as dra_v1
 from vgpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1
+from vgpu.proto.drahealth.v1 import api_pb2 as health_pb
 from vgpu.proto.pluginregistration.v1 import api_pb2 as reg
 
-__all__ = ["DRA_VERSIONS", "PLUGIN_TYPE", "DRAServers"]
+__all__ = ["DRA_VERSIONS", "PLUGIN_TYPE", "DRAServers", "HealthService"]
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +103,45 @@ class DRANodeService:
         })
 
 
+class HealthService:
+    """`v1.DRAResourceHealth/NodeWatchResources`: the health of every device of this node's pool, sent when the
+    stream opens and again whenever a GPU's health changes, until kubelet closes it or the plugin stops."""
+
+    def __init__(self, node: str, health: GPUHealth, check_seconds: float = 1.0) -> None:
+        self.node = node
+        self.health = health
+        self.check_seconds = check_seconds  # how often a quiet stream looks whether it is still wanted
+        self.stopping = threading.Event()
+
+    def _response(self, states: list[DeviceHealthState]) -> health_pb.NodeWatchResourcesResponse:
+        return health_pb.NodeWatchResourcesResponse(devices=[
+            health_pb.DeviceHealth(
+                device=health_pb.DeviceIdentifier(pool_name=self.node, device_name=device_name(s.gpu.nvml_index)),
+                health=health_pb.HEALTHY if s.healthy else health_pb.UNHEALTHY,
+                last_updated_time=s.since, message=s.reason)
+            for s in states])
+
+    def watch(self, request: health_pb.NodeWatchResourcesRequest,
+              context: grpc.ServicerContext) -> Iterator[health_pb.NodeWatchResourcesResponse]:
+        """The stream: the current states, then each change."""
+        sent = -1
+        while context.is_active() and not self.stopping.is_set():
+            version, states = self.health.snapshot()
+            if version != sent:
+                sent = version
+                yield self._response(states)
+            self.health.wait_change(sent, self.check_seconds)
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The gRPC handler of `v1.DRAResourceHealth`."""
+        service = health_pb.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name
+        return grpc.method_handlers_generic_handler(service, {
+            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+                self.watch, request_deserializer=health_pb.NodeWatchResourcesRequest.FromString,
+                response_serializer=health_pb.NodeWatchResourcesResponse.SerializeToString),
+        })
+
+
 class RegistrationService:
     """`pluginregistration.Registration`: who we are, and kubelet's verdict."""
 
@@ -146,8 +190,9 @@ class DRAServers:
     """The two gRPC servers on their unix sockets."""
 
     def __init__(self, preparer: ClaimPreparer, dra_socket: Path, registration_socket: Path,
-                 on_registered: Callable[[], None]) -> None:
+                 on_registered: Callable[[], None], health: HealthService) -> None:
         self.preparer = preparer
+        self.health = health
         self.on_registered = on_registered
         self.dra_socket = dra_socket.absolute()
         self.registration_socket = registration_socket.absolute()
@@ -159,6 +204,7 @@ class DRAServers:
             path.parent.mkdir(parents=True, exist_ok=True)
             _remove_socket(path)
         handlers = [DRANodeService(pb, self.preparer).handler() for pb in DRA_VERSIONS.values()]
+        handlers.append(self.health.handler())
         self._serve(self.dra_socket, handlers, "dra")
         registration = RegistrationService(self.dra_socket, self.on_registered)
         self._serve(self.registration_socket, [registration.handler()], "reg")
@@ -166,7 +212,8 @@ class DRAServers:
                  self.registration_socket, ",".join(DRA_VERSIONS))
 
     def _serve(self, path: Path, handlers: list[grpc.GenericRpcHandler], name: str) -> None:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"dra-{name}"))
+        # a health stream holds a worker while it is open: room for it beside concurrent prepare calls
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"dra-{name}"))
         server.add_generic_rpc_handlers(tuple(handlers))
         if server.add_insecure_port(f"unix://{path}") == 0:
             raise VGPUError(f"cannot listen on {path}")
@@ -175,6 +222,7 @@ class DRAServers:
 
     def stop(self) -> None:
         """Stop serving (registration first, so kubelet stops calling) and remove our sockets."""
+        self.health.stopping.set()  # open health streams end instead of holding their workers
         for server, path in reversed(self.servers):
             server.stop(grace=2).wait(5)
             _remove_socket(path)

@@ -23,6 +23,7 @@ PROTOS = (
     "proto/pluginregistration/v1/api.proto",
     "proto/dra/v1/api.proto",
     "proto/dra/v1beta1/api.proto",
+    "proto/drahealth/v1/api.proto",
 )
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 

@@ -154,3 +154,43 @@ def test_a_known_numa_node_is_published_as_the_standard_attribute() -> None:
     assert "resource.kubernetes.io/numaNode" not in first["attributes"]
     assert second["attributes"]["resource.kubernetes.io/numaNode"] == {"int": 1}
     assert second["capacity"]["memory"]["value"] == "23034Mi"
+
+
+def test_the_health_stream_reports_every_device_then_each_change(bed: DRABed) -> None:
+    """`v1.DRAResourceHealth/NodeWatchResources` on the DRA socket, followed as kubelet does."""
+    import queue
+    import threading
+
+    import grpc
+
+    from vgpu.proto.drahealth.v1 import api_pb2 as health
+    from vgpu.proto.drahealth.v1 import api_pb2_grpc as health_grpc
+
+    bed.start(gpus="2xT4")
+    channel = grpc.insecure_channel(f"unix://{bed.dra_socket}")
+    stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(health.NodeWatchResourcesRequest())
+    seen: queue.Queue = queue.Queue()
+
+    def follow() -> None:
+        try:
+            for message in stream:
+                seen.put(message)
+        except grpc.RpcError:
+            pass  # cancelled at the end of the test
+
+    threading.Thread(target=follow, daemon=True).start()
+
+    def states() -> dict[tuple[str, str], int]:
+        message = seen.get(timeout=15)
+        return {(d.device.pool_name, d.device.device_name): d.health for d in message.devices}
+
+    try:
+        assert states() == {(NODE, "gpu-0"): health.HEALTHY, (NODE, "gpu-1"): health.HEALTHY}
+        bed.inject("xid 1 79")
+        assert states() == {(NODE, "gpu-0"): health.HEALTHY, (NODE, "gpu-1"): health.UNHEALTHY}
+        bed.inject("recover 1")
+        assert states() == {(NODE, "gpu-0"): health.HEALTHY, (NODE, "gpu-1"): health.HEALTHY}
+    finally:
+        stream.cancel()
+        channel.close()
+    assert bed.stop() == 0  # an open stream does not hold the plugin up

@@ -1,6 +1,7 @@
-"""The DRA protocols (plugin registration, DRA node service v1) match kubelet's wire facts.
+"""The DRA protocols (plugin registration, DRA node service v1 and v1beta1, device health v1) match kubelet's wire
+facts.
 
-Facts are those of ../shared/research/dra-protocol.md sections 1 and 2: packages, services, method paths, message
+Facts are those of ../shared/research/dra-protocol.md sections 1 to 3: packages, services, method paths, message
 and field names, numbers and types. The generated code itself is checked current by test_proto_codegen.
 """
 
@@ -12,6 +13,7 @@ from vgpu.proto.dra.v1 import api_pb2 as dra
 from vgpu.proto.dra.v1 import api_pb2_grpc as dra_grpc
 from vgpu.proto.dra.v1beta1 import api_pb2 as dra_beta
 from vgpu.proto.dra.v1beta1 import api_pb2_grpc as dra_beta_grpc
+from vgpu.proto.drahealth.v1 import api_pb2 as health
 from vgpu.proto.pluginregistration.v1 import api_pb2 as reg
 from vgpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
@@ -32,6 +34,15 @@ DRA_FACTS = {
     "NodeUnprepareResourcesRequest": {"claims": (1, "Claim", True)},
     "NodeUnprepareResourcesResponse": {"claims": (1, "ClaimsEntry", True)},
     "NodeUnprepareResourceResponse": {"error": (1, S, False)},
+}
+
+HEALTH_FACTS = {
+    "NodeWatchResourcesRequest": {},
+    "NodeWatchResourcesResponse": {"devices": (1, "DeviceHealth", True)},
+    "DeviceHealth": {"device": (1, "DeviceIdentifier", False), "health": (2, "HealthStatus", False),
+                     "last_updated_time": (3, "int64", False), "health_check_timeout_seconds": (4, "int64", False),
+                     "message": (5, S, False)},
+    "DeviceIdentifier": {"pool_name": (1, S, False), "device_name": (2, S, False)},
 }
 
 
@@ -96,3 +107,22 @@ def test_generated_stubs_load_with_the_installed_grpc():
         return tuple(int(part) for part in text.split(".")[:3])
 
     assert version(grpc.__version__) >= version(dra_grpc.GRPC_GENERATED_VERSION)
+
+
+def test_device_health_service_is_kubelets():
+    assert health.DESCRIPTOR.package == "v1"
+    messages = health.DESCRIPTOR.message_types_by_name
+    assert set(messages) == set(HEALTH_FACTS)
+    for name, fields in HEALTH_FACTS.items():
+        found = {}
+        for field in messages[name].fields:
+            kind = (field.message_type or field.enum_type).name if (field.message_type or field.enum_type) else \
+                {FieldDescriptor.TYPE_STRING: S, FieldDescriptor.TYPE_INT64: "int64"}[field.type]
+            found[field.name] = (field.number, kind, field.is_repeated)
+        assert found == fields, name
+    status = health.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+    assert {v.name: v.number for v in status.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
+    service = health.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert service.full_name == "v1.DRAResourceHealth"
+    [method] = service.methods
+    assert (method.name, method.client_streaming, method.server_streaming) == ("NodeWatchResources", False, True)
