@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+import kubernetes_validate
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,3 +72,15 @@ def mounted_secret_file(kind: str, name: str, container: str, path: str) -> tupl
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     items = {i["path"]: i["key"] for i in volume["secret"].get("items", ())}
     return volume["secret"]["secretName"], items.get(file, file)
+
+
+def assert_valid_kubernetes(manifest: Manifest, version: str) -> None:
+    """Fail the test unless `manifest` is valid for Kubernetes `version` (kubernetes-validate, offline, strict: unknown
+    fields are errors), naming the field."""
+    error = None
+    try:
+        kubernetes_validate.validate(manifest.doc, version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        error = f"at {'.'.join(str(p) for p in exc.path)}: {exc.message}"
+    if error:
+        pytest.fail(f"{manifest.id} invalid for Kubernetes {version} {error}")

@@ -27,7 +27,7 @@ import yaml
 from admission_helpers import TENANT, Policy, Review, User, service_account
 from cel_expr_python import cel
 from cluster_scenario import wait_for
-from deploy_helpers import DEPLOY, DRA, NAMESPACE, find, flag, load_manifests, manifest_files
+from deploy_helpers import DEPLOY, DRA, NAMESPACE, assert_valid_kubernetes, find, flag, load_manifests, manifest_files
 from kubernetes import client as k8s
 from test_deploy_scheduler_config import EXTENDER_KEYS, PROFILE_KEYS, TOP_KEYS
 
@@ -138,13 +138,7 @@ def test_dra_is_checked_against_the_newest_schemas_and_only_here():
 @pytest.mark.parametrize("version", DRA_VERSIONS)
 @pytest.mark.parametrize("manifest", ALL, ids=lambda m: m.id)
 def test_manifest_is_valid_kubernetes(manifest, version, no_network):
-    error = None
-    try:
-        kubernetes_validate.validate(manifest.doc, version, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        error = f"at {'.'.join(str(p) for p in exc.path)}: {exc.message}"
-    if error:
-        pytest.fail(f"{manifest.id} invalid for Kubernetes {version} {error}")
+    assert_valid_kubernetes(manifest, version)
 
 
 def test_kustomizations_list_every_file_once():

@@ -8,7 +8,7 @@ import subprocess
 import kubernetes_validate
 import pytest
 import yaml
-from deploy_helpers import DEPLOY, DRA, NAMESPACE, find, load_manifests, manifest_files
+from deploy_helpers import DEPLOY, DRA, NAMESPACE, assert_valid_kubernetes, find, load_manifests, manifest_files
 
 # The oldest Kubernetes we claim (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy is GA in 1.30), and the
 # one whose kube-scheduler image the Deployment runs. deploy/dra/ (DRA mode) is not checked here: resource.k8s.io/v1
@@ -55,13 +55,7 @@ def test_only_known_crds_lack_a_schema():
     "manifest", [m for m in MANIFESTS if (m.doc["apiVersion"], m.doc["kind"]) not in CRD_KINDS], ids=lambda m: m.id
 )
 def test_manifest_is_valid_kubernetes(manifest, version, no_network):
-    error = None
-    try:
-        kubernetes_validate.validate(manifest.doc, version, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        error = f"at {'.'.join(str(p) for p in exc.path)}: {exc.message}"
-    if error:
-        pytest.fail(f"{manifest.id} invalid for Kubernetes {version} {error}")
+    assert_valid_kubernetes(manifest, version)
 
 
 def test_objects_are_unique_and_namespaced_in_ours():
