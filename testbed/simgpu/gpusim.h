@@ -3,20 +3,32 @@
  * TEST INFRASTRUCTURE.  Shares no code or header with the isolation library it is used to test.
  *
  * Environment:
- *   SIMGPU_DEVICES   the GPUs this process sees, in CUDA/NVML order: comma list of NAME:MIB[:SMS[:UUID[:FLAGS]]];
- *                    FLAGS is a '+' list of `mig` (MIG mode on) and `numaN` (NUMA node N).  Without a UUID one is
- *                    derived from the name and the position.  Default "Sim-A100-40GB:40960:108".
+ *   SIMGPU_DEVICES   the GPUs this process sees: comma list of NAME:MIB[:SMS[:UUID[:FLAGS]]]; FLAGS is a '+' list
+ *                    of `mig` (MIG mode on), `numaN` (NUMA node N) and `busN` (PCI bus number N, decimal or 0x hex;
+ *                    default: the 1-based position in the list).  Without a UUID one is derived from the name and
+ *                    the position.  Default "Sim-A100-40GB:40960:108".
+ *                    NVML enumerates the GPUs by PCI bus number; CUDA orders them as CUDA_DEVICE_ORDER says
+ *                    (FASTEST_FIRST, the default: most SMs first; PCI_BUS_ID) and then applies CUDA_VISIBLE_DEVICES
+ *                    (indices into that order, or GPU UUIDs / unique UUID prefixes).  Ties keep bus order, then the
+ *                    listed order, so a list of identical GPUs keeps its order everywhere.
  *   SIMGPU_STATE     the node's state file (default /dev/shm/simgpu-<uid>.state).  Devices are keyed by UUID in
  *                    it, so processes that see different subsets of a node's GPUs still share each GPU.
  *   SIMGPU_SEED      seed of the kernel-duration draws (default 1; mixed with the pid).
  *   SIMGPU_QUEUE_DEPTH  launches a stream may have in flight before a launch blocks (default 1024).
  *   SIMGPU_DRIVER_VERSION  cuDriverGetVersion (default 13000).
+ *   SIMGPU_CTX_BYTES  device memory each CUDA context takes (libcuda; default 0).
+ *   SIMGPU_CALLS_DUMP  a file each libcuda process appends its per-entry-point call counts to when it exits.
  *
  * The device model: one execution engine per GPU that takes work (kernels and event records) from every stream
  * of every process in the order it was submitted; a kernel occupies the whole GPU for its duration.  That order
  * is fixed at submission, so each piece of work gets its start and end time when it is submitted and the device
  * timeline ("gs_tl") is written then: the busy share of a GPU, or of one process on it, over any past window is
  * read from there.  A process's memory is freed when it exits; processes that died are noticed and reaped.
+ *
+ * Process identity does not rest on pids (which PID namespaces make ambiguous): each process holds an open file
+ * description lock (F_OFD_SETLK) on one byte of the state file, at GS_LIVE_BASE + its slot, for as long as it lives;
+ * a slot whose byte nobody holds belongs to a process that is gone.  A forked child drops its copy of that file
+ * description at once (pthread_atfork), so it never keeps its parent's identity alive.
  */
 #ifndef GPUSIM_H
 #define GPUSIM_H
@@ -31,6 +43,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -46,7 +59,9 @@
 #define GS_NLIMIT 64          /* per-cgroup memory limits */
 #define GS_XID_RING 32
 #define GS_CGROUP_LEN 256
-#define GS_STATE_MAGIC 0x32454441544e4953ULL
+#define GS_NEXPORT 256        /* allocations exported to other processes (IPC handles, shareable handles) */
+#define GS_STATE_MAGIC 0x33454441544e4953ULL
+#define GS_LIVE_BASE (1LL << 40)  /* lock byte of process slot i: GS_LIVE_BASE + i, far past the mapped state */
 
 typedef struct { uint32_t tick; uint32_t busy; } gs_bin_t;
 
@@ -65,9 +80,12 @@ typedef struct {
 } gs_gpu_t;
 
 typedef struct {
-    int32_t pid;              /* 0 = free */
+    int32_t pid;              /* 0 = free; as the process sees itself (its own PID namespace) */
     int32_t owner;            /* the last pid that used the slot: its timeline stays readable until reuse */
-    uint64_t born;            /* /proc/<pid>/stat start time, against pid reuse */
+    uint64_t born;            /* /proc/<pid>/stat start time, against pid reuse (only without OFD locks) */
+    uint64_t gen;             /* which occupant of the slot this is: unique per join in the node state */
+    uint32_t live_lock;       /* 1: the process holds its slot's OFD lock byte, and liveness is read from it */
+    uint32_t pad_;
     char cgroup[GS_CGROUP_LEN];   /* unified-hierarchy path of the process, e.g. /kubepods/pod1/ctr */
     uint64_t mem[GS_NDEV];
     uint64_t busy_ns[GS_NDEV];
@@ -80,11 +98,22 @@ typedef struct {
     uint64_t soft, hard;
 } gs_limit_t;
 
+/* an allocation another process may map: a cuIpcGetMemHandle'd buffer or a shareable-handle export */
+typedef struct {
+    uint64_t serial;          /* 0 = free; unique over the node state's life */
+    int32_t proc;             /* exporter's process slot ... */
+    uint32_t gpu;             /* ... and state GPU slot */
+    uint64_t gen;             /* exporter's gen: the entry dies with its process */
+    uint64_t addr, bytes;
+} gs_export_t;
+
 typedef struct {
     uint64_t magic;
-    pthread_mutex_t mu;       /* guards the process table, the GPU table and the limits */
+    pthread_mutex_t mu;       /* guards the process table, the GPU table, the limits and the exports */
     gs_gpu_t gpu[GS_NDEV];
     gs_limit_t limit[GS_NLIMIT];
+    uint64_t next_gen, next_serial;
+    gs_export_t exports[GS_NEXPORT];
     uint32_t next_proc;       /* slots are handed out round robin, so a finished process's timeline lasts */
     gs_proc_t proc[GS_NPROC];
 } gs_state_t;
@@ -97,16 +126,27 @@ typedef struct {
     int sms;
     int mig;
     int numa;
+    int bus;                  /* PCI bus number */
+    int listed;               /* position in SIMGPU_DEVICES */
     int slot;                 /* index into gs_state_t.gpu, -1 until attached */
 } gs_view_t;
 
-static gs_view_t gs_view[GS_NDEV];
+/* GS_ORDER_CUDA (set by simcuda.c before including this header): enumerate as CUDA does, else as NVML does */
+#ifndef GS_ORDER_CUDA
+#define GS_ORDER_CUDA 0
+#endif
+
+static gs_view_t gs_all[GS_NDEV];   /* every GPU of SIMGPU_DEVICES, as listed */
+static int gs_nall = -1;
+static gs_view_t gs_view[GS_NDEV];  /* the GPUs this library enumerates, in its order (index = ordinal) */
 static int gs_nview = -1;
 static gs_state_t *gs_st;
 static char gs_st_path[512];
 static ino_t gs_st_ino;       /* inode of the mapped state file */
 static int gs_me = -1;        /* our process slot */
 static pid_t gs_me_pid;
+static int gs_live_fd = -1;   /* the open file description holding our slot's lock byte */
+static int gs_probe_fd = -1;  /* an open file description of the state file for asking about others' locks */
 
 static inline uint64_t gs_clock(void) {
     struct timespec t;
@@ -146,16 +186,16 @@ static int gs_uuid_ok(const char *s) {
     return 1;
 }
 
-/* Parses SIMGPU_DEVICES into gs_view (once). */
-static void gs_configure(void) {
-    if (gs_nview >= 0) return;
+/* Parses SIMGPU_DEVICES into gs_all. */
+static void gs_parse_devices(void) {
     const char *spec = getenv("SIMGPU_DEVICES");
     char text[2048];
     snprintf(text, sizeof text, "%s", spec && *spec ? spec : "Sim-A100-40GB:40960:108");
     int n = 0;
     char *outer = NULL;
+    memset(gs_all, 0, sizeof gs_all);
     for (char *item = strtok_r(text, ",", &outer); item && n < GS_NDEV; item = strtok_r(NULL, ",", &outer)) {
-        gs_view_t *v = &gs_view[n];
+        gs_view_t *v = &gs_all[n];
         char *field[5] = {item, NULL, NULL, NULL, NULL};
         for (int f = 1; f < 5; f++) {
             char *colon = field[f - 1] ? strchr(field[f - 1], ':') : NULL;
@@ -169,6 +209,8 @@ static void gs_configure(void) {
         if (v->sms <= 0) v->sms = 80;
         v->numa = -1;
         v->slot = -1;
+        v->listed = n;
+        v->bus = n + 1;
         if (field[3] && gs_uuid_ok(field[3])) {
             snprintf(v->uuid, sizeof v->uuid, "%s", field[3]);
         } else {
@@ -182,11 +224,80 @@ static void gs_configure(void) {
             if (plus) *plus = 0;
             if (!strcmp(flag, "mig")) v->mig = 1;
             else if (!strncmp(flag, "numa", 4)) v->numa = atoi(flag + 4);
+            else if (!strncmp(flag, "bus", 3)) v->bus = (int)(strtol(flag + 3, NULL, 0) & 0xff);
             flag = plus ? plus + 1 : NULL;
         }
         n++;
     }
-    gs_nview = n;
+    gs_nall = n;
+}
+
+/* Orders: 1 when a comes after b.  PCI order: bus, then listing.  Fastest first: more SMs first, then PCI order. */
+static int gs_after(const gs_view_t *a, const gs_view_t *b, int fastest) {
+    if (fastest && a->sms != b->sms) return a->sms < b->sms;
+    if (a->bus != b->bus) return a->bus > b->bus;
+    return a->listed > b->listed;
+}
+
+static void gs_sort(gs_view_t *v, int n, int fastest) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && gs_after(&v[j - 1], &v[j], fastest); j--) {
+            gs_view_t t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+}
+
+/* CUDA_VISIBLE_DEVICES over the ordered list `in`: indices into it or (unique prefixes of) UUIDs, in the order
+ * given; the first entry that names no device (or one already taken) ends the list.  Returns the count. */
+static int gs_cuda_visible(const gs_view_t *in, int n, gs_view_t *out) {
+    const char *env = getenv("CUDA_VISIBLE_DEVICES");
+    if (!env) {
+        memcpy(out, in, sizeof *in * (size_t)n);
+        return n;
+    }
+    char text[1024];
+    snprintf(text, sizeof text, "%s", env);
+    int taken[GS_NDEV] = {0}, m = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(text, ",", &save); tok && m < GS_NDEV; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ' || *tok == '\t') tok++;
+        size_t len = strlen(tok);
+        while (len && (tok[len - 1] == ' ' || tok[len - 1] == '\t')) tok[--len] = 0;
+        int pick = -1;
+        if (!strncmp(tok, "GPU-", 4)) {
+            for (int i = 0; i < n; i++) {
+                if (strncasecmp(in[i].uuid, tok, len)) continue;
+                if (pick >= 0) { pick = -1; break; }   /* ambiguous prefix */
+                pick = i;
+            }
+        } else {
+            char *end = NULL;
+            long x = strtol(tok, &end, 10);
+            if (end != tok && !*end && x >= 0 && x < n) pick = (int)x;
+        }
+        if (pick < 0 || taken[pick]) break;
+        taken[pick] = 1;
+        out[m++] = in[pick];
+    }
+    return m;
+}
+
+/* Parses SIMGPU_DEVICES (once) and puts the GPUs this library enumerates, in its order, in gs_view. */
+static void gs_configure(void) {
+    if (gs_nall >= 0 && gs_nview >= 0) return;
+    gs_parse_devices();
+    gs_view_t sorted[GS_NDEV];
+    memcpy(sorted, gs_all, sizeof sorted);
+    if (GS_ORDER_CUDA) {
+        const char *order = getenv("CUDA_DEVICE_ORDER");
+        gs_sort(sorted, gs_nall, !(order && !strcmp(order, "PCI_BUS_ID")));
+        gs_nview = gs_cuda_visible(sorted, gs_nall, gs_view);
+    } else {
+        gs_sort(sorted, gs_nall, 0);
+        memcpy(gs_view, sorted, sizeof sorted);
+        gs_nview = gs_nall;
+    }
 }
 
 static void gs_mutex_init(pthread_mutex_t *m) {
@@ -223,12 +334,6 @@ static uint64_t gs_born(pid_t pid, char *state) {
     return start;
 }
 
-static int gs_proc_gone(const gs_proc_t *pr) {
-    char state = 0;
-    uint64_t born = gs_born(pr->pid, &state);
-    return born == 0 || born != pr->born || state == 'Z' || state == 'X';
-}
-
 /* The unified-hierarchy cgroup of this process ("" when there is none). */
 static void gs_own_cgroup(char *out, size_t n) {
     out[0] = 0;
@@ -247,17 +352,49 @@ static void gs_own_cgroup(char *out, size_t n) {
     fclose(f);
 }
 
+/* One byte of the state file per process slot, locked by the slot's process for as long as it lives.  op is
+ * F_OFD_SETLK (take it) or F_OFD_GETLK (ask who has it: *held says whether another file description does). */
+static int gs_live_op(int fd, int slot, int op, int *held) {
+    struct flock lk = {.l_start = GS_LIVE_BASE + slot, .l_len = 1, .l_whence = SEEK_SET, .l_type = F_WRLCK};
+    int rc = fcntl(fd, op, &lk);
+    if (held) *held = rc == 0 && lk.l_type != F_UNLCK;
+    return rc;
+}
+
+/* Is slot i's process gone?  With an OFD lock: nobody holds its byte.  Without (a file system that has no OFD
+ * locks): its pid no longer names a live process born when it joined, as this process's PID namespace sees it. */
+static int gs_proc_gone(const gs_proc_t *pr) {
+    int i = (int)(pr - gs_st->proc);
+    if (i == gs_me && pr->pid == gs_me_pid && gs_me_pid == getpid()) return 0;
+    if (pr->live_lock) {
+        int held = 0;
+        if (gs_probe_fd < 0) gs_probe_fd = open(gs_st_path, O_RDWR | O_CLOEXEC);
+        if (gs_probe_fd >= 0 && gs_live_op(gs_probe_fd, i, F_OFD_GETLK, &held) == 0) return !held;
+    }
+    char state = 0;
+    uint64_t born = gs_born(pr->pid, &state);
+    return born == 0 || born != pr->born || state == 'Z' || state == 'X';
+}
+
+/* Caller holds gs_st->mu.  Frees the exports of process slot i. */
+static void gs_drop_exports_locked(int i) {
+    for (int e = 0; e < GS_NEXPORT; e++)
+        if (gs_st->exports[e].serial && gs_st->exports[e].proc == i) gs_st->exports[e].serial = 0;
+}
+
 /* Caller holds gs_st->mu.  Gives back what dead processes held. */
 static void gs_reap_locked(void) {
     for (int i = 0; i < GS_NPROC; i++) {
         gs_proc_t *pr = &gs_st->proc[i];
-        if (!pr->pid || (pr->pid == gs_me_pid && i == gs_me) || !gs_proc_gone(pr)) continue;
+        if (!pr->pid || i == gs_me || !gs_proc_gone(pr)) continue;
         for (int d = 0; d < GS_NDEV; d++) {
             if (!pr->mem[d]) continue;
             gs_lock(&gs_st->gpu[d].mu);
             gs_st->gpu[d].used -= pr->mem[d];
             gs_unlock(&gs_st->gpu[d].mu);
+            pr->mem[d] = 0;
         }
+        gs_drop_exports_locked(i);
         pr->pid = 0;
     }
 }
@@ -276,7 +413,7 @@ static int gs_map(void) {
     gs_state_t *st = bad ? MAP_FAILED
                          : mmap(NULL, sizeof(gs_state_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (st != MAP_FAILED && st->magic != GS_STATE_MAGIC) {
-        memset(st, 0, offsetof(gs_state_t, proc));
+        memset(st, 0, sizeof *st);   /* a new file, or one another layout wrote */
         gs_mutex_init(&st->mu);
         for (int d = 0; d < GS_NDEV; d++) gs_mutex_init(&st->gpu[d].mu);
         __atomic_store_n(&st->magic, GS_STATE_MAGIC, __ATOMIC_RELEASE);
@@ -299,6 +436,8 @@ static void gs_follow_state(void) {
     if (gs_st && (strcmp(want, gs_st_path) || stat(want, &sb) || sb.st_ino != gs_st_ino)) {
         munmap(gs_st, sizeof *gs_st);
         gs_st = NULL;
+        if (gs_probe_fd >= 0) close(gs_probe_fd);
+        gs_probe_fd = -1;
     }
 }
 
@@ -308,20 +447,21 @@ static int gs_attach_gpus(void) {
     if (gs_map()) return -1;
     int rc = 0;
     gs_lock(&gs_st->mu);
-    for (int v = 0; v < gs_nview; v++) {
+    for (int v = 0; v < gs_nall; v++) {
         int found = -1, free_slot = -1;
         for (int d = 0; d < GS_NDEV; d++) {
-            if (!strcmp(gs_st->gpu[d].uuid, gs_view[v].uuid)) { found = d; break; }
+            if (!strcmp(gs_st->gpu[d].uuid, gs_all[v].uuid)) { found = d; break; }
             if (free_slot < 0 && !gs_st->gpu[d].uuid[0]) free_slot = d;
         }
         if (found < 0 && free_slot >= 0) {
             found = free_slot;
-            snprintf(gs_st->gpu[found].uuid, sizeof gs_st->gpu[found].uuid, "%s", gs_view[v].uuid);
+            snprintf(gs_st->gpu[found].uuid, sizeof gs_st->gpu[found].uuid, "%s", gs_all[v].uuid);
         }
         if (found < 0) rc = -1;
-        else gs_st->gpu[found].total = gs_view[v].total;
-        gs_view[v].slot = found;
+        else gs_st->gpu[found].total = gs_all[v].total;
+        gs_all[v].slot = found;
     }
+    for (int v = 0; v < gs_nview; v++) gs_view[v].slot = gs_all[gs_view[v].listed].slot;
     gs_unlock(&gs_st->mu);
     return rc;
 }
@@ -337,8 +477,19 @@ static void gs_leave(void) {
         pr->mem[d] = 0;
         gs_unlock(&gs_st->gpu[d].mu);
     }
+    gs_drop_exports_locked(gs_me);
     pr->pid = 0;
     gs_unlock(&gs_st->mu);
+    if (gs_live_fd >= 0) close(gs_live_fd);
+    gs_live_fd = -1;
+}
+
+/* In a forked child: the parent's lock byte is the parent's; drop our reference to its file description. */
+static void gs_after_fork_child(void) {
+    if (gs_live_fd >= 0) close(gs_live_fd);
+    gs_live_fd = -1;
+    if (gs_probe_fd >= 0) close(gs_probe_fd);
+    gs_probe_fd = -1;
 }
 
 /* Registers this process (once; again in a forked child).  Returns -1 when the table is full. */
@@ -347,8 +498,14 @@ static int gs_join(void) {
     if (gs_me >= 0 && gs_me_pid == self) return 0;
     if (gs_attach_gpus()) return -1;
     static int hooked;
+    if (!hooked++) {
+        atexit(gs_leave);
+        pthread_atfork(NULL, NULL, gs_after_fork_child);
+    }
     gs_me_pid = self;
     gs_me = -1;
+    if (gs_live_fd >= 0) close(gs_live_fd);
+    gs_live_fd = open(gs_st_path, O_RDWR | O_CLOEXEC);
     uint64_t born = gs_born(self, NULL);
     gs_lock(&gs_st->mu);
     gs_reap_locked();
@@ -356,10 +513,15 @@ static int gs_join(void) {
         int i = (int)((gs_st->next_proc + (uint32_t)k) % GS_NPROC);
         gs_proc_t *pr = &gs_st->proc[i];
         if (pr->pid) continue;
+        /* take the slot's lock byte first: a slot is never seen taken but unlocked */
+        int locked = gs_live_fd >= 0 && gs_live_op(gs_live_fd, i, F_OFD_SETLK, NULL) == 0;
+        if (!locked && gs_live_fd >= 0 && (errno == EAGAIN || errno == EACCES)) continue;   /* still held */
         gs_st->next_proc = (uint32_t)i + 1;
         pr->pid = self;
         pr->owner = self;
         pr->born = born;
+        pr->gen = ++gs_st->next_gen;
+        pr->live_lock = (uint32_t)locked;
         memset(pr->mem, 0, sizeof pr->mem);
         memset(pr->busy_ns, 0, sizeof pr->busy_ns);
         memset(pr->tl, 0, sizeof pr->tl);
@@ -367,7 +529,6 @@ static int gs_join(void) {
         gs_me = i;
     }
     gs_unlock(&gs_st->mu);
-    if (!hooked++) atexit(gs_leave);
     return gs_me >= 0 ? 0 : -1;
 }
 

@@ -2,6 +2,7 @@
  * objtable.h - the simulated driver's table of live device addresses and mappings.  TEST INFRASTRUCTURE.
  *
  * Separate chaining over 4096 buckets, one malloc'd node per record.  Not thread safe: callers lock.
+ * ot_each visits every record (address-range queries: rare, so a full walk).
  */
 #ifndef OBJTABLE_H
 #define OBJTABLE_H
@@ -14,7 +15,10 @@ typedef struct ot_node {
     uint64_t addr;
     int tag;                  /* what the address names: a pointer, a mapping ... */
     int gpu;                  /* index into the process's view */
-    uint64_t bytes;
+    int aux;                  /* what kind of it (an allocation API, a reference count ...) */
+    uint64_t bytes;           /* what it holds */
+    uint64_t asked;           /* what the caller asked for */
+    uint64_t serial;          /* an export serial (gpusim.h gs_export_t), 0 when none */
     void *obj;
 } ot_node_t;
 
@@ -52,6 +56,16 @@ static ot_node_t *ot_remove(ot_table_t *t, int tag, uint64_t addr) {
             return n;
         }
     }
+    return NULL;
+}
+
+/* Calls fn on every record with tag `tag` until it returns nonzero; returns that record or NULL. */
+static ot_node_t *ot_each(ot_table_t *t, int tag, int (*fn)(ot_node_t *, void *), void *arg) {
+    for (unsigned b = 0; b < OT_BUCKETS; b++)
+        for (ot_node_t *n = t->bucket[b], *next; n; n = next) {
+            next = n->next;
+            if (n->tag == tag && fn(n, arg)) return n;
+        }
     return NULL;
 }
 

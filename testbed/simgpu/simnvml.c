@@ -6,7 +6,8 @@
  *   - Xid events: nvmlEventSetWait delivers the Xids injected with simgpu_fault("xid"), per registered GPU;
  *   - lost GPUs: after simgpu_fault("lost") every query of that GPU answers NVML_ERROR_GPU_IS_LOST until
  *     simgpu_fault("recover");
- *   - MIG mode and NUMA node from SIMGPU_DEVICES flags;
+ *   - MIG mode, NUMA node and PCI bus number from SIMGPU_DEVICES flags; devices are enumerated by PCI bus number
+ *     (gpusim.h), and nvmlDeviceGetPciInfo* / nvmlDeviceGetHandleByPciBusId* report and find that bus;
  *   - per-cgroup memory limits (nvmlDeviceSetMemoryLimits_v1): kept in the node state, enforced by the
  *     simulated libcuda.so.1 on every allocation of a process in that cgroup or below it.
  */
@@ -99,6 +100,44 @@ API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t h, char *out, unsigned int n) {
     if (!out || n <= strlen(gs_view[i].uuid)) return NVML_ERROR_INSUFFICIENT_SIZE;
     snprintf(out, n, "%s", gs_view[i].uuid);
     return NVML_SUCCESS;
+}
+/* PCI: domain 0, the GPU's bus, device 0, function 0; the vendor is NVIDIA (0x10de) */
+static void pci_fill(int i, nvmlPciInfo_t *pci) {
+    memset(pci, 0, sizeof *pci);
+    pci->domain = 0;
+    pci->bus = (unsigned)gs_view[i].bus;
+    pci->device = 0;
+    pci->pciDeviceId = 0x20b010deu;
+    snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_FMT, NVML_DEVICE_PCI_BUS_ID_FMT_ARGS(pci));
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT,
+             NVML_DEVICE_PCI_BUS_ID_FMT_ARGS(pci));
+}
+API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t h, nvmlPciInfo_t *pci) {
+    DEV(h, i);
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    pci_fill(i, pci);
+    return NVML_SUCCESS;
+}
+API nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t h, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(h, pci); }
+API nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t h, nvmlPciInfo_t *pci) { return nvmlDeviceGetPciInfo_v3(h, pci); }
+/* accepts domain:bus:device.function, domain:bus:device and bus:device.function (hexadecimal) */
+API nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *id, nvmlDevice_t *h) {
+    if (!nv_up) return NVML_ERROR_UNINITIALIZED;
+    unsigned a = 0, b = 0, c = 0, d = 0, bus;
+    if (!id || !h) return NVML_ERROR_INVALID_ARGUMENT;
+    if (sscanf(id, "%x:%x:%x.%x", &a, &b, &c, &d) == 4 || sscanf(id, "%x:%x:%x", &a, &b, &c) == 3) bus = b;
+    else if (sscanf(id, "%x:%x.%x", &a, &b, &c) == 3) bus = a;
+    else return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < gs_nview; i++) {
+        if ((unsigned)gs_view[i].bus != bus) continue;
+        if (__atomic_load_n(&GPU(i)->lost, __ATOMIC_RELAXED)) return NVML_ERROR_GPU_IS_LOST;
+        *h = &nv_dev[i];
+        return NVML_SUCCESS;
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+API nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *id, nvmlDevice_t *h) {
+    return nvmlDeviceGetHandleByPciBusId_v2(id, h);
 }
 API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t h, unsigned int *node) {
     DEV(h, i);
