@@ -40,11 +40,14 @@ PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
 DISABLE_CONTROL_ENV = "CUDA_DISABLE_CONTROL"
 SHARED_CACHE_ENV = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
 FAIL_OPEN_ENV = "VGPU_ISOLATION_FAIL_OPEN"
+# the GPUs the limits' positions belong to, by UUID in grant order: libvgpu.so matches CUDA's devices by UUID, since
+# CUDA numbers them its own way (fastest first, then by PCI bus) and NVIDIA_VISIBLE_DEVICES may hold indexes
+DEVICE_UUIDS_ENV = "VGPU_DEVICE_UUIDS"
 # env names the plugin sets or the library reads as limits: a container's own spec must not set them, since its
 # `env` overrides what the plugin returns (kubelet puts the spec's variables after the device plugin's)
 RESERVED_ENV_NAMES = frozenset({
     "NVIDIA_VISIBLE_DEVICES", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", SHARED_CACHE_ENV,
-    "GPU_CORE_UTILIZATION_POLICY", FAIL_OPEN_ENV, "VGPU_CONTEXT_OVERHEAD", "VGPU_COUNT_MANAGED",
+    "GPU_CORE_UTILIZATION_POLICY", FAIL_OPEN_ENV, "VGPU_CONTEXT_OVERHEAD", "VGPU_COUNT_MANAGED", DEVICE_UUIDS_ENV,
 })
 RESERVED_ENV_PREFIXES = ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT_")
 
@@ -127,7 +130,10 @@ def build_allocation(grant: ContainerGrant, *, options: ResponseOptions, memory_
         annotations[CDI_ANNOTATION] = ",".join(f"{CDI_KIND}={i}" for i in ids)
     for i, g in enumerate(grant.grants):
         envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{g.memory * memory_factor}m"
+        envs[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(g.cores)
+    # the first GPU's cores, as Volcano's plugin gives them; the per-GPU values above are what libvgpu.so applies
     envs["CUDA_DEVICE_SM_LIMIT"] = str(grant.grants[0].cores if grant.grants else 0)
+    envs[DEVICE_UUIDS_ENV] = ",".join(g.uuid for g in grant.grants)
     envs[SHARED_CACHE_ENV] = f"{CACHE_CONTAINER_DIR}/{uuidlib.uuid4()}.cache"
     if core_policy:
         envs["GPU_CORE_UTILIZATION_POLICY"] = core_policy

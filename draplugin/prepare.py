@@ -194,14 +194,12 @@ class ClaimPreparer:
 
 
 def pin_limit_env(envs: Mapping[str, str], grants: Sequence[DeviceGrant]) -> dict[str, str]:
-    """A CDI device's env: the limits `build_allocation` gives, plus a value of ours for every other variable the
-    isolation library reads as a limit or a switch (deviceplugin.response.RESERVED_ENV_NAMES, and
-    CUDA_DEVICE_SM_LIMIT_<i> per device). The container runtime applies CDI env over the container's own, so a
-    value a pod author writes for any of them is replaced, never read. (Device-plugin mode refuses such pods
-    instead: there kubelet puts the pod's env after the plugin's.)"""
+    """A CDI device's env: the limits `build_allocation` gives (CUDA_DEVICE_MEMORY_LIMIT_<i> and
+    CUDA_DEVICE_SM_LIMIT_<i> per device among them), plus a value of ours for every other variable the isolation
+    library reads as a limit or a switch (deviceplugin.response.RESERVED_ENV_NAMES). The container runtime applies
+    CDI env over the container's own, so a value a pod author writes for any of them is replaced, never read.
+    (Device-plugin mode refuses such pods instead: there kubelet puts the pod's env after the plugin's.)"""
     pinned = dict(envs)
-    for index, grant in enumerate(grants):
-        pinned[f"CUDA_DEVICE_SM_LIMIT_{index}"] = str(grant.cores)
     pinned.setdefault("CUDA_DEVICE_MEMORY_LIMIT", min((pinned[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"]
                                                        for i in range(len(grants))), key=lambda v: int(v[:-1])))
     pinned.setdefault("GPU_CORE_UTILIZATION_POLICY", "default")

@@ -51,6 +51,7 @@ def _load() -> ctypes.CDLL:
     cuda.cuMemFree_v2.argtypes = [ctypes.c_uint64]
     cuda.cuCtxCreate_v2.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint, ctypes.c_int]
     cuda.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+    cuda.cuDeviceGetUuid_v2.argtypes = [ctypes.c_char_p, ctypes.c_int]
     cuda.cuModuleLoadData.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
     cuda.cuModuleGetFunction.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_char_p]
     cuda.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [
@@ -81,8 +82,26 @@ def _check(call: str, code: int) -> None:
         raise CudaError(call, code)
 
 
-def _limit_mib(ordinal: int) -> int | None:
-    raw = os.environ.get(f"CUDA_DEVICE_MEMORY_LIMIT_{ordinal}") or os.environ.get("CUDA_DEVICE_MEMORY_LIMIT")
+def _device_uuid(cuda: ctypes.CDLL, dev: int) -> str:
+    raw = ctypes.create_string_buffer(16)
+    _check("cuDeviceGetUuid_v2", cuda.cuDeviceGetUuid_v2(raw, dev))
+    h = raw.raw.hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def _grant_position(uuid: str, ordinal: int) -> int:
+    """Which CUDA_DEVICE_MEMORY_LIMIT_<i> is this device's: limits follow the device plugin's grant order, named by
+    UUID in VGPU_DEVICE_UUIDS or NVIDIA_VISIBLE_DEVICES (the wire contract), not CUDA's device order (fastest first,
+    then PCI bus: the CUDA_DEVICE_ORDER documentation).  Without UUIDs the ordinal is all there is."""
+    for key in ("VGPU_DEVICE_UUIDS", "NVIDIA_VISIBLE_DEVICES"):
+        names = [n.strip().lower() for n in os.environ.get(key, "").split(",") if n.strip()]
+        if names and all(n.startswith("gpu-") for n in names):
+            return names.index(uuid.lower()) if uuid.lower() in names else ordinal
+    return ordinal
+
+
+def _limit_mib(position: int) -> int | None:
+    raw = os.environ.get(f"CUDA_DEVICE_MEMORY_LIMIT_{position}") or os.environ.get("CUDA_DEVICE_MEMORY_LIMIT")
     if not raw:
         return None
     text = raw.strip()
@@ -113,8 +132,10 @@ def run(args: argparse.Namespace) -> dict:
         _check("cuCtxCreate_v2", cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev.value))
         free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
         _check("cuMemGetInfo_v2", cuda.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)))
-        entry: dict[str, Any] = {"ordinal": ordinal, "total_mib": total.value // MIB, "free_mib": free.value // MIB,
-                 "limit_mib": _limit_mib(ordinal), "allocated_mib": 0, "oom_at_mib": None, "kernels": 0}
+        uuid = _device_uuid(cuda, dev.value)
+        entry: dict[str, Any] = {"ordinal": ordinal, "uuid": uuid, "total_mib": total.value // MIB,
+                                 "free_mib": free.value // MIB, "limit_mib": _limit_mib(_grant_position(uuid, ordinal)),
+                                 "allocated_mib": 0, "oom_at_mib": None, "kernels": 0}
         report["devices"].append(entry)
         target = args.mib
         while entry["allocated_mib"] < target:

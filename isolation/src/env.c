@@ -106,6 +106,32 @@ static void read_sm(const char *name, int *dst) {
     *dst = v;
 }
 
+/*
+ * The GPUs the limits' positions refer to: CUDA_DEVICE_MEMORY_LIMIT_<i> and CUDA_DEVICE_SM_LIMIT_<i> belong to the
+ * i-th UUID of VGPU_DEVICE_UUIDS, else of NVIDIA_VISIBLE_DEVICES when that lists UUIDs (the device plugin writes
+ * both in grant order).  CUDA numbers devices its own way (fastest first, then by PCI bus), so positions are
+ * matched to devices by UUID.  Anything else (indexes, "all", MIG names) leaves grant_count 0: limits then apply
+ * by CUDA ordinal.
+ */
+static void read_grant_uuids(void) {
+    const char *list = getenv("VGPU_DEVICE_UUIDS");
+    if (!list || !*list) list = getenv("NVIDIA_VISIBLE_DEVICES");
+    vg.grant_count = 0;
+    if (!list || !*list) return;
+    char buf[VGPU_MAX_DEVICES * VGPU_UUID_LEN];
+    snprintf(buf, sizeof buf, "%s", list);
+    int n = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (isspace((unsigned char)*tok)) tok++;
+        size_t len = strlen(tok);
+        while (len && isspace((unsigned char)tok[len - 1])) tok[--len] = 0;
+        if (strncasecmp(tok, "GPU-", 4) || len >= VGPU_UUID_LEN || n >= VGPU_MAX_DEVICES) return;
+        snprintf(vg.grant_uuid[n++], VGPU_UUID_LEN, "%s", tok);
+    }
+    vg.grant_count = n;
+}
+
 void vgpu_read_env(void) {
     const char *lvl = getenv("LIBCUDA_LOG_LEVEL");
     if (lvl && *lvl) vgpu_log_level = atoi(lvl);
@@ -129,6 +155,7 @@ void vgpu_read_env(void) {
         if (vg.mem_limit[i] || vg.sm_limit[i]) any = 1;
         if (vg.sm_limit[i]) vg.sm_configured = 1;
     }
+    read_grant_uuids();
     const char *pol = getenv("GPU_CORE_UTILIZATION_POLICY");
     vg.policy = POLICY_DEFAULT;
     if (pol && *pol) {

@@ -2,62 +2,73 @@
  * limiter_impl.h - compute (SM) limiter, included by hooks.c.
  *
  * Budget.  One token bucket per device in the shared region (vgpu_ext_t.sm[dev]), shared by every process of
- * the container.  Tokens are nanoseconds of GPU time and refill at limit% of wall time; the bucket holds at most
+ * the container.  Tokens are nanoseconds of GPU time and refill at limit% of wall time; the refill stops at
  * VGPU_BUCKET_NS of wall time worth, so idle time cannot be saved up for long bursts.  A launch is admitted while
- * the bucket is positive and may drive it into debt, which later launches wait out: over time the GPU time
- * charged is exactly limit% of wall time.  Each thread takes tokens from the shared bucket in chunks
- * (VGPU_CHUNK_NS) into a reservoir of its own, so most launches touch no shared memory and take no lock.
+ * the bucket is positive and may drive it into debt, which later launches wait out (threads waiting on one bucket
+ * wake at spread times, so they do not all submit at once): over time the GPU time charged is exactly limit% of
+ * wall time.  Each thread takes tokens from the shared bucket in chunks (VGPU_CHUNK_NS) into a reservoir of its
+ * own, so most launches touch no shared memory and take no lock.
  *
  * Charge.  Closed loop on measured GPU time: a launch is charged, when it is admitted, the current estimate of
- * its function's GPU time (per CUfunction, per CUgraphExec); some launches are timed with a pair of CUDA events
- * around them, and when the timing completes the bucket is corrected.  A timed launch stands for every launch of
- * its function since the previous timed one: the correction is (their count) x (measured time) - (what they
+ * its function's GPU time (per CUfunction, per CUgraphExec); one launch in `every` is timed with a pair of CUDA
+ * events around it, and when the timing completes the bucket is corrected.  A timed launch stands for every launch
+ * of its function since the previous timed one: the correction is (their count) x (measured time) - (what they
  * were charged).  That total is an unbiased estimate of their GPU time whatever the estimate was, so the charge
  * follows kernels whose duration varies from launch to launch or drifts, without looking at grid sizes.  The
- * estimate (a moving average of the measurements) only keeps the corrections small.  Launches of functions with
- * short kernels are timed less often (one in up to VGPU_EVERY_MAX), so timing costs little per launch; a launch due
- * for timing waits for a free pair of events rather than go untimed.
+ * estimate (a moving average of the measurements) only keeps the corrections small.  How often a function is
+ * timed follows the spread of its durations (timing_interval): steady kernels one launch in VGPU_EVERY_MAX,
+ * kernels whose duration varies as much as its mean every launch.
  *
- * What the events measure is the time from the engine reaching the first event to it reaching the second: the
- * kernel's run time when the device runs one piece of work at a time.  Work of other contexts that the device
- * runs between the two events (time slicing, concurrent streams) is counted too, which over-charges: the
- * container then gets less than its limit, never more.
+ * Cost.  A timing is three driver calls (two records, one elapsed time, which also says whether the timing is
+ * done), so a steady kernel adds well under one call per launch whatever its length.  Finished timings are
+ * collected oldest first, stopping at the first still running: when a timing is due, and once per wait of a
+ * throttled thread, which is not in a hurry.  A process that sees one device never asks the driver which context
+ * is current.
+ *
+ * What the events measure is the time from the engine reaching the first event to it reaching the second.  Work
+ * the device runs between the two that is not this launch's (other contexts' time slices, other streams) is
+ * counted too, which over-charges: the container then gets less than its limit, never more.  A timing whose
+ * submission took long on the CPU (the thread was preempted between the first event and the kernel, and other
+ * processes' work may have landed between them) is dropped: its launches count towards the next timing instead.
  */
 #define VGPU_BUCKET_NS 100000000ULL  /* bucket size, in wall ns at the limit's rate */
 #define VGPU_CHUNK_NS 200000LL       /* GPU ns a process takes from the shared bucket at a time */
 #define VGPU_UNKNOWN_NS 1000000LL    /* charge of a launch of a function never measured */
-#define VGPU_TIMING_NS 100000ULL     /* time every launch of functions at least this long */
 #define VGPU_EVERY_MAX 64
-#define VGPU_WARMUP 4                /* time the first launches of a function, all of them */
+#define VGPU_TIMING_NS 100000.0      /* short kernels: timed at most once per this much of their GPU time */
+#define VGPU_STEADY_CV2 0.0225       /* functions this steady (CV 0.15) are timed one launch in VGPU_EVERY_MAX */
+#define VGPU_WARMUP 8                /* time the first launches of a function, all of them */
 #define VGPU_PAIRS 64
+#define VGPU_SUBMIT_NS 200000ULL     /* a timed submission slower than this may have let other work in: dropped */
 
 typedef struct {
-    int64_t est;             /* GPU ns per launch; 0 = never measured */
+    int64_t est;             /* GPU ns per launch (moving average); 0 = never measured */
+    double var;              /* moving variance of the timings, ns^2 */
     uint32_t since;          /* launches since the last timed one */
     uint32_t every;          /* time one launch in this many */
     int64_t charged;         /* ns charged to those launches */
     uint32_t samples;
-} fstat_t;
+} launch_stats_t;
 
 typedef struct {
-    CUevent e0, e1;
+    CUevent start, end;
     CUcontext ctx;
-    fstat_t *fs;
+    launch_stats_t *stats;
     int64_t charged;         /* what the launches this timing stands for were charged */
     uint32_t weight;         /* how many launches it stands for */
     int ridx;
-    int state;               /* 0 unused, 1 free, 2 taken, 3 pending */
-} evpair_t;
+    int state;               /* PAIR_UNUSED, PAIR_FREE, PAIR_TAKEN, PAIR_PENDING */
+} event_pair_t;
+enum { PAIR_UNUSED = 0, PAIR_FREE, PAIR_TAKEN, PAIR_PENDING };
 
-static evpair_t g_pairs[VGPU_PAIRS];
+static event_pair_t g_pairs[VGPU_PAIRS];
 static int g_pending[VGPU_PAIRS];   /* indexes of pending pairs, oldest first */
 static int g_npending;
-static pthread_mutex_t g_lim_mu = PTHREAD_MUTEX_INITIALIZER;
 static __thread int64_t t_reservoir[VGPU_MAX_DEVICES];  /* tokens this thread took from the shared bucket */
 static uint64_t g_gpu_ns[VGPU_MAX_DEVICES];     /* GPU ns this process paid for in the current second */
 static uint64_t g_last_sec;
-static __thread struct { CUcontext ctx; unsigned gen; int ridx; } t_ctx;
-static __thread struct { uint64_t key; fstat_t *fs; } t_fn;
+static __thread struct { unsigned gen; int ridx; uint32_t uses; int valid; CUcontext ctx; } t_ctx;
+static __thread struct { uint64_t key; launch_stats_t *stats; } t_fn;
 
 /* Once per second: last_kernel_time, and this process's share of each device (slot.device_util.sm_util, %),
  * from the GPU time its launches were charged (only known while a compute limit is active). */
@@ -92,17 +103,45 @@ static inline int sm_enabled(int r) {
     return 1;
 }
 
-/* Region index of the current context's device, cached per thread. */
+/* The thread's current context changed (our context hooks): its cached device is stale. */
+static inline void forget_current_context(void) { t_ctx.valid = 0; }
+
+/*
+ * Region row of the device a launch runs on.  With one device in the process that is the answer, with no driver
+ * call.  With several, the current context's device is cached per thread: the context hooks drop the cache when
+ * the thread switches contexts, a destroyed context drops every thread's, and the cache is checked against the
+ * driver every 64 launches in case a context was switched on a path we do not see.
+ */
 static inline int launch_ridx(void) {
-    CUcontext ctx = NULL;
-    if (UNLIKELY(!real_cuCtxGetCurrent) || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return -1;
+    int n = __atomic_load_n(&g_ndev, __ATOMIC_ACQUIRE);
+    if (UNLIKELY(n < 0)) {
+        map_devices();
+        n = __atomic_load_n(&g_ndev, __ATOMIC_ACQUIRE);
+    }
+    if (LIKELY(n == 1)) return g_ord2r[0];
     unsigned gen = __atomic_load_n(&g_ctx_gen, __ATOMIC_RELAXED);
-    if (LIKELY(t_ctx.ctx == ctx && t_ctx.gen == gen)) return t_ctx.ridx;
-    int r = cur_ridx();
+    if (LIKELY(t_ctx.valid && t_ctx.gen == gen && (++t_ctx.uses & 63))) return t_ctx.ridx;
+    CUcontext ctx = NULL;
+    t_ctx.valid = real_cuCtxGetCurrent && real_cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx;
     t_ctx.ctx = ctx;
+    t_ctx.ridx = t_ctx.valid ? cur_ridx() : -1;
     t_ctx.gen = gen;
-    t_ctx.ridx = r;
-    return r;
+    t_ctx.uses = 1;
+    return t_ctx.ridx;
+}
+
+/* The current context, from the thread's cache while our context hooks have seen no switch. */
+static CUcontext current_context(void) {
+    unsigned gen = __atomic_load_n(&g_ctx_gen, __ATOMIC_RELAXED);
+    if (t_ctx.valid && t_ctx.gen == gen && t_ctx.ctx) return t_ctx.ctx;
+    CUcontext ctx = NULL;
+    if (!real_cuCtxGetCurrent || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return NULL;
+    t_ctx.ctx = ctx;
+    t_ctx.ridx = cur_ridx();
+    t_ctx.gen = gen;
+    t_ctx.uses = 1;
+    t_ctx.valid = 1;
+    return ctx;
 }
 
 static void sleep_ns(uint64_t ns) {
@@ -110,7 +149,9 @@ static void sleep_ns(uint64_t ns) {
     while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {}
 }
 
-/* Adds the refill since the last one to device r's shared bucket (capped). */
+/* Adds the refill since the last one to device r's shared bucket.  The refill stops at the cap, so idle time is not
+ * saved up; tokens above the cap can only be corrections that gave back what launches were over-charged, and they
+ * are kept (cutting them would charge those launches twice). */
 static void refill(vgpu_sm_state_t *st, uint64_t lim, uint64_t now) {
     int64_t cap = (int64_t)(VGPU_BUCKET_NS * lim / 100);
     uint64_t last = __atomic_load_n(&st->last_refill, __ATOMIC_ACQUIRE);
@@ -118,11 +159,20 @@ static void refill(vgpu_sm_state_t *st, uint64_t lim, uint64_t now) {
                                                     __ATOMIC_RELAXED))
         return;
     int64_t add = last ? (int64_t)((now - last) * lim / 100) : cap;
-    int64_t t = __atomic_add_fetch(&st->tokens, add, __ATOMIC_ACQ_REL);
-    while (t > cap && !__atomic_compare_exchange_n(&st->tokens, &t, cap, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {}
+    int64_t t = __atomic_load_n(&st->tokens, __ATOMIC_ACQUIRE);
+    if (add > cap - t) add = cap - t;
+    if (add > 0) __atomic_add_fetch(&st->tokens, add, __ATOMIC_ACQ_REL);
 }
 
-static void poll_timings(void);
+static void collect_timings(void);
+
+/* 0..63, per thread: spreads the wake-ups of threads that wait on one bucket */
+static inline uint64_t jitter(void) {
+    static __thread uint32_t x;
+    if (!x) x = (uint32_t)(uintptr_t)&x ^ (uint32_t)vgpu_now_ns() ^ 0x9e3779b9u;
+    x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+    return x & 63;
+}
 
 /* Slow path of the gate: wait until device r's shared bucket is positive, then pay `cost` plus a chunk for the
  * reservoir out of it. */
@@ -143,12 +193,18 @@ static void gate_slow(int r, int64_t cost) {
             t_reservoir[r] = VGPU_CHUNK_NS;
             return;
         }
+        /* corrections that arrived during the wait count before the next one is decided (one call per wait
+         * while timings are in flight: a waiting thread is not in a hurry) */
+        if (__atomic_load_n(&g_npending, __ATOMIC_RELAXED)) {
+            collect_timings();
+            if (__atomic_load_n(&st->tokens, __ATOMIC_ACQUIRE) > 0) continue;
+        }
         uint64_t wait = (uint64_t)(-t + 1) * 100 / lim;
         if (wait < 20000) wait = 20000;
         if (wait > 2000000) wait = 2000000;
+        wait = wait / 2 + wait * jitter() / 64;
         sleep_ns(wait);
         __atomic_add_fetch(&st->throttled_ns, wait, __ATOMIC_RELAXED);
-        if (__atomic_load_n(&g_npending, __ATOMIC_RELAXED)) poll_timings();
     }
 }
 
@@ -158,139 +214,211 @@ static inline void gate(int r, int64_t cost) {
     else gate_slow(r, cost);
 }
 
+/*
+ * How often to time a function's launches.  The corrections are exact for the timed launches and an estimate for
+ * the others, whose error grows with the spread of the function's durations: the error of n launches' total is
+ * about CV * sqrt(every / n) of it.  Steady functions (CV 0.15 or less, most real kernels of one shape) are timed
+ * one launch in VGPU_EVERY_MAX, a spread of durations makes it more often (every = 64 * (0.15 / CV)^2), down to
+ * every launch for kernels whose duration varies as much as its mean.  Short kernels are timed at most once per
+ * VGPU_TIMING_NS of their GPU time whatever their spread: their errors are small in absolute terms, and timing each
+ * of them would cost more than they run.
+ */
+static uint32_t timing_interval(const launch_stats_t *ls) {
+    if (ls->samples < VGPU_WARMUP) return 1;
+    double mean = (double)ls->est, cv2 = ls->var / (mean * mean);
+    double every = cv2 > 0 ? VGPU_EVERY_MAX * VGPU_STEADY_CV2 / cv2 : VGPU_EVERY_MAX;
+    double by_cost = (double)VGPU_TIMING_NS / mean;
+    if (every < by_cost) every = by_cost;
+    return every >= VGPU_EVERY_MAX ? VGPU_EVERY_MAX : every <= 1 ? 1 : (uint32_t)every;
+}
+
 /* Applies the outcome of a timing to the shared bucket and the function's estimate.  Caller holds g_lim_mu. */
-static void settle(evpair_t *p, int64_t measured) {
+static void settle(event_pair_t *p, int64_t measured) {
     vgpu_sm_state_t *st = &vg.ext->sm[p->ridx];
     int64_t correction = (int64_t)p->weight * measured - p->charged;
     if (correction) __atomic_sub_fetch(&st->tokens, correction, __ATOMIC_ACQ_REL);
     __atomic_add_fetch(&g_gpu_ns[p->ridx], (uint64_t)correction, __ATOMIC_RELAXED);
     __atomic_add_fetch(&st->charged_ns, (uint64_t)(p->charged + correction), __ATOMIC_RELAXED);
     __atomic_add_fetch(&st->measured_ns, (uint64_t)measured, __ATOMIC_RELAXED);
-    fstat_t *fs = p->fs;
-    int64_t est = fs->est;
+    launch_stats_t *ls = p->stats;
+    int64_t est = ls->est;
+    double dev = (double)(measured - est);
+    if (est) ls->var += (dev * dev - ls->var) / 8;
     est = est ? est + (measured - est) / 8 : measured;
     if (est < 1) est = 1;
-    __atomic_store_n(&fs->est, est, __ATOMIC_RELAXED);
-    fs->samples++;
-    uint64_t every = fs->samples < VGPU_WARMUP || (uint64_t)est >= VGPU_TIMING_NS ? 1 : VGPU_TIMING_NS / (uint64_t)est;
-    __atomic_store_n(&fs->every, (uint32_t)(every > VGPU_EVERY_MAX ? VGPU_EVERY_MAX : every), __ATOMIC_RELAXED);
+    __atomic_store_n(&ls->est, est, __ATOMIC_RELAXED);
+    ls->samples++;
+    __atomic_store_n(&ls->every, timing_interval(ls), __ATOMIC_RELAXED);
 }
 
-/* Harvests finished timings, oldest first. */
-static void poll_timings(void) {
+/* Collects finished timings, oldest first, stopping at the first one still running.  Nothing is queried while a
+ * capture forbids it. */
+static void collect_timings(void) {
     pthread_mutex_lock(&g_lim_mu);
-    int keep = 0;
-    for (int i = 0; i < g_npending; i++) {
-        evpair_t *p = &g_pairs[g_pending[i]];
-        CUresult q = real_cuEventQuery(p->e1);
+    int done = 0;
+    while (done < g_npending && !timing_paused()) {
+        event_pair_t *p = &g_pairs[g_pending[done]];
         float ms = 0;
-        if (q == CUDA_ERROR_NOT_READY) {
-            g_pending[keep++] = g_pending[i];
-            continue;
-        }
-        if (q == CUDA_SUCCESS && real_cuEventElapsedTime(&ms, p->e0, p->e1) == CUDA_SUCCESS)
-            settle(p, ms > 0 ? (int64_t)((double)ms * 1e6) : 0);
-        p->state = 1;
+        /* one call: the elapsed time, or CUDA_ERROR_NOT_READY while either event has not completed */
+        CUresult q = real_cuEventElapsedTime(&ms, p->start, p->end);
+        if (q == CUDA_ERROR_NOT_READY) break;
+        if (q == CUDA_SUCCESS) settle(p, ms > 0 ? (int64_t)((double)ms * 1e6) : 0);
+        p->state = PAIR_FREE;
+        done++;
     }
-    __atomic_store_n(&g_npending, keep, __ATOMIC_RELAXED);
+    if (done) {
+        memmove(g_pending, g_pending + done, (size_t)(g_npending - done) * sizeof g_pending[0]);
+        __atomic_store_n(&g_npending, g_npending - done, __ATOMIC_RELAXED);
+    }
     pthread_mutex_unlock(&g_lim_mu);
 }
 
 /* With every event pair in flight, waits for the oldest timing to complete rather than skip timing this launch:
  * a timing that stood for many launches would make the corrections, and the share, swing widely. */
-static void wait_oldest_timing(void) {
-    CUevent e = NULL;
-    pthread_mutex_lock(&g_lim_mu);
-    if (g_npending) e = g_pairs[g_pending[0]].e1;
-    pthread_mutex_unlock(&g_lim_mu);
-    if (e && real_cuEventSynchronize) real_cuEventSynchronize(e);
-    poll_timings();
+static void wait_for_pair(void) {
+    while (__atomic_load_n(&g_npending, __ATOMIC_RELAXED) >= VGPU_PAIRS && !timing_paused()) {
+        collect_timings();
+        if (__atomic_load_n(&g_npending, __ATOMIC_RELAXED) >= VGPU_PAIRS) sleep_ns(50000);
+    }
 }
 
-/* A free event pair of the current context, or NULL.  Caller holds g_lim_mu. */
-static evpair_t *pair_acquire_nolock(void) {
-    CUcontext ctx = NULL;
-    if (real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return NULL;
-    evpair_t *spare = NULL;
+/* A free event pair of context `ctx`, or NULL.  Caller holds g_lim_mu. */
+static event_pair_t *pair_acquire_nolock(CUcontext ctx) {
+    event_pair_t *spare = NULL;
     for (int i = 0; i < VGPU_PAIRS; i++) {
-        evpair_t *p = &g_pairs[i];
-        if (p->state == 1 && p->ctx == ctx) return p;
-        if (!spare && p->state == 0) spare = p;
+        event_pair_t *p = &g_pairs[i];
+        if (p->state == PAIR_FREE && p->ctx == ctx) return p;
+        if (!spare && p->state == PAIR_UNUSED) spare = p;
     }
-    if (!spare || real_cuEventCreate(&spare->e0, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return NULL;
-    if (real_cuEventCreate(&spare->e1, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return NULL;
+    if (!spare) {   /* all pairs belong to other contexts: recycle a free one */
+        for (int i = 0; i < VGPU_PAIRS && !spare; i++)
+            if (g_pairs[i].state == PAIR_FREE) spare = &g_pairs[i];
+        if (!spare) return NULL;
+        real_cuEventDestroy_v2(spare->start);
+        real_cuEventDestroy_v2(spare->end);
+        spare->state = PAIR_UNUSED;
+    }
+    if (real_cuEventCreate(&spare->start, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return NULL;
+    if (real_cuEventCreate(&spare->end, CU_EVENT_DEFAULT) != CUDA_SUCCESS) {
+        real_cuEventDestroy_v2(spare->start);
+        return NULL;
+    }
     spare->ctx = ctx;
-    spare->state = 1;
+    spare->state = PAIR_FREE;
     return spare;
 }
 
-static fstat_t *fstat_slow(uint64_t key) {
+/* Context `ctx` is about to be destroyed: its events go with it, and its pending timings are dropped (their
+ * launches keep the charge they were admitted with). */
+static void forget_context_timings(CUcontext ctx) {
+    if (!ctx) return;
+    pthread_mutex_lock(&g_lim_mu);
+    int keep = 0;
+    for (int i = 0; i < g_npending; i++)
+        if (g_pairs[g_pending[i]].ctx != ctx) g_pending[keep++] = g_pending[i];
+    __atomic_store_n(&g_npending, keep, __ATOMIC_RELAXED);
+    for (int i = 0; i < VGPU_PAIRS; i++) {
+        event_pair_t *p = &g_pairs[i];
+        if (p->state == PAIR_UNUSED || p->ctx != ctx) continue;
+        real_cuEventDestroy_v2(p->start);
+        real_cuEventDestroy_v2(p->end);
+        memset(p, 0, sizeof *p);
+    }
+    pthread_mutex_unlock(&g_lim_mu);
+}
+
+static launch_stats_t *stats_slow(uint64_t key) {
     pthread_mutex_lock(&g_map_mu);
     vmap_entry_t *e = vmap_put(&g_map, K_FUNC, key);
     if (e && !e->aux) {
-        fstat_t *fs = calloc(1, sizeof(fstat_t));
-        if (fs) fs->every = 1;
-        e->aux = (uint64_t)(uintptr_t)fs;
+        launch_stats_t *ls = calloc(1, sizeof(launch_stats_t));
+        if (ls) ls->every = 1;
+        e->aux = (uint64_t)(uintptr_t)ls;
     }
-    fstat_t *fs = e ? (fstat_t *)(uintptr_t)e->aux : NULL;
+    launch_stats_t *ls = e ? (launch_stats_t *)(uintptr_t)e->aux : NULL;
     pthread_mutex_unlock(&g_map_mu);
-    return fs;
+    return ls;
 }
 
-static inline fstat_t *fstat_get(uint64_t key) {
-    if (LIKELY(t_fn.key == key && t_fn.fs)) return t_fn.fs;
-    fstat_t *fs = fstat_slow(key);
+static inline launch_stats_t *stats_get(uint64_t key) {
+    if (LIKELY(t_fn.key == key && t_fn.stats)) return t_fn.stats;
+    launch_stats_t *ls = stats_slow(key);
     t_fn.key = key;
-    t_fn.fs = fs;
-    return fs;
+    t_fn.stats = ls;
+    return ls;
 }
 
 typedef CUresult (*thunk_t)(void *);
 
-static CUresult limited_launch(int r, uint64_t key, CUstream s, thunk_t call, void *args) {
-    fstat_t *fs = fstat_get(key);
-    if (UNLIKELY(!fs)) return call(args);
-    int64_t est = __atomic_load_n(&fs->est, __ATOMIC_RELAXED);
-    int64_t cost = est ? est : VGPU_UNKNOWN_NS;
-    uint32_t n = __atomic_load_n(&fs->since, __ATOMIC_RELAXED) + 1;
-    int64_t charged = __atomic_load_n(&fs->charged, __ATOMIC_RELAXED) + cost;
-    gate(r, cost);
-    if (LIKELY(n < __atomic_load_n(&fs->every, __ATOMIC_RELAXED))) {
-        __atomic_store_n(&fs->since, n, __ATOMIC_RELAXED);
-        __atomic_store_n(&fs->charged, charged, __ATOMIC_RELAXED);
-        return call(args);
+/* A launch due for timing: events around it on its stream, kept when the submission was quick. */
+static CUresult timed_launch(int r, launch_stats_t *ls, uint32_t n, int64_t charged, CUstream s, thunk_t call,
+                             void *args) {
+    if (__atomic_load_n(&g_npending, __ATOMIC_RELAXED)) collect_timings();
+    wait_for_pair();
+    CUcontext ctx = timing_paused() ? NULL : current_context();
+    event_pair_t *p = NULL;
+    if (ctx) {
+        pthread_mutex_lock(&g_lim_mu);
+        p = g_npending < VGPU_PAIRS && !timing_paused() ? pair_acquire_nolock(ctx) : NULL;
+        if (p) p->state = PAIR_TAKEN;
+        pthread_mutex_unlock(&g_lim_mu);
     }
-    /* time this launch: it stands for the n launches since the last timing */
-    if (__atomic_load_n(&g_npending, __ATOMIC_RELAXED)) poll_timings();
-    if (UNLIKELY(__atomic_load_n(&g_npending, __ATOMIC_RELAXED) >= VGPU_PAIRS)) wait_oldest_timing();
-    pthread_mutex_lock(&g_lim_mu);
-    evpair_t *p = g_npending < VGPU_PAIRS ? pair_acquire_nolock() : NULL;
-    if (p) p->state = 2;
-    pthread_mutex_unlock(&g_lim_mu);
-    if (!p || real_cuEventRecord(p->e0, s) != CUDA_SUCCESS) {
-        if (p) { pthread_mutex_lock(&g_lim_mu); p->state = 1; pthread_mutex_unlock(&g_lim_mu); }
-        __atomic_store_n(&fs->since, n, __ATOMIC_RELAXED);
-        __atomic_store_n(&fs->charged, charged, __ATOMIC_RELAXED);
+    uint64_t t0 = vgpu_now_ns();
+    if (!p || real_cuEventRecord(p->start, s) != CUDA_SUCCESS) {
+        if (p) { pthread_mutex_lock(&g_lim_mu); p->state = PAIR_FREE; pthread_mutex_unlock(&g_lim_mu); }
+        __atomic_store_n(&ls->since, n, __ATOMIC_RELAXED);
+        __atomic_store_n(&ls->charged, charged, __ATOMIC_RELAXED);
         return call(args);
     }
     CUresult res = call(args);
+    int recorded = res == CUDA_SUCCESS && real_cuEventRecord(p->end, s) == CUDA_SUCCESS;
+    int quick = vgpu_now_ns() - t0 <= VGPU_SUBMIT_NS;
     pthread_mutex_lock(&g_lim_mu);
-    if (res == CUDA_SUCCESS && real_cuEventRecord(p->e1, s) == CUDA_SUCCESS) {
-        p->fs = fs;
+    if (recorded && quick && !timing_paused()) {
+        p->stats = ls;
         p->weight = n;
         p->charged = charged;
         p->ridx = r;
-        p->state = 3;
+        p->state = PAIR_PENDING;
         g_pending[g_npending] = (int)(p - g_pairs);
         __atomic_store_n(&g_npending, g_npending + 1, __ATOMIC_RELAXED);
-        __atomic_store_n(&fs->since, 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&fs->charged, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&ls->since, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&ls->charged, 0, __ATOMIC_RELAXED);
         __atomic_add_fetch(&vg.ext->sm[r].launches, n, __ATOMIC_RELAXED);
     } else {
-        p->state = 1;
+        p->state = PAIR_FREE;
+        if (res == CUDA_SUCCESS) {   /* untimed after all: these launches count towards the next timing */
+            __atomic_store_n(&ls->since, n, __ATOMIC_RELAXED);
+            __atomic_store_n(&ls->charged, charged, __ATOMIC_RELAXED);
+        }
     }
     pthread_mutex_unlock(&g_lim_mu);
     return res;
+}
+
+static CUresult limited_launch(int r, uint64_t key, CUstream s, thunk_t call, void *args) {
+    launch_stats_t *ls = stats_get(key);
+    if (UNLIKELY(!ls)) return call(args);
+    int64_t est = __atomic_load_n(&ls->est, __ATOMIC_RELAXED);
+    int64_t cost = est ? est : VGPU_UNKNOWN_NS;
+    uint32_t n = __atomic_load_n(&ls->since, __ATOMIC_RELAXED) + 1;
+    int64_t charged = __atomic_load_n(&ls->charged, __ATOMIC_RELAXED) + cost;
+    gate(r, cost);
+    if (LIKELY(n < __atomic_load_n(&ls->every, __ATOMIC_RELAXED)) || UNLIKELY(timing_paused())) {
+        __atomic_store_n(&ls->since, n, __ATOMIC_RELAXED);
+        __atomic_store_n(&ls->charged, charged, __ATOMIC_RELAXED);
+        return call(args);
+    }
+    return timed_launch(r, ls, n, charged, s, call, args);
+}
+
+/* The device of a launch when a compute limit applies to it and the launch is not captured; -1 otherwise (the
+ * caller then calls the driver directly). */
+static inline int limited_device(CUstream s, int ptsz) {
+    note_kernel();
+    int r = launch_ridx();
+    if (r < 0 || !sm_enabled(r) || UNLIKELY(stream_capturing(s, ptsz))) return -1;
+    return r;
 }
 
 /* ---- the launch entry points */
@@ -298,92 +426,125 @@ typedef struct {
     CUresult (*fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                    void **, void **);
     CUfunction f; unsigned gx, gy, gz, bx, by, bz, shm; CUstream s; void **params, **extra;
-} lk_args_t;
-static CUresult lk_call(void *p) {
-    lk_args_t *a = p;
+} kernel_launch_t;
+static CUresult kernel_launch_call(void *p) {
+    kernel_launch_t *a = p;
     return a->fn(a->f, a->gx, a->gy, a->gz, a->bx, a->by, a->bz, a->shm, a->s, a->params, a->extra);
 }
-static CUresult launch_kernel(__typeof__(real_cuLaunchKernel) fn, CUfunction f, unsigned gx, unsigned gy,
+static CUresult launch_kernel(__typeof__(real_cuLaunchKernel) fn, int ptsz, CUfunction f, unsigned gx, unsigned gy,
                               unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
                               void **params, void **extra) {
     if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active)) return fn(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
-    note_kernel();
-    int r = launch_ridx();
-    if (r < 0 || !sm_enabled(r)) return fn(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
-    lk_args_t a = {fn, f, gx, gy, gz, bx, by, bz, shm, s, params, extra};
-    return limited_launch(r, (uint64_t)(uintptr_t)f, s, lk_call, &a);
+    int r;
+    if (LIKELY(!vg.active) || (r = limited_device(s, ptsz)) < 0)
+        return fn(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    kernel_launch_t a = {fn, f, gx, gy, gz, bx, by, bz, shm, s, params, extra};
+    return limited_launch(r, (uint64_t)(uintptr_t)f, s, kernel_launch_call, &a);
 }
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
-    return launch_kernel(REAL(cuLaunchKernel), f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    return launch_kernel(REAL(cuLaunchKernel), 0, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
 }
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                     unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
-    return launch_kernel(REAL(cuLaunchKernel_ptsz), f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+    return launch_kernel(REAL(cuLaunchKernel_ptsz), 1, f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
 }
 
 typedef struct {
     CUresult (*fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
                    void **);
     CUfunction f; unsigned gx, gy, gz, bx, by, bz, shm; CUstream s; void **params;
-} ck_args_t;
-static CUresult ck_call(void *p) {
-    ck_args_t *a = p;
+} coop_launch_t;
+static CUresult coop_launch_call(void *p) {
+    coop_launch_t *a = p;
     return a->fn(a->f, a->gx, a->gy, a->gz, a->bx, a->by, a->bz, a->shm, a->s, a->params);
 }
-static CUresult launch_coop(__typeof__(real_cuLaunchCooperativeKernel) fn, CUfunction f, unsigned gx, unsigned gy,
-                            unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
+static CUresult launch_coop(__typeof__(real_cuLaunchCooperativeKernel) fn, int ptsz, CUfunction f, unsigned gx,
+                            unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
                             void **params) {
     if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active)) return fn(f, gx, gy, gz, bx, by, bz, shm, s, params);
-    note_kernel();
-    int r = launch_ridx();
-    if (r < 0 || !sm_enabled(r)) return fn(f, gx, gy, gz, bx, by, bz, shm, s, params);
-    ck_args_t a = {fn, f, gx, gy, gz, bx, by, bz, shm, s, params};
-    return limited_launch(r, (uint64_t)(uintptr_t)f, s, ck_call, &a);
+    int r;
+    if (LIKELY(!vg.active) || (r = limited_device(s, ptsz)) < 0) return fn(f, gx, gy, gz, bx, by, bz, shm, s, params);
+    coop_launch_t a = {fn, f, gx, gy, gz, bx, by, bz, shm, s, params};
+    return limited_launch(r, (uint64_t)(uintptr_t)f, s, coop_launch_call, &a);
 }
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                           unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
-    return launch_coop(REAL(cuLaunchCooperativeKernel), f, gx, gy, gz, bx, by, bz, shm, s, params);
+    return launch_coop(REAL(cuLaunchCooperativeKernel), 0, f, gx, gy, gz, bx, by, bz, shm, s, params);
 }
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                                unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
-    return launch_coop(REAL(cuLaunchCooperativeKernel_ptsz), f, gx, gy, gz, bx, by, bz, shm, s, params);
+    return launch_coop(REAL(cuLaunchCooperativeKernel_ptsz), 1, f, gx, gy, gz, bx, by, bz, shm, s, params);
 }
 
 typedef struct {
     CUresult (*fn)(const CUlaunchConfig *, CUfunction, void **, void **);
     const CUlaunchConfig *c; CUfunction f; void **params, **extra;
-} kx_args_t;
-static CUresult kx_call(void *p) { kx_args_t *a = p; return a->fn(a->c, a->f, a->params, a->extra); }
-static CUresult launch_ex(__typeof__(real_cuLaunchKernelEx) fn, const CUlaunchConfig *c, CUfunction f,
+} config_launch_t;
+static CUresult config_launch_call(void *p) { config_launch_t *a = p; return a->fn(a->c, a->f, a->params, a->extra); }
+static CUresult launch_ex(__typeof__(real_cuLaunchKernelEx) fn, int ptsz, const CUlaunchConfig *c, CUfunction f,
                           void **params, void **extra) {
     if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !c) return fn(c, f, params, extra);
-    note_kernel();
-    int r = launch_ridx();
-    if (r < 0 || !sm_enabled(r)) return fn(c, f, params, extra);
-    kx_args_t a = {fn, c, f, params, extra};
-    return limited_launch(r, (uint64_t)(uintptr_t)f, c->hStream, kx_call, &a);
+    int r;
+    if (LIKELY(!vg.active) || !c || (r = limited_device(c->hStream, ptsz)) < 0) return fn(c, f, params, extra);
+    config_launch_t a = {fn, c, f, params, extra};
+    return limited_launch(r, (uint64_t)(uintptr_t)f, c->hStream, config_launch_call, &a);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    return launch_ex(REAL(cuLaunchKernelEx), c, f, params, extra);
+    return launch_ex(REAL(cuLaunchKernelEx), 0, c, f, params, extra);
 }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    return launch_ex(REAL(cuLaunchKernelEx_ptsz), c, f, params, extra);
+    return launch_ex(REAL(cuLaunchKernelEx_ptsz), 1, c, f, params, extra);
 }
 
-typedef struct { CUresult (*fn)(CUgraphExec, CUstream); CUgraphExec g; CUstream s; } gl_args_t;
-static CUresult gl_call(void *p) { gl_args_t *a = p; return a->fn(a->g, a->s); }
-static CUresult launch_graph(__typeof__(real_cuGraphLaunch) fn, CUgraphExec g, CUstream s) {
-    if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active)) return fn(g, s);
-    note_kernel();
-    int r = launch_ridx();
-    if (r < 0 || !sm_enabled(r)) return fn(g, s);
-    gl_args_t a = {fn, g, s};
-    return limited_launch(r, (uint64_t)(uintptr_t)g ^ 0x4000000000000000ULL, s, gl_call, &a);
+/* the launch API of CUDA 2 (parameters set beforehand with cuParamSet*): the legacy default stream or a stream */
+typedef struct { CUresult (*fn)(CUfunction, int, int, CUstream); CUfunction f; int w, h; CUstream s; int kind; }
+    grid_launch_t;
+static CUresult grid_launch_call(void *p) {
+    grid_launch_t *a = p;
+    if (a->kind == 0) return ((CUresult(*)(CUfunction))(void *)a->fn)(a->f);
+    if (a->kind == 1) return ((CUresult(*)(CUfunction, int, int))(void *)a->fn)(a->f, a->w, a->h);
+    return a->fn(a->f, a->w, a->h, a->s);
 }
-EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return launch_graph(REAL(cuGraphLaunch), g, s); }
-EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return launch_graph(REAL(cuGraphLaunch_ptsz), g, s); }
+static CUresult launch_grid(void *fn, int kind, CUfunction f, int w, int h, CUstream s) {
+    grid_launch_t a = {(CUresult(*)(CUfunction, int, int, CUstream))fn, f, w, h, s, kind};
+    if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
+    int r;
+    if (LIKELY(!vg.active) || (r = limited_device(s, 0)) < 0) return grid_launch_call(&a);
+    return limited_launch(r, (uint64_t)(uintptr_t)f, s, grid_launch_call, &a);
+}
+EXPORT CUresult cuLaunch(CUfunction f) { return launch_grid((void *)REAL(cuLaunch), 0, f, 1, 1, NULL); }
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
+    return launch_grid((void *)REAL(cuLaunchGrid), 1, f, w, h, NULL);
+}
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
+    return launch_grid((void *)REAL(cuLaunchGridAsync), 2, f, w, h, s);
+}
+
+/* Deprecated since CUDA 11.3 and one launch across several devices, which one budget per device cannot time:
+ * refused while a compute limit applies to any device of the container. */
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned int n, unsigned int flags) {
+    __typeof__(real_cuLaunchCooperativeKernelMultiDevice) fn = REAL(cuLaunchCooperativeKernelMultiDevice);
+    if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
+    if (LIKELY(!vg.active) || !list) return fn(list, n, flags);
+    for (int r = 0; r < VGPU_MAX_DEVICES; r++)
+        if (sm_enabled(r)) {
+            VLOG(VLOG_WARN, "cuLaunchCooperativeKernelMultiDevice refused: a compute limit applies");
+            return CUDA_ERROR_NOT_SUPPORTED;
+        }
+    return fn(list, n, flags);
+}
+
+typedef struct { CUresult (*fn)(CUgraphExec, CUstream); CUgraphExec g; CUstream s; } graph_launch_t;
+static CUresult graph_launch_call(void *p) { graph_launch_t *a = p; return a->fn(a->g, a->s); }
+static CUresult launch_graph(__typeof__(real_cuGraphLaunch) fn, int ptsz, CUgraphExec g, CUstream s) {
+    if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
+    int r;
+    if (LIKELY(!vg.active) || (r = limited_device(s, ptsz)) < 0) return fn(g, s);
+    graph_launch_t a = {fn, g, s};
+    return limited_launch(r, (uint64_t)(uintptr_t)g ^ 0x4000000000000000ULL, s, graph_launch_call, &a);
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return launch_graph(REAL(cuGraphLaunch), 0, g, s); }
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
+    return launch_graph(REAL(cuGraphLaunch_ptsz), 1, g, s);
+}

@@ -4,15 +4,25 @@
  * Locking: one robust, process-shared pthread mutex in the extension block guards slot allocation and all
  * counters.  A process killed while holding it leaves the mutex "owner dead"; the next locker rebuilds the
  * container-wide counters from the per-slot counters (the per-slot values are the truth), reclaims the slots
- * of dead processes and marks the mutex consistent, so nobody ever waits on a dead process.
+ * of dead processes and marks the mutex consistent, so nobody ever waits on a dead process.  A mutex left
+ * unrecoverable fails closed: allocations are refused.
  *
  * Memory check: reserve-then-allocate.  Under the mutex, `ext.used[dev] + size <= limit[dev]` is checked and
  * the bytes are charged to both the container counter and this process's slot before the driver is called; a
  * failed driver call gives them back.  Two processes can therefore never both pass the check.
+ *
+ * Who owns a slot: processes of one container may live in different PID namespaces (two containers of a pod
+ * sharing a file, a DRA claim shared by pods), where PIDs say nothing (both may be PID 1).  Each process holds,
+ * for as long as it lives, an open file description lock on one byte of the file (VGPU_SLOT_LOCK_BASE + its
+ * slot); the kernel drops it when the process dies, whatever its namespace.  A slot is dead when its byte is
+ * unlocked and, if its owner is in our PID namespace, its PID no longer runs with the recorded start time (a
+ * program that closed our descriptor keeps its slot while it runs).  Slots written without the lock (HAMi-core,
+ * older versions of this library) are judged by PID and start time as before.
  */
 #include "vgpu_internal.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +34,13 @@
 #include <unistd.h>
 
 static uint64_t g_my_start;
-static unsigned g_test_hold_us; /* VGPU_TEST_HOLD_LOCK_US: tests only, sleeps inside the lock to provoke SIGKILLs there */
+static uint64_t g_my_pidns;
+static int g_live_fd = -1;           /* our descriptor of the file: holds our slot's liveness lock */
+static char g_path[PATH_MAX];
+static int g_unrecoverable;          /* the region mutex cannot be used any more: fail closed */
+static __thread int t_lock_held;     /* this thread holds the region mutex */
+/* VGPU_TEST_HOLD_LOCK_US: tests only, sleeps inside the lock to provoke SIGKILLs there */
+static unsigned g_test_hold_us;
 
 uint64_t vgpu_now_ns(void) {
     struct timespec ts;
@@ -50,8 +66,38 @@ static uint64_t proc_start(pid_t pid, char *state) {
     return strtoull(p, NULL, 10);
 }
 
-/* A slot is alive when its pid exists, is not a zombie and (if recorded) has the same start time. */
-static int slot_alive(int i) {
+/* Inode of our PID namespace (0 when /proc does not tell). */
+static uint64_t own_pidns(void) {
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* An open file description lock on slot i's liveness byte: F_WRLCK to take, F_UNLCK to drop.  0 or -1/errno. */
+static int live_lock(int fd, int i, short type) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(VGPU_SLOT_LOCK_BASE + i);
+    fl.l_len = 1;
+    return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+/* 1 when some process holds slot i's liveness byte, 0 when none does, -1 when we cannot tell. */
+static int live_held(int i) {
+    if (g_live_fd < 0) return -1;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(VGPU_SLOT_LOCK_BASE + i);
+    fl.l_len = 1;
+    if (fcntl(g_live_fd, F_OFD_GETLK, &fl) != 0) return -1;
+    return fl.l_type != F_UNLCK;
+}
+
+/* By PID: the pid exists, is not a zombie and (if recorded) has the same start time. */
+static int pid_alive(int i) {
     vgpu_proc_slot_t *s = &vg.region->procs[i];
     pid_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
     if (pid <= 0) return 0;
@@ -62,6 +108,16 @@ static int slot_alive(int i) {
     if (st == 'Z' || st == 'X') return 0;
     uint64_t rec = vg.ext->slot_start[i];
     return rec == 0 || rec == start;
+}
+
+static int slot_alive(int i) {
+    if (!(vg.ext->slot_flags[i] & VGPU_SLOT_LOCKED)) return pid_alive(i);
+    int held = live_held(i);
+    if (held != 0) return 1;                  /* held, or we cannot tell: keep it */
+    uint64_t ns = vg.ext->slot_pidns[i];
+    if (!ns || ns != g_my_pidns) return 0;    /* unlocked, and its PID means nothing here */
+    if (vg.region->procs[i].pid == vg.pid) return 0;   /* unlocked and ours: an image of this process before exec */
+    return pid_alive(i);
 }
 
 static void slot_adjust(int i, int ridx, int kind, int64_t delta) {
@@ -88,6 +144,8 @@ static void slot_clear_nolock(int i) {
     memset(s->device_util, 0, sizeof s->device_util);
     s->hostpid = 0;
     vg.ext->slot_start[i] = 0;
+    vg.ext->slot_flags[i] = 0;
+    vg.ext->slot_pidns[i] = 0;
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 
@@ -113,7 +171,7 @@ static int reap_nolock(void) {
     return n;
 }
 
-/* Caller holds the lock.  Rebuilds the container counters from the slots (after an owner died mid-update). */
+/* Caller holds the lock.  Rebuilds the container counters from the slots (after an update was cut short). */
 static void rebuild_nolock(void) {
     reap_nolock();
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
@@ -125,18 +183,30 @@ static void rebuild_nolock(void) {
     fix_proc_num_nolock();
 }
 
-static void lock_region(void) {
+/* Takes the region mutex; -1 (nothing taken) when it is unrecoverable. */
+static int lock_region(void) {
+    if (UNLIKELY(g_unrecoverable)) return -1;
     pthread_mutex_t *m = (pthread_mutex_t *)vg.ext->lock;
     int r = pthread_mutex_lock(m);
     if (UNLIKELY(r == EOWNERDEAD)) {
+        t_lock_held = 1;
         VLOG(VLOG_WARN, "shared region lock owner died; rebuilding counters");
         rebuild_nolock();
         pthread_mutex_consistent(m);
-    } else if (UNLIKELY(r == ENOTRECOVERABLE)) {
-        VLOG(VLOG_ERROR, "shared region lock not recoverable");
+        return 0;
     }
+    if (UNLIKELY(r != 0)) {
+        if (!__atomic_exchange_n(&g_unrecoverable, 1, __ATOMIC_ACQ_REL))
+            VLOG(VLOG_ERROR, "shared region lock unusable (%s): allocations are refused from now on", strerror(r));
+        return -1;
+    }
+    t_lock_held = 1;
+    return 0;
 }
-static void unlock_region(void) { pthread_mutex_unlock((pthread_mutex_t *)vg.ext->lock); }
+static void unlock_region(void) {
+    t_lock_held = 0;
+    pthread_mutex_unlock((pthread_mutex_t *)vg.ext->lock);
+}
 
 static void init_mutex(void *mem) {
     pthread_mutexattr_t a;
@@ -147,12 +217,31 @@ static void init_mutex(void *mem) {
     pthread_mutexattr_destroy(&a);
 }
 
+/*
+ * At exit: give back our slot.  exit() may run from a signal handler that interrupted this very thread inside
+ * the region lock: then the counters are rebuilt from the slots (the interrupted update may be half done) without
+ * locking again.  When another thread holds the lock for more than a second the slot is left to the next process
+ * to reap (our liveness lock goes with us).
+ */
 static void on_exit_release(void) {
     if (!vg.ext || vg.slot < 0 || vg.pid != getpid()) return;
-    lock_region();
-    slot_clear_nolock(vg.slot);
-    fix_proc_num_nolock();
-    unlock_region();
+    int mine = vg.slot, locked = t_lock_held;
+    if (!locked && !g_unrecoverable) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        int r = pthread_mutex_timedlock((pthread_mutex_t *)vg.ext->lock, &until);
+        if (r == EOWNERDEAD) pthread_mutex_consistent((pthread_mutex_t *)vg.ext->lock);
+        locked = r == 0 || r == EOWNERDEAD;
+        if (locked) t_lock_held = 1;
+    }
+    if (locked) {
+        vg.slot = -1;
+        slot_clear_nolock(mine);
+        rebuild_nolock();
+        unlock_region();
+    }
+    if (g_live_fd >= 0) live_lock(g_live_fd, mine, F_UNLCK);
     vg.slot = -1;
 }
 
@@ -160,6 +249,24 @@ static void on_fork_child(void) {
     vg.slot = -1;            /* the child registers its own slot on first use */
     vg.pid = getpid();
     g_my_start = 0;
+    t_lock_held = 0;
+    /* our copy of the parent's descriptor would keep the parent's liveness lock after the parent died */
+    if (g_live_fd >= 0) close(g_live_fd);
+    g_live_fd = -1;
+}
+
+/* Version 1 extension blocks (an older library created the file) gain the version 2 fields, zero. */
+static void upgrade_ext(vgpu_ext_t *x) {
+    if (x->version >= VGPU_EXT_VERSION) return;
+    memset(x->slot_flags, 0, sizeof *x - offsetof(vgpu_ext_t, slot_flags));
+    x->size = sizeof *x;
+    __atomic_store_n(&x->version, VGPU_EXT_VERSION, __ATOMIC_RELEASE);
+}
+
+/* A new region: rows 0.. are the positions of the grant, so row i carries limit i whatever CUDA's device order. */
+static void seed_devices(vgpu_region_t *r) {
+    for (int i = 0; i < vg.grant_count; i++) snprintf(r->uuids[i], VGPU_UUID_LEN, "%s", vg.grant_uuid[i]);
+    r->device_num = (uint64_t)vg.grant_count;
 }
 
 /*
@@ -171,6 +278,7 @@ int vgpu_region_attach(char *why, size_t why_len) {
     if (vg.region) return 0;
     const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (!path || !*path) path = "/tmp/cudevshr.cache";
+    snprintf(g_path, sizeof g_path, "%s", path);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
         snprintf(why, why_len, "cannot open the accounting file %s: %s", path, strerror(errno));
@@ -208,6 +316,7 @@ int vgpu_region_attach(char *why, size_t why_len) {
             r->limit[i] = vg.mem_limit[i];
             r->sm_limit[i] = (uint64_t)vg.sm_limit[i];
         }
+        seed_devices(r);
         r->utilization_switch = 1;
         r->recent_kernel = 2;
         const char *prio = getenv("CUDA_TASK_PRIORITY");
@@ -235,14 +344,27 @@ int vgpu_region_attach(char *why, size_t why_len) {
         }
         __atomic_store_n(&x->magic, VGPU_EXT_MAGIC, __ATOMIC_RELEASE);
     }
+    upgrade_ext(x);
     flock(fd, LOCK_UN);
     close(fd);
     vg.slot = -1;
+    g_my_pidns = own_pidns();
     const char *hold = getenv("VGPU_TEST_HOLD_LOCK_US");
     if (hold && *hold) g_test_hold_us = (unsigned)strtoul(hold, NULL, 10);
     atexit(on_exit_release);
     pthread_atfork(NULL, NULL, on_fork_child);
     return 0;
+}
+
+/* Takes the liveness lock of slot i; returns the slot flags to record (0 when the kernel has no OFD locks). */
+static int claim_liveness(int i, uint32_t *flags) {
+    *flags = 0;
+    if (g_live_fd < 0) return 0;
+    if (live_lock(g_live_fd, i, F_WRLCK) == 0) {
+        *flags = VGPU_SLOT_LOCKED;
+        return 0;
+    }
+    return errno == EAGAIN || errno == EACCES ? -1 : 0;   /* -1: a live process holds it: not free after all */
 }
 
 /* Returns this process's slot index, registering it on first use; -1 if the table is full. */
@@ -252,23 +374,25 @@ int vgpu_slot(void) {
     pid_t me = getpid();
     vg.pid = me;
     if (!g_my_start) g_my_start = proc_start(me, NULL);
-    lock_region();
+    if (g_live_fd < 0) {
+        int fd = open(g_path, O_RDWR | O_CLOEXEC);
+        /* out of the way of programs that reuse low descriptor numbers */
+        g_live_fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 512) : -1;
+        if (g_live_fd < 0) g_live_fd = fd;
+        else if (fd >= 0) close(fd);
+    }
+    if (lock_region()) return -1;
     reap_nolock();
     int slot = -1;
-    for (int i = 0; i < VGPU_MAX_PROCS; i++) {
-        vgpu_proc_slot_t *s = &vg.region->procs[i];
-        if (s->pid == me) {
-            /* same pid: a previous image of this process (exec) or PID reuse; its memory is gone */
-            slot_clear_nolock(i);
-        }
-    }
-    for (int i = 0; i < VGPU_MAX_PROCS; i++) {
-        if (vg.region->procs[i].pid == 0) { slot = i; break; }
-    }
+    uint32_t flags = 0;
+    for (int i = 0; i < VGPU_MAX_PROCS && slot < 0; i++)
+        if (vg.region->procs[i].pid == 0 && claim_liveness(i, &flags) == 0) slot = i;
     if (slot >= 0) {
         vgpu_proc_slot_t *s = &vg.region->procs[slot];
         memset(s, 0, sizeof *s);
         vg.ext->slot_start[slot] = g_my_start;
+        vg.ext->slot_flags[slot] = flags;
+        vg.ext->slot_pidns[slot] = g_my_pidns;
         s->status = 1;
         __atomic_store_n(&s->pid, me, __ATOMIC_RELEASE);
         fix_proc_num_nolock();
@@ -294,8 +418,7 @@ uint64_t vgpu_used(int ridx) {
 int vgpu_reserve(int ridx, uint64_t bytes, int kind) {
     if (ridx < 0 || ridx >= VGPU_MAX_DEVICES) return 0;
     int slot = vgpu_slot();
-    if (slot < 0) return -1;
-    lock_region();
+    if (slot < 0 || lock_region()) return -1;
     uint64_t lim = vg.region->limit[ridx];
     uint64_t used = vg.ext->used[ridx];
     if (lim && (used + bytes > lim || used + bytes < used)) {
@@ -319,30 +442,60 @@ int vgpu_reserve(int ridx, uint64_t bytes, int kind) {
 void vgpu_release(int ridx, uint64_t bytes, int kind) {
     if (ridx < 0 || ridx >= VGPU_MAX_DEVICES || !bytes) return;
     int slot = vgpu_slot();
-    if (slot < 0) return;
-    lock_region();
+    if (slot < 0 || lock_region()) return;
     uint64_t used = vg.ext->used[ridx];
     __atomic_store_n(&vg.ext->used[ridx], used >= bytes ? used - bytes : 0, __ATOMIC_RELAXED);
     slot_adjust(slot, ridx, kind, -(int64_t)bytes);
     unlock_region();
 }
 
+/* Caller holds the lock.  A device the grant does not name (its UUID is not in the list the limits' positions
+ * follow) gets the tightest of the granted limits rather than none. */
+static void unlisted_device_limits(int row, const char *uuid) {
+    uint64_t mem = 0, sm = 0;
+    for (int i = 0; i < vg.grant_count; i++) {
+        uint64_t m = vg.region->limit[i], c = vg.region->sm_limit[i];
+        if (m && (!mem || m < mem)) mem = m;
+        if (c && (!sm || c < sm)) sm = c;
+    }
+    if (!vg.region->limit[row]) vg.region->limit[row] = mem;
+    if (!vg.region->sm_limit[row]) vg.region->sm_limit[row] = sm;
+    VLOG(VLOG_WARN, "%s is not among the granted GPUs; it gets the tightest granted limits (%llu bytes, %llu%%)", uuid,
+         (unsigned long long)vg.region->limit[row], (unsigned long long)vg.region->sm_limit[row]);
+}
+
 /* Region device index of a UUID, adding it to the table if new; -1 when the table is full. */
 int vgpu_ridx_for_uuid(const char *uuid) {
     if (!vg.region || !uuid || !*uuid) return -1;
-    int n = (int)vg.region->device_num;
+    int n = (int)__atomic_load_n(&vg.region->device_num, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n && i < VGPU_MAX_DEVICES; i++)
-        if (!strncmp(vg.region->uuids[i], uuid, VGPU_UUID_LEN)) return i;
-    lock_region();
+        if (!strncasecmp(vg.region->uuids[i], uuid, VGPU_UUID_LEN)) return i;
+    if (lock_region()) return -1;
     n = (int)vg.region->device_num;
     int found = -1;
-    for (int i = 0; i < n && i < VGPU_MAX_DEVICES; i++)
-        if (!strncmp(vg.region->uuids[i], uuid, VGPU_UUID_LEN)) found = i;
+    for (int i = 0; i < n && i < VGPU_MAX_DEVICES && found < 0; i++)
+        if (!strncasecmp(vg.region->uuids[i], uuid, VGPU_UUID_LEN)) found = i;
     if (found < 0 && n < VGPU_MAX_DEVICES) {
+        if (vg.grant_count && n >= vg.grant_count) unlisted_device_limits(n, uuid);
         snprintf(vg.region->uuids[n], VGPU_UUID_LEN, "%s", uuid);
         __atomic_store_n(&vg.region->device_num, (uint64_t)(n + 1), __ATOMIC_RELEASE);
         found = n;
     }
     unlock_region();
     return found;
+}
+
+/* Remembers memory this container exported (IPC handle, shareable handle), so its own processes importing it
+ * are not charged twice. */
+void vgpu_note_export(uint64_t hash) {
+    if (!vg.ext || !hash) return;
+    uint32_t at = __atomic_fetch_add(&vg.ext->exported_next, 1, __ATOMIC_ACQ_REL);
+    __atomic_store_n(&vg.ext->exported[at % VGPU_EXPORTS], hash, __ATOMIC_RELEASE);
+}
+
+int vgpu_exported(uint64_t hash) {
+    if (!vg.ext || !hash) return 0;
+    for (int i = 0; i < VGPU_EXPORTS; i++)
+        if (__atomic_load_n(&vg.ext->exported[i], __ATOMIC_ACQUIRE) == hash) return 1;
+    return 0;
 }

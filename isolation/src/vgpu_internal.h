@@ -5,6 +5,9 @@
 #define VGPU_INTERNAL_H
 
 #define _GNU_SOURCE
+/* cuda.h then declares every entry point under its own versioned name (cuMemAlloc is the v1 symbol, cuMemAlloc_v2
+ * the current one, the _ptsz forms too) instead of mapping names to the newest version with macros. */
+#define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -35,8 +38,10 @@ typedef struct {
     int active;              /* a shared region is attached (some limit configured) */
     int sm_configured;       /* some device has 0 < SM limit < 100 at start */
     int policy;
-    uint64_t mem_limit[VGPU_MAX_DEVICES];
+    uint64_t mem_limit[VGPU_MAX_DEVICES];   /* by position in the container's grant (see grant_uuid) */
     int sm_limit[VGPU_MAX_DEVICES];
+    char grant_uuid[VGPU_MAX_DEVICES][VGPU_UUID_LEN]; /* the UUID each position's limits belong to */
+    int grant_count;         /* positions with a UUID; 0 when the environment does not name the GPUs by UUID */
     uint64_t context_overhead;
     int count_managed;
     vgpu_region_t *region;
@@ -61,6 +66,8 @@ HIDDEN int vgpu_ridx_for_uuid(const char *uuid);
 HIDDEN uint64_t vgpu_used(int ridx);
 HIDDEN uint64_t vgpu_limit(int ridx);
 HIDDEN uint64_t vgpu_now_ns(void);
+HIDDEN void vgpu_note_export(uint64_t hash);
+HIDDEN int vgpu_exported(uint64_t hash);
 
 /* hooks.c */
 HIDDEN void vgpu_ensure_init(void);

@@ -3,7 +3,10 @@
  *
  * Bytes [0, 2008952) are HAMi-core's v1.2 `shared_region_t`, byte for byte, so HAMi's vGPUmonitor reads our file
  * and we read HAMi-core's.  Our own state (a robust mutex, container-wide counters, slot start times and the
- * compute budget) lives in `vgpu_ext_t` at VGPU_EXT_OFFSET, after the v1 region.
+ * compute budget) lives in `vgpu_ext_t` at VGPU_EXT_OFFSET, after the v1 region.  Version 2 appended, per slot,
+ * how its owner's liveness is known (a lock byte at VGPU_SLOT_LOCK_BASE + slot that the owner holds with an open
+ * file description lock) and the owner's PID namespace, plus the hashes of memory the container exported; fields
+ * are only ever appended, so processes of an older version keep working beside newer ones.
  *
  * The block between the CDEF markers is plain C that cffi's cdef() parses as is (isolation/region.py reads
  * this very file), so the Python reader and the library cannot drift apart.  Fields HAMi-core treats as
@@ -25,7 +28,10 @@
 #define VGPU_V1_SIZE 2008952
 #define VGPU_EXT_OFFSET 2011136 /* first 4 KiB boundary after the v1 region */
 #define VGPU_EXT_MAGIC 0x3154584555504756ULL /* "VGPUEXT1" little endian */
-#define VGPU_EXT_VERSION 1
+#define VGPU_EXT_VERSION 2       /* 2 appended slot_flags, slot_pidns and exported; version 1 files are upgraded */
+#define VGPU_EXPORTS 64
+#define VGPU_SLOT_LOCKED 1u       /* slot_flags: the owner holds the slot's liveness lock for its whole life */
+#define VGPU_SLOT_LOCK_BASE (1LL << 40) /* byte offset of slot 0's liveness lock (past the end: locks only) */
 
 /* CDEF-BEGIN */
 typedef struct {
@@ -96,6 +102,11 @@ typedef struct {
     uint64_t peak[16];
     uint64_t slot_start[1024];
     vgpu_sm_state_t sm[16];
+    uint32_t slot_flags[1024];
+    uint64_t slot_pidns[1024];
+    uint64_t exported[64];
+    uint32_t exported_next;
+    uint32_t pad1;
 } vgpu_ext_t;
 /* CDEF-END */
 
@@ -133,5 +144,6 @@ _Static_assert(offsetof(vgpu_region_t, sem_postinit) == 2008920, "sem_postinit")
 _Static_assert(sizeof(vgpu_region_t) == VGPU_V1_SIZE, "v1 region size");
 _Static_assert(VGPU_EXT_OFFSET >= VGPU_V1_SIZE && VGPU_EXT_OFFSET % 4096 == 0, "extension placement");
 _Static_assert(sizeof(vgpu_sm_state_t) == 64, "sm state size");
+_Static_assert(offsetof(vgpu_ext_t, slot_flags) == 9680, "version 2 fields follow the version 1 extension");
 
 #endif

@@ -101,7 +101,10 @@ def test_contract_example_allocate_response(cluster):
             "NVIDIA_VISIBLE_DEVICES": f"{a},{b}",
             "CUDA_DEVICE_MEMORY_LIMIT_0": "10000m",
             "CUDA_DEVICE_MEMORY_LIMIT_1": "10000m",
+            "CUDA_DEVICE_SM_LIMIT_0": "30",
+            "CUDA_DEVICE_SM_LIMIT_1": "30",
             "CUDA_DEVICE_SM_LIMIT": "30",
+            "VGPU_DEVICE_UUIDS": f"{a},{b}",
             "CUDA_DEVICE_MEMORY_SHARED_CACHE": cache,
         },
         mounts=[

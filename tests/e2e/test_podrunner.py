@@ -93,6 +93,8 @@ def test_a_process_with_the_translated_env_is_limited(tmp_path):
     report = orjson.loads(out.stdout.split("VGPU-WORKLOAD ", 1)[1])
     assert out.returncode == 0, out.stdout + out.stderr
     assert report["nvml_uuids"] == [UUID_B, UUID_A]  # NVML names the GPUs as the plugin advertised them
-    first, second = report["devices"]
-    assert first["total_mib"] == 1000 and first["allocated_mib"] == 1000 and first["oom_at_mib"] == 1250
-    assert second["total_mib"] == 2000 and second["allocated_mib"] == 1500 and second["oom_at_mib"] is None
+    # CUDA numbers the A100 first (fastest first); each limit still reaches the GPU it was granted for
+    assert [d["uuid"] for d in report["devices"]] == [UUID_A, UUID_B]
+    a100, t4 = report["devices"]
+    assert t4["total_mib"] == 1000 and t4["allocated_mib"] == 1000 and t4["oom_at_mib"] == 1250
+    assert a100["total_mib"] == 2000 and a100["allocated_mib"] == 1500 and a100["oom_at_mib"] is None

@@ -143,7 +143,8 @@ class TestSignedGrants:
         (a,) = node.wait_inventory()
         original = self._signed(node, "original", a, key.read_bytes().strip())
         (admitted,) = node.kubelet.admit(original)
-        assert _limits(admitted) == {"CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_SM_LIMIT": "10"}
+        assert _limits(admitted) == {"CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_SM_LIMIT_0": "10",
+                                    "CUDA_DEVICE_SM_LIMIT": "10"}
         copy = _make(node, "copy", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:",
                      annotations={grants.SIGNATURE: original["metadata"]["annotations"][grants.SIGNATURE]})
         _refused(node, copy, "signature does not match")
@@ -166,6 +167,7 @@ class TestSignedGrants:
         (a,) = node.wait_inventory()
         fair = _make(node, "fair", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:")
         (admitted,) = node.kubelet.admit(fair)
-        assert _limits(admitted) == {"CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_SM_LIMIT": "10"}
+        assert _limits(admitted) == {"CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_SM_LIMIT_0": "10",
+                                    "CUDA_DEVICE_SM_LIMIT": "10"}
         greedy = _make(node, "greedy", [gpu_container("main", 1, 1, 1)], f"{a},NVIDIA,{T4_UNITS},100:")
         _refused(node, greedy, "the spec allows 1")

@@ -8,6 +8,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from vgpu.isolation.build import ensure_built
 from vgpu.testbed.build import ensure_sim_built
 
@@ -25,19 +27,29 @@ class Libs:
 
 
 def build_libs() -> Libs:
-    """Build (if needed) libvgpu.so and the simulated driver; a failed build raises."""
+    """Build (if needed) libvgpu.so and the simulated driver; a failed build raises.  VGPU_TEST_LIBVGPU names
+    another build of the library to test instead (an older version, to see a test fail on it)."""
     sim = ensure_sim_built()
-    return Libs(ensure_built().libvgpu, sim.sim_dir, sim.sim_libcuda)
+    other = os.environ.get("VGPU_TEST_LIBVGPU")
+    return Libs(Path(other) if other else ensure_built().libvgpu, sim.sim_dir, sim.sim_libcuda)
 
 
-def build_probe(libs: Libs, out: Path) -> Path:
-    """Compile tests/isolation/csrc/probe.c against the simulated libcuda into `out`."""
+def build_probe(libs: Libs, out: Path, source: str = "probe.c") -> Path:
+    """Compile a probe program of tests/isolation/csrc against the simulated libcuda into `out`."""
     subprocess.run(
-        ["gcc", "-O2", "-I/usr/local/cuda/include", f"-I{SRC}", "-o", str(out), str(CSRC / "probe.c"),
+        ["gcc", "-O2", "-pthread", "-I/usr/local/cuda/include", f"-I{SRC}", "-o", str(out), str(CSRC / source),
          f"-L{libs.sim_dir}", "-lcuda", "-ldl"],
         check=True,
     )
     return out
+
+
+def require_tool(name: str, where: str) -> None:
+    """Skip a test that needs a tool which is not installed; fail it instead where VGPU_REQUIRE_TOOLS names the tool
+    (CI installs and requires every tool its tests need)."""
+    if name in os.environ.get("VGPU_REQUIRE_TOOLS", "").split(","):
+        pytest.fail(f"{name} is required (VGPU_REQUIRE_TOOLS) but not installed: {where}")
+    pytest.skip(f"{name} is not installed: {where}")
 
 
 def parse_kv(text: str) -> dict[str, str]:
@@ -70,17 +82,19 @@ class Sim:
         env.update(extra)
         return env
 
-    def run(self, *args: str, preload: bool = True, timeout: float = 60, **extra: str) -> dict[str, str]:
-        res = subprocess.run([str(self.probe), *args], env=self.env(preload, **extra), capture_output=True,
+    def run(self, *args: str, preload: bool = True, timeout: float = 60, program: Path | None = None,
+            **extra: str) -> dict[str, str]:
+        """Run a probe program (probe.c's by default) to its end; its key=value lines, _rc and _stderr."""
+        res = subprocess.run([str(program or self.probe), *args], env=self.env(preload, **extra), capture_output=True,
                              text=True, timeout=timeout)
         kv = parse_kv(res.stdout)
         kv["_rc"] = str(res.returncode)
         kv["_stderr"] = res.stderr
         return kv
 
-    def popen(self, *args: str, preload: bool = True, **extra: str) -> subprocess.Popen:
-        return subprocess.Popen([str(self.probe), *args], env=self.env(preload, **extra), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+    def popen(self, *args: str, preload: bool = True, program: Path | None = None, **extra: str) -> subprocess.Popen:
+        return subprocess.Popen([str(program or self.probe), *args], env=self.env(preload, **extra),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def helpers(self) -> ctypes.CDLL:
         """The simulated driver's test helpers (timeline and memory of the private state file)."""

@@ -54,13 +54,13 @@ def test_limit_holds_over_several_streams(sim):
     assert abs(share - 50) <= TOLERANCE, share
 
 
-@pytest.mark.parametrize("workload,limit", [("bursty", 30), ("mixed", 70)])
+@pytest.mark.parametrize("workload,limit", [("bursty", 30), ("mixed", 70), ("varied", 90)])
 def test_processes_of_one_container_share_one_budget(sim, workload, limit):
     share = run_mix(sim, workload, [limit], nproc=3)[0]
     assert abs(share - limit) <= TOLERANCE, (workload, limit, share)
 
 
-@pytest.mark.parametrize("workload,limits", [("varied", [20, 60]), ("mixed", [50, 30])])
+@pytest.mark.parametrize("workload,limits", [("varied", [20, 60]), ("mixed", [50, 30]), ("varied", [10, 80])])
 def test_two_containers_each_get_their_own_limit(sim, workload, limits):
     """Each container is capped at its own limit; the share neither uses stays idle (limits are caps)."""
     shares = run_mix(sim, workload, limits, nproc=2)
@@ -139,3 +139,12 @@ def test_process_sm_util_is_published_for_the_monitor(sim):
         assert dev.sm_util == procs[0].sm_util[0]
     finally:
         p.communicate(timeout=30)
+
+
+def test_the_cuda2_launch_api_is_limited(sim, probe_api):
+    """cuParamSetv + cuLaunchGrid (parameters set beforehand, the legacy default stream) count like any launch."""
+    out = sim.run("oldlaunch", "3", program=probe_api, timeout=60, CUDA_DEVICE_MEMORY_LIMIT="4g",
+                  CUDA_DEVICE_SM_LIMIT="30", GPU_CORE_UTILIZATION_POLICY="force")
+    assert out["_rc"] == "0", out
+    share = int(out["launches"]) * int(out["kernel_ns"]) / 1e9 / float(out["seconds"]) * 100
+    assert abs(share - 30) <= 3, share

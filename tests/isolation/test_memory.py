@@ -144,7 +144,8 @@ def test_dlsym_and_cuGetProcAddress_return_the_hooks(sim):
     assert kv["gpa_cuCtxCreate_11040_0"] == "0,0,libvgpu.so,cuCtxCreate_v3"
     assert kv["gpa_cuCtxCreate_12050_0"] == "0,0,libvgpu.so,cuCtxCreate_v4"
     assert kv["gpa_cuDeviceGetCount_12000_0"] == "0,0,libcuda.so.1,cuDeviceGetCount"   # not hooked: untouched
-    assert kv["gpa_cuMemAlloc_3000_0"].startswith("500,2,")                             # version not sufficient
+    assert kv["gpa_cuMemAlloc_3000_0"] == "0,0,libvgpu.so,cuMemAlloc"                   # the CUDA 2 ABI, wrapped too
+    assert kv["gpa_cuMemAlloc_1000_0"].startswith("500,2,")                             # version not sufficient
     assert kv["gpa_chain"] == "libvgpu.so,cuMemAlloc_v2"
 
 

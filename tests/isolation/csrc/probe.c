@@ -14,6 +14,12 @@
 #include <time.h>
 #include <unistd.h>
 #include "vgpu_nvml.h"
+#include "vgpu_region.h"
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/time.h>
+#include <sys/wait.h>
 
 #undef cuGetProcAddress
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);
@@ -192,7 +198,7 @@ static int cmd_procaddr(void) {
         {"cuMemAlloc", 12000, 0}, {"cuMemFree", 12000, 0}, {"cuLaunchKernel", 12000, 0},
         {"cuLaunchKernel", 12000, CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM}, {"cuMemAllocAsync", 12000, 0},
         {"cuGetProcAddress", 12000, 0}, {"cuCtxCreate", 11040, 0}, {"cuCtxCreate", 12050, 0},
-        {"cuDeviceGetCount", 12000, 0}, {"cuMemAlloc", 3000, 0}, {NULL, 0, 0}};
+        {"cuDeviceGetCount", 12000, 0}, {"cuMemAlloc", 3000, 0}, {"cuMemAlloc", 1000, 0}, {NULL, 0, 0}};
     for (int i = 0; q[i].name; i++) {
         void *fn = NULL; CUdriverProcAddressQueryResult st = 0;
         CUresult r = cuGetProcAddress_v2(q[i].name, &fn, q[i].ver, q[i].flags, &st);
@@ -342,6 +348,53 @@ static int cmd_hot(int n) {
     return 0;
 }
 
+/* hold MIB SECONDS: allocate MIB at once, report, keep it for SECONDS */
+static int cmd_hold(size_t mib, double seconds) {
+    setup(0);
+    CUdeviceptr p = 0;
+    CUresult r = cuMemAlloc(&p, mib << 20);
+    printf("alloc=%d\n", (int)r);
+    fflush(stdout);
+    struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    nanosleep(&ts, NULL);
+    printf("done=1\n");
+    fflush(stdout);
+    return 0;
+}
+
+/* a signal handler that ends the process from wherever it interrupted it, here inside the library's region lock */
+static void exit_now(int sig) { (void)sig; exit(0); }
+static int cmd_exit_in_lock(void) {
+    setup(0);
+    signal(SIGALRM, exit_now);
+    struct itimerval it = {{0, 0}, {0, 150000}};
+    setitimer(ITIMER_REAL, &it, NULL);
+    printf("started=1\n");
+    fflush(stdout);
+    for (;;) {
+        CUdeviceptr p;
+        if (cuMemAlloc(&p, 1 << 20) == CUDA_SUCCESS) cuMemFree(p);
+    }
+}
+
+/* poison FILE: leave the accounting file's region mutex unrecoverable (its owner died and the next locker
+ * unlocked it without marking it consistent) */
+static int cmd_poison(const char *path) {
+    int fd = open(path, O_RDWR);
+    if (fd < 0) { perror("open"); return 3; }
+    char *mem = mmap(NULL, VGPU_FILE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) { perror("mmap"); return 3; }
+    pthread_mutex_t *m = (pthread_mutex_t *)((vgpu_ext_t *)(mem + VGPU_EXT_OFFSET))->lock;
+    pid_t child = fork();
+    if (child == 0) { pthread_mutex_lock(m); _exit(0); }
+    waitpid(child, NULL, 0);
+    int first = pthread_mutex_lock(m);
+    if (first == EOWNERDEAD) pthread_mutex_unlock(m);
+    int second = pthread_mutex_lock(m);
+    printf("first=%d\nsecond=%d\npoisoned=%d\n", first, second, second == ENOTRECOVERABLE);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) { fprintf(stderr, "usage: probe CMD ...\n"); return 2; }
     const char *c = argv[1];
@@ -354,6 +407,9 @@ int main(int argc, char **argv) {
     if (!strcmp(c, "hot")) return cmd_hot(atoi(argv[2]));
     if (!strcmp(c, "refuse")) return cmd_refuse(strtoull(argv[2], NULL, 0));
     if (!strcmp(c, "mix")) return cmd_mix(argv[2], atof(argv[3]), argc > 4 ? atoi(argv[4]) : 1);
+    if (!strcmp(c, "hold")) return cmd_hold(strtoull(argv[2], NULL, 0), atof(argv[3]));
+    if (!strcmp(c, "exit_in_lock")) return cmd_exit_in_lock();
+    if (!strcmp(c, "poison")) return cmd_poison(argv[2]);
     if (!strcmp(c, "init")) { CUresult r = cuInit(0); printf("init=%d\n", (int)r); return 0; }
     fprintf(stderr, "unknown command %s\n", c);
     return 2;
