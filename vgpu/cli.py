@@ -20,6 +20,7 @@ from vgpu.deviceplugin import cli as deviceplugin_cli
 from vgpu.draplugin import cli as draplugin_cli
 from vgpu.errors import ConfigError, VGPUError
 from vgpu.isolation import cli as isolation_cli
+from vgpu.isolation.doctor import cli as doctor_cli
 from vgpu.replay import cli as replay_cli
 from vgpu.scheduler import cli as scheduler_cli
 
@@ -32,6 +33,7 @@ COMPONENTS: tuple[Callable[[Any], None], ...] = (
     deviceplugin_cli.register,
     draplugin_cli.register,
     isolation_cli.register,
+    doctor_cli.register,
     replay_cli.register,
 )
 
