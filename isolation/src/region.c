@@ -470,7 +470,8 @@ int vgpu_ridx_for_uuid(const char *uuid) {
     int n = (int)__atomic_load_n(&vg.region->device_num, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n && i < VGPU_MAX_DEVICES; i++)
         if (!strncasecmp(vg.region->uuids[i], uuid, VGPU_UUID_LEN)) return i;
-    if (lock_region()) return -1;
+    /* an unusable lock: any row will do, since every charge against it is refused (-1 would mean "not limited") */
+    if (lock_region()) return 0;
     n = (int)vg.region->device_num;
     int found = -1;
     for (int i = 0; i < n && i < VGPU_MAX_DEVICES && found < 0; i++)

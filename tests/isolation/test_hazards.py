@@ -43,11 +43,15 @@ def test_exit_from_a_signal_handler_inside_the_lock_does_not_hang(sim):
         assert r.processes() == []
 
 
-def test_an_unrecoverable_region_lock_refuses_allocations(sim):
+@pytest.mark.parametrize("devices_known", [True, False])
+def test_an_unrecoverable_region_lock_refuses_allocations(sim, devices_known):
     """A lock nobody can take any more must not be ignored: the library refuses allocations rather than account
-    without it."""
-    first = sim.run("chunks", str(64 * MiB), CUDA_DEVICE_MEMORY_LIMIT="256m")
-    assert first["count"] == "4", first
+    without it, also when the file has no device rows yet (they are added under that lock)."""
+    if devices_known:
+        first = sim.run("chunks", str(64 * MiB), CUDA_DEVICE_MEMORY_LIMIT="256m")
+        assert first["count"] == "4", first
+    else:
+        assert sim.run("init", CUDA_DEVICE_MEMORY_LIMIT="256m")["init"] == "0"
     poisoned = sim.run("poison", str(sim.cache))
     assert poisoned["poisoned"] == "1", poisoned
     after = sim.run("chunks", str(64 * MiB), CUDA_DEVICE_MEMORY_LIMIT="256m")
