@@ -38,6 +38,7 @@
 #define VGPU_TIMING_NS 100000.0      /* short kernels: timed at most once per this much of their GPU time */
 #define VGPU_STEADY_CV2 0.0225       /* functions this steady (CV 0.15) are timed one launch in VGPU_EVERY_MAX */
 #define VGPU_WARMUP 8                /* time the first launches of a function, all of them */
+#define VGPU_VAR_SPAN 32             /* timings the spread of a function's durations is estimated over */
 #define VGPU_PAIRS 64
 #define VGPU_SUBMIT_NS 200000ULL     /* a timed submission slower than this may have let other work in: dropped */
 
@@ -243,12 +244,19 @@ static void settle(event_pair_t *p, int64_t measured) {
     launch_stats_t *ls = p->stats;
     int64_t est = ls->est;
     double dev = (double)(measured - est);
-    if (est) ls->var += (dev * dev - ls->var) / 8;
+    if (est) {   /* a plain average over the first VGPU_VAR_SPAN deviations, then a moving one that long */
+        uint32_t n = ls->samples < VGPU_VAR_SPAN ? ls->samples : VGPU_VAR_SPAN;
+        ls->var += (dev * dev - ls->var) / n;
+    }
     est = est ? est + (measured - est) / 8 : measured;
     if (est < 1) est = 1;
     __atomic_store_n(&ls->est, est, __ATOMIC_RELAXED);
     ls->samples++;
-    __atomic_store_n(&ls->every, timing_interval(ls), __ATOMIC_RELAXED);
+    /* fewer timings only gradually, more at once: a run of similar durations from a function that sometimes runs
+     * much longer must not space its timings out just before a long one, which would then stand for many */
+    uint32_t every = timing_interval(ls), was = ls->every;
+    if (every > was + was / 4 + 1) every = was + was / 4 + 1;
+    __atomic_store_n(&ls->every, every, __ATOMIC_RELAXED);
 }
 
 /* Collects finished timings, oldest first, stopping at the first one still running.  Nothing is queried while a
