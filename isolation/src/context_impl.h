@@ -18,17 +18,17 @@ static void context_gone(CUcontext c) {
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pc, CUdevice dev) {
     __typeof__(real_cuDevicePrimaryCtxRetain) f = REAL(cuDevicePrimaryCtxRetain);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || dev < 0 || dev >= MAX_PRIMARY) return f(pc, dev);
+    if (LIKELY(!g_vgpu.active) || dev < 0 || dev >= MAX_PRIMARY) return f(pc, dev);
     int first = __atomic_fetch_add(&g_prim_refs[dev], 1, __ATOMIC_ACQ_REL) == 0;
-    int r = vg.context_overhead ? ord2ridx(dev) : -1;
-    if (first && r >= 0 && vgpu_reserve(r, vg.context_overhead, ACCT_CONTEXT)) {
+    int r = g_vgpu.context_overhead ? ord2row(dev) : -1;
+    if (first && r >= 0 && vgpu_reserve(r, g_vgpu.context_overhead, ACCT_CONTEXT)) {
         __atomic_fetch_sub(&g_prim_refs[dev], 1, __ATOMIC_ACQ_REL);
         return refuse(pc);
     }
     CUresult res = f(pc, dev);
     if (res == CUDA_SUCCESS && pc) __atomic_store_n(&g_prim_ctx[dev], *pc, __ATOMIC_RELEASE);
     if (res != CUDA_SUCCESS && __atomic_sub_fetch(&g_prim_refs[dev], 1, __ATOMIC_ACQ_REL) == 0 && r >= 0)
-        vgpu_release(r, vg.context_overhead, ACCT_CONTEXT);
+        vgpu_release(r, g_vgpu.context_overhead, ACCT_CONTEXT);
     return res;
 }
 
@@ -36,12 +36,12 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pc, CUdevice dev) {
 static void primary_gone(CUdevice dev) {
     context_gone(__atomic_load_n(&g_prim_ctx[dev], __ATOMIC_ACQUIRE));
     __atomic_store_n(&g_prim_refs[dev], 0, __ATOMIC_RELEASE);
-    if (vg.context_overhead) vgpu_release(ord2ridx(dev), vg.context_overhead, ACCT_CONTEXT);
+    if (g_vgpu.context_overhead) vgpu_release(ord2row(dev), g_vgpu.context_overhead, ACCT_CONTEXT);
 }
 
 static CUresult primary_release(__typeof__(real_cuDevicePrimaryCtxRelease_v2) f, CUdevice dev) {
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || dev < 0 || dev >= MAX_PRIMARY) return f(dev);
+    if (LIKELY(!g_vgpu.active) || dev < 0 || dev >= MAX_PRIMARY) return f(dev);
     /* the last reference: the driver destroys the context, so our events in it go first */
     int last = __atomic_load_n(&g_prim_refs[dev], __ATOMIC_ACQUIRE) == 1;
     if (last) forget_context_timings(__atomic_load_n(&g_prim_ctx[dev], __ATOMIC_ACQUIRE));
@@ -61,7 +61,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 
 static CUresult primary_reset(__typeof__(real_cuDevicePrimaryCtxReset_v2) f, CUdevice dev) {
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || dev < 0 || dev >= MAX_PRIMARY) return f(dev);
+    if (LIKELY(!g_vgpu.active) || dev < 0 || dev >= MAX_PRIMARY) return f(dev);
     forget_context_timings(__atomic_load_n(&g_prim_ctx[dev], __ATOMIC_ACQUIRE));
     CUresult res = f(dev);
     if (res == CUDA_SUCCESS && __atomic_load_n(&g_prim_refs[dev], __ATOMIC_ACQUIRE) > 0) primary_gone(dev);
@@ -74,16 +74,16 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 
 /* Charges a new context's overhead: the region row, -1 when nothing is charged, -2 when it does not fit. */
 static int ctx_pre(CUdevice dev) {
-    if (!vg.active || !vg.context_overhead) return -1;
-    int r = ord2ridx(dev);
+    if (!g_vgpu.active || !g_vgpu.context_overhead) return -1;
+    int r = ord2row(dev);
     if (r < 0) return -1;
-    return vgpu_reserve(r, vg.context_overhead, ACCT_CONTEXT) ? -2 : r;
+    return vgpu_reserve(r, g_vgpu.context_overhead, ACCT_CONTEXT) ? -2 : r;
 }
 static CUresult ctx_post(int r, CUresult res, uint64_t key, int kind) {
     forget_current_context();   /* a created context becomes current */
     if (r < 0) return res;
-    if (res != CUDA_SUCCESS) { vgpu_release(r, vg.context_overhead, ACCT_CONTEXT); return res; }
-    rec_put(kind, key, r, vg.context_overhead, 0);
+    if (res != CUDA_SUCCESS) { vgpu_release(r, g_vgpu.context_overhead, ACCT_CONTEXT); return res; }
+    rec_put(kind, key, r, g_vgpu.context_overhead, 0);
     return res;
 }
 #define CTX_CREATE(call, pc, dev) ({                                                              \
@@ -107,10 +107,10 @@ EXPORT CUresult cuCtxCreate_v4(CUcontext *pc, CUctxCreateParams *p, unsigned int
 
 static CUresult ctx_destroy(__typeof__(real_cuCtxDestroy_v2) f, CUcontext c) {
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (vg.active) forget_context_timings(c);
+    if (g_vgpu.active) forget_context_timings(c);
     CUresult res = f(c);
     __atomic_add_fetch(&g_ctx_gen, 1, __ATOMIC_RELAXED);
-    if (res == CUDA_SUCCESS && vg.active) rec_release(K_CTX, (uint64_t)(uintptr_t)c, ACCT_CONTEXT);
+    if (res == CUDA_SUCCESS && g_vgpu.active) rec_release(K_CTX, (uint64_t)(uintptr_t)c, ACCT_CONTEXT);
     return res;
 }
 EXPORT CUresult cuCtxDestroy(CUcontext c) { return ctx_destroy(REAL(cuCtxDestroy), c); }
@@ -144,6 +144,6 @@ EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *pc, CUdevResourceDesc desc, CUdevic
 EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx c) {
     CUresult res = CALL(cuGreenCtxDestroy, c);
     __atomic_add_fetch(&g_ctx_gen, 1, __ATOMIC_RELAXED);
-    if (res == CUDA_SUCCESS && vg.active) rec_release(K_CTX, (uint64_t)(uintptr_t)c, ACCT_CONTEXT);
+    if (res == CUDA_SUCCESS && g_vgpu.active) rec_release(K_CTX, (uint64_t)(uintptr_t)c, ACCT_CONTEXT);
     return res;
 }

@@ -88,7 +88,7 @@ static void read_mem(const char *name, uint64_t *dst) {
     uint64_t v;
     if (vgpu_parse_size(s, &v)) {
         VLOG(VLOG_ERROR, "invalid %s=\"%s\": expected bytes with an optional suffix k, m, g, Ki, Mi, Gi", name, s);
-        vg.config_error = 1;
+        g_vgpu.config_error = 1;
         return;
     }
     *dst = v;
@@ -100,7 +100,7 @@ static void read_sm(const char *name, int *dst) {
     int v;
     if (vgpu_parse_percent(s, &v)) {
         VLOG(VLOG_ERROR, "invalid %s=\"%s\": expected an integer percentage 0..100", name, s);
-        vg.config_error = 1;
+        g_vgpu.config_error = 1;
         return;
     }
     *dst = v;
@@ -116,7 +116,7 @@ static void read_sm(const char *name, int *dst) {
 static void read_grant_uuids(void) {
     const char *list = getenv("VGPU_DEVICE_UUIDS");
     if (!list || !*list) list = getenv("NVIDIA_VISIBLE_DEVICES");
-    vg.grant_count = 0;
+    g_vgpu.grant_count = 0;
     if (!list || !*list) return;
     char buf[VGPU_MAX_DEVICES * VGPU_UUID_LEN];
     snprintf(buf, sizeof buf, "%s", list);
@@ -127,9 +127,9 @@ static void read_grant_uuids(void) {
         size_t len = strlen(tok);
         while (len && isspace((unsigned char)tok[len - 1])) tok[--len] = 0;
         if (strncasecmp(tok, "GPU-", 4) || len >= VGPU_UUID_LEN || n >= VGPU_MAX_DEVICES) return;
-        snprintf(vg.grant_uuid[n++], VGPU_UUID_LEN, "%s", tok);
+        snprintf(g_vgpu.grant_uuid[n++], VGPU_UUID_LEN, "%s", tok);
     }
-    vg.grant_count = n;
+    g_vgpu.grant_count = n;
 }
 
 void vgpu_read_env(void) {
@@ -146,31 +146,31 @@ void vgpu_read_env(void) {
         uint64_t m = 0;
         snprintf(name, sizeof name, "CUDA_DEVICE_MEMORY_LIMIT_%d", i);
         read_mem(name, &m);
-        vg.mem_limit[i] = m ? m : all;
+        g_vgpu.mem_limit[i] = m ? m : all;
         int sm = 0;
         snprintf(name, sizeof name, "CUDA_DEVICE_SM_LIMIT_%d", i);
         read_sm(name, &sm);
         sm = sm ? sm : sm_all;
-        vg.sm_limit[i] = (sm <= 0 || sm >= 100) ? 0 : sm;   /* 0 = not limited */
-        if (vg.mem_limit[i] || vg.sm_limit[i]) any = 1;
-        if (vg.sm_limit[i]) vg.sm_configured = 1;
+        g_vgpu.sm_limit[i] = (sm <= 0 || sm >= 100) ? 0 : sm;   /* 0 = not limited */
+        if (g_vgpu.mem_limit[i] || g_vgpu.sm_limit[i]) any = 1;
+        if (g_vgpu.sm_limit[i]) g_vgpu.sm_configured = 1;
     }
     read_grant_uuids();
     const char *pol = getenv("GPU_CORE_UTILIZATION_POLICY");
-    vg.policy = POLICY_DEFAULT;
+    g_vgpu.policy = POLICY_DEFAULT;
     if (pol && *pol) {
-        if (!strcasecmp(pol, "force")) vg.policy = POLICY_FORCE;
-        else if (!strcasecmp(pol, "disable")) vg.policy = POLICY_DISABLE;
+        if (!strcasecmp(pol, "force")) g_vgpu.policy = POLICY_FORCE;
+        else if (!strcasecmp(pol, "disable")) g_vgpu.policy = POLICY_DISABLE;
         else if (strcasecmp(pol, "default")) {
             VLOG(VLOG_ERROR, "invalid GPU_CORE_UTILIZATION_POLICY=\"%s\": expected default, force or disable", pol);
-            vg.config_error = 1;
+            g_vgpu.config_error = 1;
         }
     }
-    vg.context_overhead = 0;
-    read_mem("VGPU_CONTEXT_OVERHEAD", &vg.context_overhead);
+    g_vgpu.context_overhead = 0;
+    read_mem("VGPU_CONTEXT_OVERHEAD", &g_vgpu.context_overhead);
     const char *fo = getenv("VGPU_ISOLATION_FAIL_OPEN");
-    vg.fail_open = fo && !strcmp(fo, "1");
+    g_vgpu.fail_open = fo && !strcmp(fo, "1");
     const char *cm = getenv("VGPU_COUNT_MANAGED");
-    vg.count_managed = !(cm && (!strcmp(cm, "0") || !strcasecmp(cm, "false")));
-    vg.active = any && !vg.config_error;
+    g_vgpu.count_managed = !(cm && (!strcmp(cm, "0") || !strcasecmp(cm, "false")));
+    g_vgpu.active = any && !g_vgpu.config_error;
 }

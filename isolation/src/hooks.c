@@ -32,7 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-vgpu_state_t vg = {.slot = -1};
+vgpu_state_t g_vgpu = {.slot = -1};
 
 /* ------------------------------------------------------------------------------------------ hook tables */
 /* X(function, base name for cuGetProcAddress, CUDA version it appeared in, per-thread-stream variant) */
@@ -324,17 +324,17 @@ static void resolve_driver(void) {
 static void init_state(void) {
     vgpu_read_env();
     char why[320];
-    if (vg.active && vgpu_region_attach(why, sizeof why)) {
-        vg.active = 0;
-        if (vg.fail_open) {
+    if (g_vgpu.active && vgpu_region_attach(why, sizeof why)) {
+        g_vgpu.active = 0;
+        if (g_vgpu.fail_open) {
             VLOG(VLOG_ERROR, "%s; running WITHOUT limits (VGPU_ISOLATION_FAIL_OPEN=1)", why);
         } else {
-            vg.config_error = 1;
+            g_vgpu.config_error = 1;
             VLOG(VLOG_ERROR, "%s; limits are configured but cannot be enforced, so CUDA and NVML initialisation "
                              "are refused", why);
         }
     }
-    VLOG(VLOG_INFO, "libvgpu initialised: active=%d sm=%d policy=%d", vg.active, vg.sm_configured, vg.policy);
+    VLOG(VLOG_INFO, "libvgpu initialised: active=%d sm=%d policy=%d", g_vgpu.active, g_vgpu.sm_configured, g_vgpu.policy);
 }
 
 void vgpu_ensure_init(void) {
@@ -378,7 +378,7 @@ static void map_devices(void) {
             char s[VGPU_UUID_LEN];
             if (real_cuDeviceGetUuid_v2 && real_cuDeviceGetUuid_v2(&u, i) == CUDA_SUCCESS) {
                 uuid_string(&u, s, sizeof s);
-                g_ord2r[i] = vgpu_ridx_for_uuid(s);
+                g_ord2r[i] = vgpu_row_for_uuid(s);
             }
         }
         __atomic_store_n(&g_ndev, n, __ATOMIC_RELEASE);
@@ -387,31 +387,31 @@ static void map_devices(void) {
 }
 
 /* Region row of CUDA ordinal `ord`, -1 when it has none. */
-static int ord2ridx(int ord) {
+static int ord2row(int ord) {
     if (ord < 0 || ord >= MAX_ORDINALS) return -1;
     if (UNLIKELY(__atomic_load_n(&g_ndev, __ATOMIC_ACQUIRE) < 0)) map_devices();
     return __atomic_load_n(&g_ndev, __ATOMIC_ACQUIRE) > ord ? g_ord2r[ord] : -1;
 }
 
-static int cur_ridx(void) {
+static int cur_row(void) {
     CUdevice d;
     if (!real_cuCtxGetDevice || real_cuCtxGetDevice(&d) != CUDA_SUCCESS) return -1;
-    return ord2ridx(d);
+    return ord2row(d);
 }
 
 /* ------------------------------------------------------------------------------------------ records */
-static void rec_put(int kind, uint64_t key, int ridx, uint64_t size, uint64_t aux) {
+static void rec_put(int kind, uint64_t key, int row, uint64_t size, uint64_t aux) {
     pthread_mutex_lock(&g_map_mu);
     vmap_entry_t *e = vmap_put(&g_map, (uint32_t)kind, key);
-    if (e) { e->dev = ridx; e->size = size; e->aux = aux; }
+    if (e) { e->dev = row; e->size = size; e->aux = aux; }
     pthread_mutex_unlock(&g_map_mu);
 }
 /* Removes the record; returns 1 and its contents if it existed. */
-static int rec_take(int kind, uint64_t key, int *ridx, uint64_t *size, uint64_t *aux) {
+static int rec_take(int kind, uint64_t key, int *row, uint64_t *size, uint64_t *aux) {
     pthread_mutex_lock(&g_map_mu);
     vmap_entry_t *e = vmap_find(&g_map, (uint32_t)kind, key);
     if (e) {
-        if (ridx) *ridx = e->dev;
+        if (row) *row = e->dev;
         if (size) *size = e->size;
         if (aux) *aux = e->aux;
         vmap_del(&g_map, e);
@@ -434,7 +434,7 @@ static void rec_release(int kind, uint64_t key, int acct) {
 /* ------------------------------------------------------------------------------------------ init and config */
 EXPORT CUresult cuInit(unsigned int flags) {
     vgpu_ensure_init();
-    if (vg.config_error) return CUDA_ERROR_INVALID_VALUE;
+    if (g_vgpu.config_error) return CUDA_ERROR_INVALID_VALUE;
     return CALL(cuInit, flags);
 }
 

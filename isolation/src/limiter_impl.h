@@ -57,7 +57,7 @@ typedef struct {
     launch_stats_t *stats;
     int64_t charged;         /* what the launches this timing stands for were charged */
     uint32_t weight;         /* how many launches it stands for */
-    int ridx;
+    int row;
     int state;               /* PAIR_UNUSED, PAIR_FREE, PAIR_TAKEN, PAIR_PENDING */
 } event_pair_t;
 enum { PAIR_UNUSED = 0, PAIR_FREE, PAIR_TAKEN, PAIR_PENDING };
@@ -68,7 +68,7 @@ static int g_npending;
 static __thread int64_t t_reservoir[VGPU_MAX_DEVICES];  /* tokens this thread took from the shared bucket */
 static uint64_t g_gpu_ns[VGPU_MAX_DEVICES];     /* GPU ns this process paid for in the current second */
 static uint64_t g_last_sec;
-static __thread struct { unsigned gen; int ridx; uint32_t uses; int valid; CUcontext ctx; } t_ctx;
+static __thread struct { unsigned gen; int row; uint32_t uses; int valid; CUcontext ctx; } t_ctx;
 static __thread struct { uint64_t key; launch_stats_t *stats; } t_fn;
 
 /* Once per second: last_kernel_time, and this process's share of each device (slot.device_util.sm_util, %),
@@ -76,12 +76,12 @@ static __thread struct { uint64_t key; launch_stats_t *stats; } t_fn;
 static void note_second(uint64_t sec) {
     uint64_t elapsed = g_last_sec ? sec - g_last_sec : 1;
     g_last_sec = sec;
-    __atomic_store_n(&vg.region->last_kernel_time, sec, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_vgpu.region->last_kernel_time, sec, __ATOMIC_RELAXED);
     int slot = vgpu_slot();
     for (int d = 0; d < VGPU_MAX_DEVICES && slot >= 0; d++) {
         int64_t ns = (int64_t)__atomic_exchange_n(&g_gpu_ns[d], 0, __ATOMIC_RELAXED);
         uint64_t pct = elapsed > 5 || ns <= 0 ? 0 : (uint64_t)ns / (elapsed * 10000000ULL);
-        __atomic_store_n(&vg.region->procs[slot].device_util[d].sm_util, pct > 100 ? 100 : pct, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_vgpu.region->procs[slot].device_util[d].sm_util, pct > 100 ? 100 : pct, __ATOMIC_RELAXED);
     }
 }
 
@@ -96,10 +96,10 @@ static inline void note_kernel(void) {
 }
 
 static inline int sm_enabled(int r) {
-    if (vg.policy == POLICY_DISABLE) return 0;
-    uint64_t lim = __atomic_load_n(&vg.region->sm_limit[r], __ATOMIC_RELAXED);
+    if (g_vgpu.policy == POLICY_DISABLE) return 0;
+    uint64_t lim = __atomic_load_n(&g_vgpu.region->sm_limit[r], __ATOMIC_RELAXED);
     if (!lim || lim >= 100) return 0;
-    if (vg.policy == POLICY_DEFAULT && __atomic_load_n(&vg.region->utilization_switch, __ATOMIC_RELAXED) == 0)
+    if (g_vgpu.policy == POLICY_DEFAULT && __atomic_load_n(&g_vgpu.region->utilization_switch, __ATOMIC_RELAXED) == 0)
         return 0;
     return 1;
 }
@@ -113,7 +113,7 @@ static inline void forget_current_context(void) { t_ctx.valid = 0; }
  * the thread switches contexts, a destroyed context drops every thread's, and the cache is checked against the
  * driver every 64 launches in case a context was switched on a path we do not see.
  */
-static inline int launch_ridx(void) {
+static inline int launch_row(void) {
     int n = __atomic_load_n(&g_ndev, __ATOMIC_ACQUIRE);
     if (UNLIKELY(n < 0)) {
         map_devices();
@@ -121,14 +121,14 @@ static inline int launch_ridx(void) {
     }
     if (LIKELY(n == 1)) return g_ord2r[0];
     unsigned gen = __atomic_load_n(&g_ctx_gen, __ATOMIC_RELAXED);
-    if (LIKELY(t_ctx.valid && t_ctx.gen == gen && (++t_ctx.uses & 63))) return t_ctx.ridx;
+    if (LIKELY(t_ctx.valid && t_ctx.gen == gen && (++t_ctx.uses & 63))) return t_ctx.row;
     CUcontext ctx = NULL;
     t_ctx.valid = real_cuCtxGetCurrent && real_cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx;
     t_ctx.ctx = ctx;
-    t_ctx.ridx = t_ctx.valid ? cur_ridx() : -1;
+    t_ctx.row = t_ctx.valid ? cur_row() : -1;
     t_ctx.gen = gen;
     t_ctx.uses = 1;
-    return t_ctx.ridx;
+    return t_ctx.row;
 }
 
 /* The current context, from the thread's cache while our context hooks have seen no switch. */
@@ -138,7 +138,7 @@ static CUcontext current_context(void) {
     CUcontext ctx = NULL;
     if (!real_cuCtxGetCurrent || real_cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx) return NULL;
     t_ctx.ctx = ctx;
-    t_ctx.ridx = cur_ridx();
+    t_ctx.row = cur_row();
     t_ctx.gen = gen;
     t_ctx.uses = 1;
     t_ctx.valid = 1;
@@ -178,12 +178,12 @@ static inline uint64_t jitter(void) {
 /* Slow path of the gate: wait until device r's shared bucket is positive, then pay `cost` plus a chunk for the
  * reservoir out of it. */
 static void gate_slow(int r, int64_t cost) {
-    vgpu_sm_state_t *st = &vg.ext->sm[r];
-    while (__atomic_load_n(&vg.region->recent_kernel, __ATOMIC_RELAXED) < 0) sleep_ns(10000000ULL); /* monitor block */
-    if (__atomic_load_n(&vg.region->recent_kernel, __ATOMIC_RELAXED) != 2)
-        __atomic_store_n(&vg.region->recent_kernel, 2, __ATOMIC_RELAXED);
+    vgpu_sm_state_t *st = &g_vgpu.ext->sm[r];
+    while (__atomic_load_n(&g_vgpu.region->recent_kernel, __ATOMIC_RELAXED) < 0) sleep_ns(10000000ULL); /* monitor block */
+    if (__atomic_load_n(&g_vgpu.region->recent_kernel, __ATOMIC_RELAXED) != 2)
+        __atomic_store_n(&g_vgpu.region->recent_kernel, 2, __ATOMIC_RELAXED);
     for (;;) {
-        uint64_t lim = __atomic_load_n(&vg.region->sm_limit[r], __ATOMIC_RELAXED);
+        uint64_t lim = __atomic_load_n(&g_vgpu.region->sm_limit[r], __ATOMIC_RELAXED);
         if (!lim || lim >= 100) return;
         refill(st, lim, vgpu_now_ns());
         int64_t t = __atomic_load_n(&st->tokens, __ATOMIC_ACQUIRE);
@@ -235,10 +235,10 @@ static uint32_t timing_interval(const launch_stats_t *ls) {
 
 /* Applies the outcome of a timing to the shared bucket and the function's estimate.  Caller holds g_lim_mu. */
 static void settle(event_pair_t *p, int64_t measured) {
-    vgpu_sm_state_t *st = &vg.ext->sm[p->ridx];
+    vgpu_sm_state_t *st = &g_vgpu.ext->sm[p->row];
     int64_t correction = (int64_t)p->weight * measured - p->charged;
     if (correction) __atomic_sub_fetch(&st->tokens, correction, __ATOMIC_ACQ_REL);
-    __atomic_add_fetch(&g_gpu_ns[p->ridx], (uint64_t)correction, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&g_gpu_ns[p->row], (uint64_t)correction, __ATOMIC_RELAXED);
     __atomic_add_fetch(&st->charged_ns, (uint64_t)(p->charged + correction), __ATOMIC_RELAXED);
     __atomic_add_fetch(&st->measured_ns, (uint64_t)measured, __ATOMIC_RELAXED);
     launch_stats_t *ls = p->stats;
@@ -386,13 +386,13 @@ static CUresult timed_launch(int r, launch_stats_t *ls, uint32_t n, int64_t char
         p->stats = ls;
         p->weight = n;
         p->charged = charged;
-        p->ridx = r;
+        p->row = r;
         p->state = PAIR_PENDING;
         g_pending[g_npending] = (int)(p - g_pairs);
         __atomic_store_n(&g_npending, g_npending + 1, __ATOMIC_RELAXED);
         __atomic_store_n(&ls->since, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&ls->charged, 0, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&vg.ext->sm[r].launches, n, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&g_vgpu.ext->sm[r].launches, n, __ATOMIC_RELAXED);
     } else {
         p->state = PAIR_FREE;
         if (res == CUDA_SUCCESS) {   /* untimed after all: these launches count towards the next timing */
@@ -424,7 +424,7 @@ static CUresult limited_launch(int r, uint64_t key, CUstream s, thunk_t call, vo
  * caller then calls the driver directly). */
 static inline int limited_device(CUstream s, int ptsz) {
     note_kernel();
-    int r = launch_ridx();
+    int r = launch_row();
     if (r < 0 || !sm_enabled(r) || UNLIKELY(stream_capturing(s, ptsz))) return -1;
     return r;
 }
@@ -444,7 +444,7 @@ static CUresult launch_kernel(__typeof__(real_cuLaunchKernel) fn, int ptsz, CUfu
                               void **params, void **extra) {
     if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
     int r;
-    if (LIKELY(!vg.active) || (r = limited_device(s, ptsz)) < 0)
+    if (LIKELY(!g_vgpu.active) || (r = limited_device(s, ptsz)) < 0)
         return fn(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
     kernel_launch_t a = {fn, f, gx, gy, gz, bx, by, bz, shm, s, params, extra};
     return limited_launch(r, (uint64_t)(uintptr_t)f, s, kernel_launch_call, &a);
@@ -472,7 +472,7 @@ static CUresult launch_coop(__typeof__(real_cuLaunchCooperativeKernel) fn, int p
                             void **params) {
     if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
     int r;
-    if (LIKELY(!vg.active) || (r = limited_device(s, ptsz)) < 0) return fn(f, gx, gy, gz, bx, by, bz, shm, s, params);
+    if (LIKELY(!g_vgpu.active) || (r = limited_device(s, ptsz)) < 0) return fn(f, gx, gy, gz, bx, by, bz, shm, s, params);
     coop_launch_t a = {fn, f, gx, gy, gz, bx, by, bz, shm, s, params};
     return limited_launch(r, (uint64_t)(uintptr_t)f, s, coop_launch_call, &a);
 }
@@ -494,7 +494,7 @@ static CUresult launch_ex(__typeof__(real_cuLaunchKernelEx) fn, int ptsz, const 
                           void **params, void **extra) {
     if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
     int r;
-    if (LIKELY(!vg.active) || !c || (r = limited_device(c->hStream, ptsz)) < 0) return fn(c, f, params, extra);
+    if (LIKELY(!g_vgpu.active) || !c || (r = limited_device(c->hStream, ptsz)) < 0) return fn(c, f, params, extra);
     config_launch_t a = {fn, c, f, params, extra};
     return limited_launch(r, (uint64_t)(uintptr_t)f, c->hStream, config_launch_call, &a);
 }
@@ -518,7 +518,7 @@ static CUresult launch_grid(void *fn, int kind, CUfunction f, int w, int h, CUst
     grid_launch_t a = {(CUresult(*)(CUfunction, int, int, CUstream))fn, f, w, h, s, kind};
     if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
     int r;
-    if (LIKELY(!vg.active) || (r = limited_device(s, 0)) < 0) return grid_launch_call(&a);
+    if (LIKELY(!g_vgpu.active) || (r = limited_device(s, 0)) < 0) return grid_launch_call(&a);
     return limited_launch(r, (uint64_t)(uintptr_t)f, s, grid_launch_call, &a);
 }
 EXPORT CUresult cuLaunch(CUfunction f) { return launch_grid((void *)REAL(cuLaunch), 0, f, 1, 1, NULL); }
@@ -534,7 +534,7 @@ EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
 EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS *list, unsigned int n, unsigned int flags) {
     __typeof__(real_cuLaunchCooperativeKernelMultiDevice) fn = REAL(cuLaunchCooperativeKernelMultiDevice);
     if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !list) return fn(list, n, flags);
+    if (LIKELY(!g_vgpu.active) || !list) return fn(list, n, flags);
     for (int r = 0; r < VGPU_MAX_DEVICES; r++)
         if (sm_enabled(r)) {
             VLOG(VLOG_WARN, "cuLaunchCooperativeKernelMultiDevice refused: a compute limit applies");
@@ -548,7 +548,7 @@ static CUresult graph_launch_call(void *p) { graph_launch_t *a = p; return a->fn
 static CUresult launch_graph(__typeof__(real_cuGraphLaunch) fn, int ptsz, CUgraphExec g, CUstream s) {
     if (UNLIKELY(!fn)) return CUDA_ERROR_NOT_FOUND;
     int r;
-    if (LIKELY(!vg.active) || (r = limited_device(s, ptsz)) < 0) return fn(g, s);
+    if (LIKELY(!g_vgpu.active) || (r = limited_device(s, ptsz)) < 0) return fn(g, s);
     graph_launch_t a = {fn, g, s};
     return limited_launch(r, (uint64_t)(uintptr_t)g ^ 0x4000000000000000ULL, s, graph_launch_call, &a);
 }

@@ -18,17 +18,17 @@ static uint64_t alloc_granule(uint64_t size) {
     return (size + 511) & ~511ULL;
 }
 
-static CUresult charged_alloc(int ridx, uint64_t charge, CUresult r_call, uint64_t ptr, int kind) {
-    if (r_call != CUDA_SUCCESS) { vgpu_release(ridx, charge, ACCT_DATA); return r_call; }
-    rec_put(kind, ptr, ridx, charge, 0);
+static CUresult charged_alloc(int row, uint64_t charge, CUresult r_call, uint64_t ptr, int kind) {
+    if (r_call != CUDA_SUCCESS) { vgpu_release(row, charge, ACCT_DATA); return r_call; }
+    rec_put(kind, ptr, row, charge, 0);
     return CUDA_SUCCESS;
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     __typeof__(real_cuMemAlloc_v2) f = REAL(cuMemAlloc_v2);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !p || !n) return f(p, n);
-    int r = cur_ridx();
+    if (LIKELY(!g_vgpu.active) || !p || !n) return f(p, n);
+    int r = cur_row();
     if (r < 0) { VLOG(VLOG_DEBUG, "alloc: no current device, not accounted"); return f(p, n); }
     uint64_t c = alloc_granule(n);
     if (vgpu_reserve(r, c, ACCT_DATA)) return refuse(p);
@@ -40,8 +40,8 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
 EXPORT CUresult cuMemAlloc(CUdeviceptr_v1 *p, unsigned int n) {
     __typeof__(real_cuMemAlloc) f = REAL(cuMemAlloc);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !p || !n) return f(p, n);
-    int r = cur_ridx();
+    if (LIKELY(!g_vgpu.active) || !p || !n) return f(p, n);
+    int r = cur_row();
     if (r < 0) return f(p, n);
     uint64_t c = alloc_granule(n);
     if (vgpu_reserve(r, c, ACCT_DATA)) return refuse(p);
@@ -57,13 +57,13 @@ static CUresult freed(CUresult res, uint64_t p) {
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
     __typeof__(real_cuMemFree_v2) f = REAL(cuMemFree_v2);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active)) return f(p);
+    if (LIKELY(!g_vgpu.active)) return f(p);
     return freed(f(p), (uint64_t)p);
 }
 EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) {
     __typeof__(real_cuMemFree) f = REAL(cuMemFree);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active)) return f(p);
+    if (LIKELY(!g_vgpu.active)) return f(p);
     return freed(f(p), (uint64_t)p);
 }
 
@@ -87,8 +87,8 @@ static void free_v1(uint64_t p) { real_cuMemFree((CUdeviceptr_v1)p); }
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int elem) {
     __typeof__(real_cuMemAllocPitch_v2) f = REAL(cuMemAllocPitch_v2);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !p || !pitch) return f(p, pitch, w, h, elem);
-    int r = cur_ridx();
+    if (LIKELY(!g_vgpu.active) || !p || !pitch) return f(p, pitch, w, h, elem);
+    int r = cur_row();
     if (r < 0) return f(p, pitch, w, h, elem);
     uint64_t est = pitch_estimate(w, h);
     if (vgpu_reserve(r, est, ACCT_DATA)) return refuse(p);
@@ -100,8 +100,8 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned int *pitch, unsigned
                                 unsigned int elem) {
     __typeof__(real_cuMemAllocPitch) f = REAL(cuMemAllocPitch);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !p || !pitch) return f(p, pitch, w, h, elem);
-    int r = cur_ridx();
+    if (LIKELY(!g_vgpu.active) || !p || !pitch) return f(p, pitch, w, h, elem);
+    int r = cur_row();
     if (r < 0) return f(p, pitch, w, h, elem);
     uint64_t est = pitch_estimate(w, h);
     if (vgpu_reserve(r, est, ACCT_DATA)) return refuse(p);
@@ -113,8 +113,8 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned int *pitch, unsigned
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned int flags) {
     __typeof__(real_cuMemAllocManaged) f = REAL(cuMemAllocManaged);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !vg.count_managed || !p || !n) return f(p, n, flags);
-    int r = cur_ridx();
+    if (LIKELY(!g_vgpu.active) || !g_vgpu.count_managed || !p || !n) return f(p, n, flags);
+    int r = cur_row();
     if (r < 0) return f(p, n, flags);
     uint64_t c = alloc_granule(n);
     if (vgpu_reserve(r, c, ACCT_DATA)) return refuse(p);
@@ -122,19 +122,19 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned int flags) 
     return charged_alloc(r, c, res, res == CUDA_SUCCESS ? (uint64_t)*p : 0, K_PTR);
 }
 
-static int pool_ridx(CUmemoryPool pool) {
+static int pool_row(CUmemoryPool pool) {
     pthread_mutex_lock(&g_map_mu);
     vmap_entry_t *e = vmap_find(&g_map, K_POOL, (uint64_t)(uintptr_t)pool);
     int r = e ? e->dev : -1;
     pthread_mutex_unlock(&g_map_mu);
-    return r >= 0 ? r : cur_ridx();
+    return r >= 0 ? r : cur_row();
 }
 
 static CUresult alloc_async(int ptsz, CUdeviceptr *p, size_t n, CUstream s) {
     __typeof__(real_cuMemAllocAsync) f = ptsz ? REAL(cuMemAllocAsync_ptsz) : REAL(cuMemAllocAsync);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !p || !n) return f(p, n, s);
-    int r = cur_ridx();
+    if (LIKELY(!g_vgpu.active) || !p || !n) return f(p, n, s);
+    int r = cur_row();
     if (r < 0) return f(p, n, s);
     uint64_t c = alloc_granule(n);
     if (vgpu_reserve(r, c, ACCT_DATA)) return refuse(p);
@@ -148,8 +148,8 @@ static CUresult alloc_pool(int ptsz, CUdeviceptr *p, size_t n, CUmemoryPool pool
     __typeof__(real_cuMemAllocFromPoolAsync) f =
         ptsz ? REAL(cuMemAllocFromPoolAsync_ptsz) : REAL(cuMemAllocFromPoolAsync);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !p || !n) return f(p, n, pool, s);
-    int r = pool_ridx(pool);
+    if (LIKELY(!g_vgpu.active) || !p || !n) return f(p, n, pool, s);
+    int r = pool_row(pool);
     if (r < 0) return f(p, n, pool, s);
     uint64_t c = alloc_granule(n);
     if (vgpu_reserve(r, c, ACCT_DATA)) return refuse(p);
@@ -166,7 +166,7 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryP
 static CUresult free_async(int ptsz, CUdeviceptr p, CUstream s) {
     __typeof__(real_cuMemFreeAsync) f = ptsz ? REAL(cuMemFreeAsync_ptsz) : REAL(cuMemFreeAsync);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active)) return f(p, s);
+    if (LIKELY(!g_vgpu.active)) return f(p, s);
     return freed(f(p, s), (uint64_t)p);
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return free_async(0, p, s); }
@@ -174,8 +174,8 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return free_asy
 
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
     CUresult res = CALL(cuMemPoolCreate, pool, props);
-    if (res == CUDA_SUCCESS && vg.active && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        rec_put(K_POOL, (uint64_t)(uintptr_t)*pool, ord2ridx(props->location.id), 0, 0);
+    if (res == CUDA_SUCCESS && g_vgpu.active && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        rec_put(K_POOL, (uint64_t)(uintptr_t)*pool, ord2row(props->location.id), 0, 0);
     return res;
 }
 
@@ -207,9 +207,9 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
                             unsigned long long flags) {
     __typeof__(real_cuMemCreate) f = REAL(cuMemCreate);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !h || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
+    if (LIKELY(!g_vgpu.active) || !h || !prop || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return f(h, size, prop, flags);
-    int r = ord2ridx(prop->location.id);
+    int r = ord2row(prop->location.id);
     if (r < 0) return f(h, size, prop, flags);
     if (vgpu_reserve(r, size, ACCT_DATA)) return refuse(h);
     CUresult res = f(h, size, prop, flags);
@@ -220,30 +220,30 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const 
 
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     CUresult res = CALL(cuMemRelease, h);
-    if (res == CUDA_SUCCESS && vg.active) handle_unref((uint64_t)h);
+    if (res == CUDA_SUCCESS && g_vgpu.active) handle_unref((uint64_t)h);
     return res;
 }
 
 /* The region row an imported handle's memory lives on. */
-static int handle_ridx(CUmemGenericAllocationHandle h) {
+static int handle_row(CUmemGenericAllocationHandle h) {
     CUmemAllocationProp prop;
     memset(&prop, 0, sizeof prop);
     if (!real_cuMemGetAllocationPropertiesFromHandle ||
         real_cuMemGetAllocationPropertiesFromHandle(&prop, h) != CUDA_SUCCESS ||
         prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return cur_ridx();
-    return ord2ridx(prop.location.id);
+        return cur_row();
+    return ord2row(prop.location.id);
 }
 
 EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAllocationHandle h,
                          unsigned long long flags) {
     __typeof__(real_cuMemMap) f = REAL(cuMemMap);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active)) return f(p, size, off, h, flags);
+    if (LIKELY(!g_vgpu.active)) return f(p, size, off, h, flags);
     int state = handle_ref((uint64_t)h);
     int r = -1;
     if (state == HANDLE_IMPORTED) {
-        r = handle_ridx(h);
+        r = handle_row(h);
         if (r >= 0 && vgpu_reserve(r, size, ACCT_DATA)) { handle_unref((uint64_t)h); return OOM; }
     }
     CUresult res = f(p, size, off, h, flags);
@@ -260,7 +260,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t off, CUmemGenericAll
 EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
     CUresult res = CALL(cuMemUnmap, p, size);
     uint64_t h;
-    if (res != CUDA_SUCCESS || !vg.active) return res;
+    if (res != CUDA_SUCCESS || !g_vgpu.active) return res;
     rec_release(K_IMPORT, (uint64_t)p, ACCT_DATA);
     if (rec_take(K_MAPPING, (uint64_t)p, NULL, NULL, &h)) handle_unref(h);
     return res;
@@ -268,7 +268,7 @@ EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
 
 EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
     CUresult res = CALL(cuMemRetainAllocationHandle, h, addr);
-    if (res == CUDA_SUCCESS && vg.active && h) handle_ref((uint64_t)*h);
+    if (res == CUDA_SUCCESS && g_vgpu.active && h) handle_ref((uint64_t)*h);
     return res;
 }
 
@@ -289,7 +289,7 @@ static uint64_t fd_identity(int fd) {
 
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     CUresult res = CALL(cuIpcGetMemHandle, h, p);
-    if (res == CUDA_SUCCESS && vg.active && h) vgpu_note_export(hash_bytes(1, h->reserved, sizeof h->reserved));
+    if (res == CUDA_SUCCESS && g_vgpu.active && h) vgpu_note_export(hash_bytes(1, h->reserved, sizeof h->reserved));
     return res;
 }
 
@@ -297,11 +297,11 @@ static CUresult ipc_open(__typeof__(real_cuIpcOpenMemHandle_v2) f, CUdeviceptr *
                          unsigned int flags) {
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
     CUresult res = f(p, h, flags);
-    if (res != CUDA_SUCCESS || !vg.active || !p || vgpu_exported(hash_bytes(1, h.reserved, sizeof h.reserved)))
+    if (res != CUDA_SUCCESS || !g_vgpu.active || !p || vgpu_exported(hash_bytes(1, h.reserved, sizeof h.reserved)))
         return res;
     CUdeviceptr base = 0;
     size_t size = 0;
-    int r = cur_ridx();
+    int r = cur_row();
     if (r < 0 || !real_cuMemGetAddressRange_v2 || real_cuMemGetAddressRange_v2(&base, &size, *p) != CUDA_SUCCESS)
         return res;
     if (vgpu_reserve(r, size, ACCT_DATA)) {
@@ -319,14 +319,14 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned
 }
 EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
     CUresult res = CALL(cuIpcCloseMemHandle, p);
-    if (res == CUDA_SUCCESS && vg.active) rec_release(K_IPC, (uint64_t)p, ACCT_DATA);
+    if (res == CUDA_SUCCESS && g_vgpu.active) rec_release(K_IPC, (uint64_t)p, ACCT_DATA);
     return res;
 }
 
 EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
                                              unsigned long long flags) {
     CUresult res = CALL(cuMemExportToShareableHandle, out, h, type, flags);
-    if (res == CUDA_SUCCESS && vg.active && out && type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+    if (res == CUDA_SUCCESS && g_vgpu.active && out && type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
         vgpu_note_export(fd_identity(*(int *)out));
     return res;
 }
@@ -334,7 +334,7 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
 EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle,
                                                CUmemAllocationHandleType type) {
     CUresult res = CALL(cuMemImportFromShareableHandle, h, os_handle, type);
-    if (res != CUDA_SUCCESS || !vg.active || !h) return res;
+    if (res != CUDA_SUCCESS || !g_vgpu.active || !h) return res;
     int ours = type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
                vgpu_exported(fd_identity((int)(intptr_t)os_handle));
     /* dev < 0 marks an imported handle: -1 - state */
@@ -345,8 +345,8 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
 EXPORT CUresult cuImportExternalMemory(CUexternalMemory *m, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc) {
     __typeof__(real_cuImportExternalMemory) f = REAL(cuImportExternalMemory);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !m || !desc || !desc->size) return f(m, desc);
-    int r = cur_ridx();
+    if (LIKELY(!g_vgpu.active) || !m || !desc || !desc->size) return f(m, desc);
+    int r = cur_row();
     if (r < 0) return f(m, desc);
     if (vgpu_reserve(r, desc->size, ACCT_DATA)) return refuse(m);
     CUresult res = f(m, desc);
@@ -356,15 +356,15 @@ EXPORT CUresult cuImportExternalMemory(CUexternalMemory *m, const CUDA_EXTERNAL_
 }
 EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory m) {
     CUresult res = CALL(cuDestroyExternalMemory, m);
-    if (res == CUDA_SUCCESS && vg.active) rec_release(K_EXTMEM, (uint64_t)(uintptr_t)m, ACCT_DATA);
+    if (res == CUDA_SUCCESS && g_vgpu.active) rec_release(K_EXTMEM, (uint64_t)(uintptr_t)m, ACCT_DATA);
     return res;
 }
 
 /* ---- graph memory nodes: charged per graph and device, given back with the graph */
 static int graph_mem_reserve(const CUmemPoolProps *pool, size_t bytes, uint64_t *charge) {
     *charge = 0;
-    if (!vg.active || !pool || pool->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !bytes) return -1;
-    int r = ord2ridx(pool->location.id);
+    if (!g_vgpu.active || !pool || pool->location.type != CU_MEM_LOCATION_TYPE_DEVICE || !bytes) return -1;
+    int r = ord2row(pool->location.id);
     if (r < 0) return -1;
     *charge = alloc_granule(bytes);
     return vgpu_reserve(r, *charge, ACCT_DATA) ? -2 : r;
@@ -412,7 +412,7 @@ EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNod
 
 EXPORT CUresult cuGraphDestroy(CUgraph g) {
     CUresult res = CALL(cuGraphDestroy, g);
-    if (res == CUDA_SUCCESS && vg.active)
+    if (res == CUDA_SUCCESS && g_vgpu.active)
         for (int r = 0; r < VGPU_MAX_DEVICES; r++) rec_release(K_GRAPHMEM + r, (uint64_t)(uintptr_t)g, ACCT_DATA);
     return res;
 }
@@ -457,7 +457,7 @@ static CUresult settle_array(int r, uint64_t est, void *handle, int mip) {
     CUresult res_;                                                                                \
     int r_;                                                                                       \
     if (UNLIKELY(!f_)) res_ = CUDA_ERROR_NOT_FOUND;                                               \
-    else if (LIKELY(!vg.active) || !(a) || !(d) || (r_ = cur_ridx()) < 0) res_ = f_(a, d);        \
+    else if (LIKELY(!g_vgpu.active) || !(a) || !(d) || (r_ = cur_row()) < 0) res_ = f_(a, d);        \
     else {                                                                                        \
         uint64_t est_ = (est_expr);                                                               \
         if (vgpu_reserve(r_, est_, ACCT_DATA)) res_ = refuse(a);                                  \
@@ -485,8 +485,8 @@ EXPORT CUresult cuArray3DCreate(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d)
 EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
     __typeof__(real_cuMipmappedArrayCreate) f = REAL(cuMipmappedArrayCreate);
     if (UNLIKELY(!f)) return CUDA_ERROR_NOT_FOUND;
-    if (LIKELY(!vg.active) || !a || !d) return f(a, d, levels);
-    int r = cur_ridx();
+    if (LIKELY(!g_vgpu.active) || !a || !d) return f(a, d, levels);
+    int r = cur_row();
     if (r < 0) return f(a, d, levels);
     uint64_t est = 0, w = d->Width, h = d->Height, z = d->Depth;
     for (unsigned l = 0; l < levels; l++) {
@@ -502,7 +502,7 @@ EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_D
 }
 
 static CUresult destroy_array(CUresult res, void *a) {
-    if (res == CUDA_SUCCESS && vg.active) rec_release(K_ARRAY, (uint64_t)(uintptr_t)a, ACCT_DATA);
+    if (res == CUDA_SUCCESS && g_vgpu.active) rec_release(K_ARRAY, (uint64_t)(uintptr_t)a, ACCT_DATA);
     return res;
 }
 EXPORT CUresult cuArrayDestroy(CUarray a) { return destroy_array(CALL(cuArrayDestroy, a), a); }
@@ -524,8 +524,8 @@ static void clamp_info(int r, uint64_t *fr, uint64_t *tot) {
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) {
     CUresult res = CALL(cuMemGetInfo_v2, fr, tot);
-    if (res != CUDA_SUCCESS || !vg.active || !fr || !tot) return res;
-    int r = cur_ridx();
+    if (res != CUDA_SUCCESS || !g_vgpu.active || !fr || !tot) return res;
+    int r = cur_row();
     uint64_t f = *fr, t = *tot;
     if (r >= 0) clamp_info(r, &f, &t);
     *fr = f;
@@ -534,8 +534,8 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) {
 }
 EXPORT CUresult cuMemGetInfo(unsigned int *fr, unsigned int *tot) {
     CUresult res = CALL(cuMemGetInfo, fr, tot);
-    if (res != CUDA_SUCCESS || !vg.active || !fr || !tot) return res;
-    int r = cur_ridx();
+    if (res != CUDA_SUCCESS || !g_vgpu.active || !fr || !tot) return res;
+    int r = cur_row();
     uint64_t f = *fr, t = *tot;
     if (r >= 0) clamp_info(r, &f, &t);
     *fr = (unsigned int)f;
@@ -545,15 +545,15 @@ EXPORT CUresult cuMemGetInfo(unsigned int *fr, unsigned int *tot) {
 
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     CUresult res = CALL(cuDeviceTotalMem_v2, bytes, dev);
-    if (res != CUDA_SUCCESS || !vg.active || !bytes) return res;
-    uint64_t lim = vgpu_limit(ord2ridx(dev));
+    if (res != CUDA_SUCCESS || !g_vgpu.active || !bytes) return res;
+    uint64_t lim = vgpu_limit(ord2row(dev));
     if (lim && lim < *bytes) *bytes = lim;
     return res;
 }
 EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
     CUresult res = CALL(cuDeviceTotalMem, bytes, dev);
-    if (res != CUDA_SUCCESS || !vg.active || !bytes) return res;
-    uint64_t lim = vgpu_limit(ord2ridx(dev));
+    if (res != CUDA_SUCCESS || !g_vgpu.active || !bytes) return res;
+    uint64_t lim = vgpu_limit(ord2row(dev));
     if (lim && lim < *bytes) *bytes = (unsigned int)lim;
     return res;
 }

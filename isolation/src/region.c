@@ -98,7 +98,7 @@ static int live_held(int i) {
 
 /* By PID: the pid exists, is not a zombie and (if recorded) has the same start time. */
 static int pid_alive(int i) {
-    vgpu_proc_slot_t *s = &vg.region->procs[i];
+    vgpu_proc_slot_t *s = &g_vgpu.region->procs[i];
     pid_t pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
     if (pid <= 0) return 0;
     if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
@@ -106,23 +106,23 @@ static int pid_alive(int i) {
     uint64_t start = proc_start(pid, &st);
     if (start == 0) return errno == EACCES;   /* cannot tell: keep it */
     if (st == 'Z' || st == 'X') return 0;
-    uint64_t rec = vg.ext->slot_start[i];
+    uint64_t rec = g_vgpu.ext->slot_start[i];
     return rec == 0 || rec == start;
 }
 
 static int slot_alive(int i) {
-    if (!(vg.ext->slot_flags[i] & VGPU_SLOT_LOCKED)) return pid_alive(i);
+    if (!(g_vgpu.ext->slot_flags[i] & VGPU_SLOT_LOCKED)) return pid_alive(i);
     int held = live_held(i);
     if (held != 0) return 1;                  /* held, or we cannot tell: keep it */
-    uint64_t ns = vg.ext->slot_pidns[i];
+    uint64_t ns = g_vgpu.ext->slot_pidns[i];
     if (!ns || ns != g_my_pidns) return 0;    /* unlocked, and its PID means nothing here */
-    if (vg.region->procs[i].pid == vg.pid) return 0;   /* unlocked and ours: an image of this process before exec */
+    if (g_vgpu.region->procs[i].pid == g_vgpu.pid) return 0;   /* unlocked and ours: an image of this process before exec */
     return pid_alive(i);
 }
 
-static void slot_adjust(int i, int ridx, int kind, int64_t delta) {
-    vgpu_proc_slot_t *s = &vg.region->procs[i];
-    vgpu_devmem_t *u = &s->used[ridx];
+static void slot_adjust(int i, int row, int kind, int64_t delta) {
+    vgpu_proc_slot_t *s = &g_vgpu.region->procs[i];
+    vgpu_devmem_t *u = &s->used[row];
     __atomic_add_fetch(&s->seqlock, 1, __ATOMIC_ACQ_REL);
     __atomic_add_fetch(&u->total, (uint64_t)delta, __ATOMIC_RELAXED);
     uint64_t *part = kind == ACCT_CONTEXT ? &u->context_size : kind == ACCT_MODULE ? &u->module_size : &u->data_size;
@@ -132,37 +132,37 @@ static void slot_adjust(int i, int ridx, int kind, int64_t delta) {
 
 /* Caller holds the lock.  Gives back everything slot i holds and frees it. */
 static void slot_clear_nolock(int i) {
-    vgpu_proc_slot_t *s = &vg.region->procs[i];
+    vgpu_proc_slot_t *s = &g_vgpu.region->procs[i];
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         uint64_t t = s->used[d].total;
-        uint64_t cur = vg.ext->used[d];
-        __atomic_store_n(&vg.ext->used[d], cur >= t ? cur - t : 0, __ATOMIC_RELAXED);
+        uint64_t cur = g_vgpu.ext->used[d];
+        __atomic_store_n(&g_vgpu.ext->used[d], cur >= t ? cur - t : 0, __ATOMIC_RELAXED);
     }
     __atomic_store_n(&s->status, 0, __ATOMIC_RELEASE);
     memset(s->used, 0, sizeof s->used);
     memset(s->monitorused, 0, sizeof s->monitorused);
     memset(s->device_util, 0, sizeof s->device_util);
     s->hostpid = 0;
-    vg.ext->slot_start[i] = 0;
-    vg.ext->slot_flags[i] = 0;
-    vg.ext->slot_pidns[i] = 0;
+    g_vgpu.ext->slot_start[i] = 0;
+    g_vgpu.ext->slot_flags[i] = 0;
+    g_vgpu.ext->slot_pidns[i] = 0;
     __atomic_store_n(&s->pid, 0, __ATOMIC_RELEASE);
 }
 
 static void fix_proc_num_nolock(void) {
     int n = 0;
     for (int i = 0; i < VGPU_MAX_PROCS; i++)
-        if (vg.region->procs[i].pid) n = i + 1;
-    __atomic_store_n(&vg.region->proc_num, n, __ATOMIC_RELEASE);
+        if (g_vgpu.region->procs[i].pid) n = i + 1;
+    __atomic_store_n(&g_vgpu.region->proc_num, n, __ATOMIC_RELEASE);
 }
 
 /* Caller holds the lock.  Reclaims slots of processes that are gone; returns how many. */
 static int reap_nolock(void) {
-    int n = 0, top = vg.region->proc_num;
+    int n = 0, top = g_vgpu.region->proc_num;
     if (top > VGPU_MAX_PROCS || top < 0) top = VGPU_MAX_PROCS;
     for (int i = 0; i < top; i++) {
-        if (vg.region->procs[i].pid && i != vg.slot && !slot_alive(i)) {
-            VLOG(VLOG_INFO, "reclaiming slot %d of dead pid %d", i, vg.region->procs[i].pid);
+        if (g_vgpu.region->procs[i].pid && i != g_vgpu.slot && !slot_alive(i)) {
+            VLOG(VLOG_INFO, "reclaiming slot %d of dead pid %d", i, g_vgpu.region->procs[i].pid);
             slot_clear_nolock(i);
             n++;
         }
@@ -177,8 +177,8 @@ static void rebuild_nolock(void) {
     for (int d = 0; d < VGPU_MAX_DEVICES; d++) {
         uint64_t sum = 0;
         for (int i = 0; i < VGPU_MAX_PROCS; i++)
-            if (vg.region->procs[i].pid) sum += vg.region->procs[i].used[d].total;
-        __atomic_store_n(&vg.ext->used[d], sum, __ATOMIC_RELAXED);
+            if (g_vgpu.region->procs[i].pid) sum += g_vgpu.region->procs[i].used[d].total;
+        __atomic_store_n(&g_vgpu.ext->used[d], sum, __ATOMIC_RELAXED);
     }
     fix_proc_num_nolock();
 }
@@ -186,7 +186,7 @@ static void rebuild_nolock(void) {
 /* Takes the region mutex; -1 (nothing taken) when it is unrecoverable. */
 static int lock_region(void) {
     if (UNLIKELY(g_unrecoverable)) return -1;
-    pthread_mutex_t *m = (pthread_mutex_t *)vg.ext->lock;
+    pthread_mutex_t *m = (pthread_mutex_t *)g_vgpu.ext->lock;
     int r = pthread_mutex_lock(m);
     if (UNLIKELY(r == EOWNERDEAD)) {
         t_lock_held = 1;
@@ -205,7 +205,7 @@ static int lock_region(void) {
 }
 static void unlock_region(void) {
     t_lock_held = 0;
-    pthread_mutex_unlock((pthread_mutex_t *)vg.ext->lock);
+    pthread_mutex_unlock((pthread_mutex_t *)g_vgpu.ext->lock);
 }
 
 static void init_mutex(void *mem) {
@@ -224,30 +224,30 @@ static void init_mutex(void *mem) {
  * to reap (our liveness lock goes with us).
  */
 static void on_exit_release(void) {
-    if (!vg.ext || vg.slot < 0 || vg.pid != getpid()) return;
-    int mine = vg.slot, locked = t_lock_held;
+    if (!g_vgpu.ext || g_vgpu.slot < 0 || g_vgpu.pid != getpid()) return;
+    int mine = g_vgpu.slot, locked = t_lock_held;
     if (!locked && !g_unrecoverable) {
         struct timespec until;
         clock_gettime(CLOCK_REALTIME, &until);
         until.tv_sec += 1;
-        int r = pthread_mutex_timedlock((pthread_mutex_t *)vg.ext->lock, &until);
-        if (r == EOWNERDEAD) pthread_mutex_consistent((pthread_mutex_t *)vg.ext->lock);
+        int r = pthread_mutex_timedlock((pthread_mutex_t *)g_vgpu.ext->lock, &until);
+        if (r == EOWNERDEAD) pthread_mutex_consistent((pthread_mutex_t *)g_vgpu.ext->lock);
         locked = r == 0 || r == EOWNERDEAD;
         if (locked) t_lock_held = 1;
     }
     if (locked) {
-        vg.slot = -1;
+        g_vgpu.slot = -1;
         slot_clear_nolock(mine);
         rebuild_nolock();
         unlock_region();
     }
     if (g_live_fd >= 0) live_lock(g_live_fd, mine, F_UNLCK);
-    vg.slot = -1;
+    g_vgpu.slot = -1;
 }
 
 static void on_fork_child(void) {
-    vg.slot = -1;            /* the child registers its own slot on first use */
-    vg.pid = getpid();
+    g_vgpu.slot = -1;            /* the child registers its own slot on first use */
+    g_vgpu.pid = getpid();
     g_my_start = 0;
     t_lock_held = 0;
     /* our copy of the parent's descriptor would keep the parent's liveness lock after the parent died */
@@ -265,8 +265,8 @@ static void upgrade_ext(vgpu_ext_t *x) {
 
 /* A new region: rows 0.. are the positions of the grant, so row i carries limit i whatever CUDA's device order. */
 static void seed_devices(vgpu_region_t *r) {
-    for (int i = 0; i < vg.grant_count; i++) snprintf(r->uuids[i], VGPU_UUID_LEN, "%s", vg.grant_uuid[i]);
-    r->device_num = (uint64_t)vg.grant_count;
+    for (int i = 0; i < g_vgpu.grant_count; i++) snprintf(r->uuids[i], VGPU_UUID_LEN, "%s", g_vgpu.grant_uuid[i]);
+    r->device_num = (uint64_t)g_vgpu.grant_count;
 }
 
 /*
@@ -275,7 +275,7 @@ static void seed_devices(vgpu_region_t *r) {
  * raising SIGBUS on a later store into a hole.  On failure returns -1 with one line of reason in `why`.
  */
 int vgpu_region_attach(char *why, size_t why_len) {
-    if (vg.region) return 0;
+    if (g_vgpu.region) return 0;
     const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (!path || !*path) path = "/tmp/cudevshr.cache";
     snprintf(g_path, sizeof g_path, "%s", path);
@@ -313,8 +313,8 @@ int vgpu_region_attach(char *why, size_t why_len) {
         r->major_version = VGPU_MAJOR;
         r->minor_version = VGPU_MINOR;
         for (int i = 0; i < VGPU_MAX_DEVICES; i++) {
-            r->limit[i] = vg.mem_limit[i];
-            r->sm_limit[i] = (uint64_t)vg.sm_limit[i];
+            r->limit[i] = g_vgpu.mem_limit[i];
+            r->sm_limit[i] = (uint64_t)g_vgpu.sm_limit[i];
         }
         seed_devices(r);
         r->utilization_switch = 1;
@@ -325,12 +325,12 @@ int vgpu_region_attach(char *why, size_t why_len) {
         __atomic_store_n(&r->initialized_flag, VGPU_MAGIC, __ATOMIC_RELEASE);
     } else {
         for (int i = 0; i < VGPU_MAX_DEVICES; i++)
-            if (r->limit[i] != vg.mem_limit[i] && vg.mem_limit[i])
+            if (r->limit[i] != g_vgpu.mem_limit[i] && g_vgpu.mem_limit[i])
                 VLOG(VLOG_WARN, "device %d: region limit %llu differs from env %llu; the region wins", i,
-                     (unsigned long long)r->limit[i], (unsigned long long)vg.mem_limit[i]);
+                     (unsigned long long)r->limit[i], (unsigned long long)g_vgpu.mem_limit[i]);
     }
-    vg.region = r;
-    vg.ext = x;
+    g_vgpu.region = r;
+    g_vgpu.ext = x;
     if (x->magic != VGPU_EXT_MAGIC) {
         memset(x, 0, sizeof *x);
         init_mutex(x->lock);
@@ -347,7 +347,7 @@ int vgpu_region_attach(char *why, size_t why_len) {
     upgrade_ext(x);
     flock(fd, LOCK_UN);
     close(fd);
-    vg.slot = -1;
+    g_vgpu.slot = -1;
     g_my_pidns = own_pidns();
     const char *hold = getenv("VGPU_TEST_HOLD_LOCK_US");
     if (hold && *hold) g_test_hold_us = (unsigned)strtoul(hold, NULL, 10);
@@ -369,10 +369,10 @@ static int claim_liveness(int i, uint32_t *flags) {
 
 /* Returns this process's slot index, registering it on first use; -1 if the table is full. */
 int vgpu_slot(void) {
-    /* fast path without getpid(): the fork handler resets vg.slot in the child */
-    if (LIKELY(vg.slot >= 0)) return vg.slot;
+    /* fast path without getpid(): the fork handler resets g_vgpu.slot in the child */
+    if (LIKELY(g_vgpu.slot >= 0)) return g_vgpu.slot;
     pid_t me = getpid();
-    vg.pid = me;
+    g_vgpu.pid = me;
     if (!g_my_start) g_my_start = proc_start(me, NULL);
     if (g_live_fd < 0) {
         int fd = open(g_path, O_RDWR | O_CLOEXEC);
@@ -386,13 +386,13 @@ int vgpu_slot(void) {
     int slot = -1;
     uint32_t flags = 0;
     for (int i = 0; i < VGPU_MAX_PROCS && slot < 0; i++)
-        if (vg.region->procs[i].pid == 0 && claim_liveness(i, &flags) == 0) slot = i;
+        if (g_vgpu.region->procs[i].pid == 0 && claim_liveness(i, &flags) == 0) slot = i;
     if (slot >= 0) {
-        vgpu_proc_slot_t *s = &vg.region->procs[slot];
+        vgpu_proc_slot_t *s = &g_vgpu.region->procs[slot];
         memset(s, 0, sizeof *s);
-        vg.ext->slot_start[slot] = g_my_start;
-        vg.ext->slot_flags[slot] = flags;
-        vg.ext->slot_pidns[slot] = g_my_pidns;
+        g_vgpu.ext->slot_start[slot] = g_my_start;
+        g_vgpu.ext->slot_flags[slot] = flags;
+        g_vgpu.ext->slot_pidns[slot] = g_my_pidns;
         s->status = 1;
         __atomic_store_n(&s->pid, me, __ATOMIC_RELEASE);
         fix_proc_num_nolock();
@@ -400,52 +400,52 @@ int vgpu_slot(void) {
         VLOG(VLOG_ERROR, "no free process slot in the shared region (%d in use)", VGPU_MAX_PROCS);
     }
     unlock_region();
-    vg.slot = slot;
+    g_vgpu.slot = slot;
     return slot;
 }
 
-uint64_t vgpu_limit(int ridx) {
-    if (!vg.region || ridx < 0 || ridx >= VGPU_MAX_DEVICES) return 0;
-    return __atomic_load_n(&vg.region->limit[ridx], __ATOMIC_RELAXED);
+uint64_t vgpu_limit(int row) {
+    if (!g_vgpu.region || row < 0 || row >= VGPU_MAX_DEVICES) return 0;
+    return __atomic_load_n(&g_vgpu.region->limit[row], __ATOMIC_RELAXED);
 }
 
-uint64_t vgpu_used(int ridx) {
-    if (!vg.ext || ridx < 0 || ridx >= VGPU_MAX_DEVICES) return 0;
-    return __atomic_load_n(&vg.ext->used[ridx], __ATOMIC_RELAXED);
+uint64_t vgpu_used(int row) {
+    if (!g_vgpu.ext || row < 0 || row >= VGPU_MAX_DEVICES) return 0;
+    return __atomic_load_n(&g_vgpu.ext->used[row], __ATOMIC_RELAXED);
 }
 
-/* 0 when `bytes` were charged to device ridx, -1 when that would exceed its limit (nothing charged). */
-int vgpu_reserve(int ridx, uint64_t bytes, int kind) {
-    if (ridx < 0 || ridx >= VGPU_MAX_DEVICES) return 0;
+/* 0 when `bytes` were charged to device row, -1 when that would exceed its limit (nothing charged). */
+int vgpu_reserve(int row, uint64_t bytes, int kind) {
+    if (row < 0 || row >= VGPU_MAX_DEVICES) return 0;
     int slot = vgpu_slot();
     if (slot < 0 || lock_region()) return -1;
-    uint64_t lim = vg.region->limit[ridx];
-    uint64_t used = vg.ext->used[ridx];
+    uint64_t lim = g_vgpu.region->limit[row];
+    uint64_t used = g_vgpu.ext->used[row];
     if (lim && (used + bytes > lim || used + bytes < used)) {
-        if (reap_nolock()) used = vg.ext->used[ridx];
+        if (reap_nolock()) used = g_vgpu.ext->used[row];
         if (used + bytes > lim || used + bytes < used) {
-            vg.ext->oom_count[ridx]++;
+            g_vgpu.ext->oom_count[row]++;
             unlock_region();
-            VLOG(VLOG_INFO, "device %d: out of memory: %llu used + %llu requested > limit %llu", ridx,
+            VLOG(VLOG_INFO, "device %d: out of memory: %llu used + %llu requested > limit %llu", row,
                  (unsigned long long)used, (unsigned long long)bytes, (unsigned long long)lim);
             return -1;
         }
     }
-    __atomic_store_n(&vg.ext->used[ridx], used + bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_vgpu.ext->used[row], used + bytes, __ATOMIC_RELAXED);
     if (UNLIKELY(g_test_hold_us)) usleep(g_test_hold_us); /* fault injection: widen the locked window */
-    if (used + bytes > vg.ext->peak[ridx]) vg.ext->peak[ridx] = used + bytes;
-    slot_adjust(slot, ridx, kind, (int64_t)bytes);
+    if (used + bytes > g_vgpu.ext->peak[row]) g_vgpu.ext->peak[row] = used + bytes;
+    slot_adjust(slot, row, kind, (int64_t)bytes);
     unlock_region();
     return 0;
 }
 
-void vgpu_release(int ridx, uint64_t bytes, int kind) {
-    if (ridx < 0 || ridx >= VGPU_MAX_DEVICES || !bytes) return;
+void vgpu_release(int row, uint64_t bytes, int kind) {
+    if (row < 0 || row >= VGPU_MAX_DEVICES || !bytes) return;
     int slot = vgpu_slot();
     if (slot < 0 || lock_region()) return;
-    uint64_t used = vg.ext->used[ridx];
-    __atomic_store_n(&vg.ext->used[ridx], used >= bytes ? used - bytes : 0, __ATOMIC_RELAXED);
-    slot_adjust(slot, ridx, kind, -(int64_t)bytes);
+    uint64_t used = g_vgpu.ext->used[row];
+    __atomic_store_n(&g_vgpu.ext->used[row], used >= bytes ? used - bytes : 0, __ATOMIC_RELAXED);
+    slot_adjust(slot, row, kind, -(int64_t)bytes);
     unlock_region();
 }
 
@@ -453,33 +453,33 @@ void vgpu_release(int ridx, uint64_t bytes, int kind) {
  * follow) gets the tightest of the granted limits rather than none. */
 static void unlisted_device_limits(int row, const char *uuid) {
     uint64_t mem = 0, sm = 0;
-    for (int i = 0; i < vg.grant_count; i++) {
-        uint64_t m = vg.region->limit[i], c = vg.region->sm_limit[i];
+    for (int i = 0; i < g_vgpu.grant_count; i++) {
+        uint64_t m = g_vgpu.region->limit[i], c = g_vgpu.region->sm_limit[i];
         if (m && (!mem || m < mem)) mem = m;
         if (c && (!sm || c < sm)) sm = c;
     }
-    if (!vg.region->limit[row]) vg.region->limit[row] = mem;
-    if (!vg.region->sm_limit[row]) vg.region->sm_limit[row] = sm;
+    if (!g_vgpu.region->limit[row]) g_vgpu.region->limit[row] = mem;
+    if (!g_vgpu.region->sm_limit[row]) g_vgpu.region->sm_limit[row] = sm;
     VLOG(VLOG_WARN, "%s is not among the granted GPUs; it gets the tightest granted limits (%llu bytes, %llu%%)", uuid,
-         (unsigned long long)vg.region->limit[row], (unsigned long long)vg.region->sm_limit[row]);
+         (unsigned long long)g_vgpu.region->limit[row], (unsigned long long)g_vgpu.region->sm_limit[row]);
 }
 
 /* Region device index of a UUID, adding it to the table if new; -1 when the table is full. */
-int vgpu_ridx_for_uuid(const char *uuid) {
-    if (!vg.region || !uuid || !*uuid) return -1;
-    int n = (int)__atomic_load_n(&vg.region->device_num, __ATOMIC_ACQUIRE);
+int vgpu_row_for_uuid(const char *uuid) {
+    if (!g_vgpu.region || !uuid || !*uuid) return -1;
+    int n = (int)__atomic_load_n(&g_vgpu.region->device_num, __ATOMIC_ACQUIRE);
     for (int i = 0; i < n && i < VGPU_MAX_DEVICES; i++)
-        if (!strncasecmp(vg.region->uuids[i], uuid, VGPU_UUID_LEN)) return i;
+        if (!strncasecmp(g_vgpu.region->uuids[i], uuid, VGPU_UUID_LEN)) return i;
     /* an unusable lock: any row will do, since every charge against it is refused (-1 would mean "not limited") */
     if (lock_region()) return 0;
-    n = (int)vg.region->device_num;
+    n = (int)g_vgpu.region->device_num;
     int found = -1;
     for (int i = 0; i < n && i < VGPU_MAX_DEVICES && found < 0; i++)
-        if (!strncasecmp(vg.region->uuids[i], uuid, VGPU_UUID_LEN)) found = i;
+        if (!strncasecmp(g_vgpu.region->uuids[i], uuid, VGPU_UUID_LEN)) found = i;
     if (found < 0 && n < VGPU_MAX_DEVICES) {
-        if (vg.grant_count && n >= vg.grant_count) unlisted_device_limits(n, uuid);
-        snprintf(vg.region->uuids[n], VGPU_UUID_LEN, "%s", uuid);
-        __atomic_store_n(&vg.region->device_num, (uint64_t)(n + 1), __ATOMIC_RELEASE);
+        if (g_vgpu.grant_count && n >= g_vgpu.grant_count) unlisted_device_limits(n, uuid);
+        snprintf(g_vgpu.region->uuids[n], VGPU_UUID_LEN, "%s", uuid);
+        __atomic_store_n(&g_vgpu.region->device_num, (uint64_t)(n + 1), __ATOMIC_RELEASE);
         found = n;
     }
     unlock_region();
@@ -489,14 +489,14 @@ int vgpu_ridx_for_uuid(const char *uuid) {
 /* Remembers memory this container exported (IPC handle, shareable handle), so its own processes importing it
  * are not charged twice. */
 void vgpu_note_export(uint64_t hash) {
-    if (!vg.ext || !hash) return;
-    uint32_t at = __atomic_fetch_add(&vg.ext->exported_next, 1, __ATOMIC_ACQ_REL);
-    __atomic_store_n(&vg.ext->exported[at % VGPU_EXPORTS], hash, __ATOMIC_RELEASE);
+    if (!g_vgpu.ext || !hash) return;
+    uint32_t at = __atomic_fetch_add(&g_vgpu.ext->exported_next, 1, __ATOMIC_ACQ_REL);
+    __atomic_store_n(&g_vgpu.ext->exported[at % VGPU_EXPORTS], hash, __ATOMIC_RELEASE);
 }
 
 int vgpu_exported(uint64_t hash) {
-    if (!vg.ext || !hash) return 0;
+    if (!g_vgpu.ext || !hash) return 0;
     for (int i = 0; i < VGPU_EXPORTS; i++)
-        if (__atomic_load_n(&vg.ext->exported[i], __ATOMIC_ACQUIRE) == hash) return 1;
+        if (__atomic_load_n(&g_vgpu.ext->exported[i], __ATOMIC_ACQUIRE) == hash) return 1;
     return 0;
 }

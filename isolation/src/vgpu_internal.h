@@ -50,7 +50,7 @@ typedef struct {
     pid_t pid;
 } vgpu_state_t;
 
-HIDDEN extern vgpu_state_t vg;
+HIDDEN extern vgpu_state_t g_vgpu;
 
 /* env.c */
 HIDDEN int vgpu_parse_size(const char *s, uint64_t *out);
@@ -60,11 +60,11 @@ HIDDEN void vgpu_read_env(void);
 /* region.c */
 HIDDEN int vgpu_region_attach(char *why, size_t why_len);
 HIDDEN int vgpu_slot(void);
-HIDDEN int vgpu_reserve(int ridx, uint64_t bytes, int kind);
-HIDDEN void vgpu_release(int ridx, uint64_t bytes, int kind);
-HIDDEN int vgpu_ridx_for_uuid(const char *uuid);
-HIDDEN uint64_t vgpu_used(int ridx);
-HIDDEN uint64_t vgpu_limit(int ridx);
+HIDDEN int vgpu_reserve(int row, uint64_t bytes, int kind);
+HIDDEN void vgpu_release(int row, uint64_t bytes, int kind);
+HIDDEN int vgpu_row_for_uuid(const char *uuid);
+HIDDEN uint64_t vgpu_used(int row);
+HIDDEN uint64_t vgpu_limit(int row);
 HIDDEN uint64_t vgpu_now_ns(void);
 HIDDEN void vgpu_note_export(uint64_t hash);
 HIDDEN int vgpu_exported(uint64_t hash);
