@@ -25,6 +25,7 @@ import orjson
 import pytest
 import yaml
 from admission_helpers import TENANT, Policy, Review, User, service_account
+from capabilities import tool
 from cel_expr_python import cel
 from cluster_scenario import wait_for
 from deploy_helpers import DEPLOY, DRA, NAMESPACE, assert_valid_kubernetes, find, flag, load_manifests, manifest_files
@@ -111,14 +112,11 @@ def plugin_container() -> dict:
 
 def kubectl_kustomize(directory) -> list[dict]:
     """The objects `kubectl kustomize` renders from a directory."""
-    out = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60,
+    kubectl = tool("kubectl", "https://kubernetes.io/docs/tasks/tools/ (kubectl has kustomize built in)")
+    out = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
-needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None,
-                                   reason="kubectl (with built-in kustomize) not installed")
 
 
 # ------------------------------------------------------------------------------------------------- the schemas
@@ -171,7 +169,6 @@ def test_objects_are_ours_and_in_our_namespace():
         assert (m.doc["kind"], meta["name"]) not in base, f"{m.id} would overwrite an object of deploy/"
 
 
-@needs_kubectl
 def test_kustomize_renders_the_dra_install():
     docs = kubectl_kustomize(DRA)
     assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == sorted(
@@ -180,7 +177,6 @@ def test_kustomize_renders_the_dra_install():
         kubernetes_validate.validate(doc, DRA_VERSIONS[-1], strict=True)
 
 
-@needs_kubectl
 def test_kustomize_renders_the_base_with_the_scheduler_component(tmp_path):
     """An overlay of deploy/ and deploy/dra/ with the component: what deploy/README.md tells users to build."""
     relative = os.path.relpath(DEPLOY, tmp_path)

@@ -2,12 +2,12 @@
 unknown fields are errors), plus the cross-references a schema cannot see: kustomization lists, Service
 selectors and ports, images, ServiceMonitor shape."""
 
-import shutil
 import subprocess
 
 import kubernetes_validate
 import pytest
 import yaml
+from capabilities import tool
 from deploy_helpers import DEPLOY, DRA, NAMESPACE, assert_valid_kubernetes, find, load_manifests, manifest_files
 
 # The oldest Kubernetes we claim (admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy is GA in 1.30), and the
@@ -96,10 +96,10 @@ def test_kustomization_image_tags_match_the_manifests():
     assert images["registry.k8s.io/kube-scheduler"] == SCHEDULER_IMAGE_TAG
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with built-in kustomize) not installed")
 @pytest.mark.parametrize("directory", ["deploy", "deploy/monitoring"])
 def test_kustomize_renders_valid_objects(directory):
-    command = ["kubectl", "kustomize", str(DEPLOY.parent / directory)]
+    kubectl = tool("kubectl", "https://kubernetes.io/docs/tasks/tools/ (kubectl has kustomize built in)")
+    command = [kubectl, "kustomize", str(DEPLOY.parent / directory)]
     out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]

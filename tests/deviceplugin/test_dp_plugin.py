@@ -308,12 +308,9 @@ def test_garbage_collection_keeps_live_pods_dirs(cluster):
 def test_plugin_installs_the_isolation_library(cluster):
     """At start the plugin puts the built libvgpu.so where its Allocate mounts point, replacing an old copy by
     rename (a container holding the old file keeps it) and leaving an identical one alone."""
-    from vgpu.isolation.build import BuildError, ensure_built
+    from vgpu.isolation.build import ensure_built
 
-    try:
-        library = ensure_built().libvgpu.read_bytes()
-    except BuildError as exc:
-        pytest.skip(f"isolation library not buildable here: {exc}")
+    library = ensure_built().libvgpu.read_bytes()   # the tests need the library built (docs/DEVELOPING.md)
     target = cluster.hook / "vgpu" / "libvgpu.so"
     target.parent.mkdir(parents=True)
     target.write_bytes(b"an older library")

@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from capabilities import missing
 from doctor_helpers import FRAMEWORK_MODULE, NON_FRAMEWORK, Ran, run_doctor
 
 from vgpu.isolation.doctor.catalog import NAMES
@@ -92,6 +93,6 @@ def test_the_compute_figures(ran):
 def test_framework_probes_skip_where_the_framework_is_missing(ran, name):
     p = ran.probe(name)
     if importlib.util.find_spec(FRAMEWORK_MODULE[name]) is not None:
-        pytest.skip(f"{FRAMEWORK_MODULE[name]} is installed here")
+        missing("frameworks-absent", f"{FRAMEWORK_MODULE[name]} is installed here")
     assert p["ok"] and p["skipped"], p
     assert p["reason"].startswith(f"{FRAMEWORK_MODULE[name]} not importable"), p

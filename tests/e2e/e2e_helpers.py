@@ -7,7 +7,6 @@ reports the sample workload prints from inside each pod's process.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import defaultdict
@@ -16,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import pytest
 
 from vgpu import keys
 from vgpu.assignment import decode
@@ -279,12 +277,3 @@ def http_ok(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def missing_tool(name: str, where: str) -> None:
-    """Skip a test whose judge (a real client such as kubectl or promtool) is not installed, or fail it when
-    VGPU_REQUIRE_TOOLS names the tool (CI does)."""
-    required = {t.strip() for t in os.environ.get("VGPU_REQUIRE_TOOLS", "").split(",") if t.strip()}
-    if name in required:
-        pytest.fail(f"{name} is required (VGPU_REQUIRE_TOOLS) but not installed ({where})")
-    pytest.skip(f"{name} is not installed ({where})")

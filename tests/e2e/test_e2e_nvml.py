@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from capabilities import missing
 from e2e_helpers import WORKLOAD, container, inventories, phase, pod, reports, wait_until
 
 from vgpu import keys
@@ -96,7 +97,7 @@ def test_an_xid_makes_the_gpu_unhealthy_until_it_recovers(cluster, request):
 
 def test_driver_limit_holds_for_a_container_without_the_library(cluster, cgroup_root, request):
     if cgroup_root is None:
-        pytest.skip("no cgroup v2 hierarchy in which this test may create cgroups")
+        missing("cgroup-v2", "no cgroup v2 hierarchy in which this test may create cgroups")
     request.node._e2e_cluster = cluster
     # CUDA_DISABLE_CONTROL (allowed in namespace bypass): no ld.so.preload, so nothing in the process limits it;
     # the workload waits for the plugin to find its cgroup, then tries to take 3x its grant

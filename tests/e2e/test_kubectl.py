@@ -9,7 +9,8 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from e2e_helpers import TERMINAL, WORKLOAD, container, missing_tool, phase, pod, wait_until
+from capabilities import tool
+from e2e_helpers import TERMINAL, WORKLOAD, container, phase, pod, wait_until
 
 from vgpu.testbed.cluster import LocalCluster
 
@@ -19,8 +20,7 @@ NS = "kubectl"
 
 @pytest.fixture(scope="module")
 def cluster(make_cluster) -> Iterator[LocalCluster]:
-    if KUBECTL is None:
-        missing_tool("kubectl", "https://kubernetes.io/docs/tasks/tools/")
+    tool("kubectl", "https://kubernetes.io/docs/tasks/tools/")
     c = make_cluster(nodes=2, gpus="2xA100-40GB", scheduler_args=["--leader-elect", "--lease-namespace", "vgpu-system"])
     c.create_pod(pod("finished", [container("main", WORKLOAD + ["--mib", "500"], memory=1000, cores=10)],
                      namespace=NS))

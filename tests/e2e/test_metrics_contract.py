@@ -7,7 +7,6 @@ but the five legacy names the contract keeps.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_helpers import TERMINAL, WORKLOAD, container, missing_tool, phase, pod, wait_until
+from capabilities import tool
+from e2e_helpers import TERMINAL, WORKLOAD, container, phase, pod, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from vgpu.deviceplugin.monitor import NODE_METRICS
@@ -26,7 +26,6 @@ from vgpu.testbed.cluster import LocalCluster
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "deploy"))
 from test_deploy_monitoring import queries, scan
 
-PROMTOOL = shutil.which("promtool")
 NS = "metrics"
 
 
@@ -103,12 +102,10 @@ def test_every_dashboard_query_finds_series(cluster, title, expr, legend):
 
 
 def test_promtool_finds_only_the_legacy_names(cluster):
-    if PROMTOOL is None:
-        missing_tool("promtool", "Debian's prometheus package; .ci/run installs it")
+    promtool = tool("promtool", "Debian's prometheus package; .ci/run installs it")
     legacy = {spec.name for spec in NODE_METRICS if spec.legacy}
     for where, port, _ in _endpoints(cluster):
-        assert PROMTOOL is not None
-        res = subprocess.run([PROMTOOL, "check", "metrics"], input=_text(port), capture_output=True, text=True,
+        res = subprocess.run([promtool, "check", "metrics"], input=_text(port), capture_output=True, text=True,
                              timeout=60)
         problems = [line for line in (res.stdout + res.stderr).splitlines() if line.strip()]
         unexpected = [line for line in problems if line.split()[0].rstrip(":") not in legacy]

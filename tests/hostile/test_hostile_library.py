@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from capabilities import missing
 from iso_helpers import Libs, Sim, build_libs, build_probe
 
 GiB = 1 << 30
@@ -87,11 +88,12 @@ def _can_mount_tmpfs() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _can_mount_tmpfs(), reason="needs a private mount namespace (unshare --mount) for a tmpfs")
 def test_a_full_disk_refuses_cuda_instead_of_sigbus(sim):
     """The accounting directory sits on a 1 MiB tmpfs, smaller than one accounting file: CUDA initialisation is
     refused with a reason (before: the file was created sparse, and the first store past the end of the disk
     killed the process with SIGBUS)."""
+    if not _can_mount_tmpfs():
+        missing("mount-namespace", "unshare --mount cannot mount a private tmpfs here")
     sim.cache.parent.mkdir(parents=True, exist_ok=True)
     script = (f"mount -t tmpfs -o size=1m tmpfs {sim.cache.parent} && "
               f"exec {sim.probe} chunks {GiB}")

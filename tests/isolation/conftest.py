@@ -1,12 +1,12 @@
 """Fixtures for the isolation tests: the built libraries, the probe program, a private simulated GPU."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from iso_helpers import Libs, Sim, build_libs, build_probe, require_tool
+from capabilities import missing, tool
+from iso_helpers import Libs, Sim, build_libs, build_probe
 from sim_helpers import SimPrograms
 
 from vgpu.testbed.build import ensure_sim_built
@@ -38,11 +38,10 @@ def sim_programs(tmp_path_factory: pytest.TempPathFactory) -> SimPrograms:
 @pytest.fixture(scope="session")
 def unshare_pid() -> None:
     """PID namespaces can be made here (unshare --pid, as root): tests start processes as a container runtime would."""
-    if shutil.which("unshare") is None:
-        require_tool("unshare", "util-linux")
-    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
+    unshare = tool("unshare", "util-linux")
+    probe = subprocess.run([unshare, "--pid", "--fork", "--mount-proc", "true"], capture_output=True)
     if probe.returncode != 0:
-        require_tool("unshare", f"cannot create PID namespaces here: {probe.stderr.decode().strip()}")
+        missing("pid-namespace", f"unshare --pid: {probe.stderr.decode().strip()}")
 
 
 @pytest.fixture

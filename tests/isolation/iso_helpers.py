@@ -8,8 +8,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from vgpu.isolation.build import ensure_built
 from vgpu.testbed.build import ensure_sim_built
 
@@ -42,14 +40,6 @@ def build_probe(libs: Libs, out: Path, source: str = "probe.c") -> Path:
         check=True,
     )
     return out
-
-
-def require_tool(name: str, where: str) -> None:
-    """Skip a test that needs a tool which is not installed; fail it instead where VGPU_REQUIRE_TOOLS names the tool
-    (CI installs and requires every tool its tests need)."""
-    if name in os.environ.get("VGPU_REQUIRE_TOOLS", "").split(","):
-        pytest.fail(f"{name} is required (VGPU_REQUIRE_TOOLS) but not installed: {where}")
-    pytest.skip(f"{name} is not installed: {where}")
 
 
 def parse_kv(text: str) -> dict[str, str]:

@@ -2,11 +2,11 @@
 cross compiler, on aarch64 under qemu-user (what Grace Hopper nodes run)."""
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
-from iso_helpers import CSRC, require_tool
+from capabilities import tool
+from iso_helpers import CSRC
 
 from vgpu.isolation.build import PACKAGE_DIR
 
@@ -27,10 +27,8 @@ def test_dlsym_entry_native(libs, tmp_path):
 
 
 def test_dlsym_entry_aarch64(tmp_path):
-    cc, qemu = "aarch64-linux-gnu-gcc", "qemu-aarch64"
-    for tool in (cc, qemu):
-        if shutil.which(tool) is None:
-            require_tool(tool, "Debian packages gcc-aarch64-linux-gnu and qemu-user")
+    cc = tool("aarch64-linux-gnu-gcc", "Debian's gcc-aarch64-linux-gnu")
+    qemu = tool("qemu-aarch64", "Debian's qemu-user")
     build = tmp_path / "build"
     subprocess.run(["make", "-s", "-C", str(PACKAGE_DIR), f"BUILD={build}", f"CC={cc}"], check=True)
     program = tmp_path / "dlsym_next"

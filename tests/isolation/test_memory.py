@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import pytest
+from capabilities import tool
 
 from vgpu.isolation.region import Region, parse_size
 
@@ -176,10 +177,8 @@ def test_region_shows_a_running_process(sim):
 
 
 def _syscalls(sim, n: int, **env: str) -> int:
-    import shutil
-    if not shutil.which("strace"):
-        pytest.skip("strace not installed")
-    res = subprocess.run(["strace", "-f", "-c", "-o", "/dev/stdout", str(sim.probe), "hot", str(n)],
+    strace = tool("strace", "Debian's strace")
+    res = subprocess.run([strace, "-f", "-c", "-o", "/dev/stdout", str(sim.probe), "hot", str(n)],
                          env=sim.env(**env), capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     total = [ln for ln in res.stdout.splitlines() if ln.rstrip().endswith("total")]

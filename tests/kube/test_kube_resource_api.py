@@ -4,11 +4,11 @@ subresource, templates and device classes, each refused with 422 naming the fiel
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import httpx
 import pytest
+from capabilities import tool
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
@@ -131,12 +131,12 @@ def test_device_classes_need_cel_expressions(apiserver, resource):
     _refused(apiserver, "deviceclasses", bad, "spec.selectors[0].cel.expression")
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 def test_kubectl_discovers_and_lists_the_resource_api(apiserver, resource):
+    kubectl_path = tool("kubectl", "https://kubernetes.io/docs/tasks/tools/")
     read_json(resource.create_resource_slice(a_slice("n1"), _preload_content=False))
 
     def kubectl(*args: str) -> str:
-        res = subprocess.run(["kubectl", "--kubeconfig", apiserver.kubeconfig, *args], capture_output=True,
+        res = subprocess.run([kubectl_path, "--kubeconfig", apiserver.kubeconfig, *args], capture_output=True,
                              text=True, timeout=60)
         assert res.returncode == 0, res.stderr
         return res.stdout
