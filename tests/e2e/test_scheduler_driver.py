@@ -39,7 +39,8 @@ class ScriptedExtender:
         self.api_url = api_url
         self.filter: Callable[[dict], Any] = lambda body: {"NodeNames": body["NodeNames"], "FailedNodes": {}}
         self.prioritize: Callable[[dict], Any] = lambda body: [{"Host": n, "Score": 0} for n in body["NodeNames"]]
-        self.delay = 0.0
+        self.answering = threading.Event()   # cleared: every call is held unanswered until it is set again
+        self.answering.set()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -49,8 +50,7 @@ class ScriptedExtender:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.calls.append((self.path, body))
-                if outer.delay:
-                    time.sleep(outer.delay)
+                outer.answering.wait(60)
                 if self.path == "/filter":
                     answer = outer.filter(body)
                 elif self.path == "/prioritize":
@@ -226,18 +226,21 @@ def test_extender_error_fails_the_cycle_and_is_retried_with_backoff(env):
 
 def test_http_timeout_bounds_every_call(env):
     _api, ext, make, http = env
-    ext.delay = 2.0
-    make(BUILTIN_CONFIG.replace("httpTimeout: 30s", "httpTimeout: 300ms"))
-    http.post("/api/v1/namespaces/default/pods", json=_pod("slow"))
+    """An extender that never answers: the cycle fails on httpTimeout, while the call is still unanswered."""
+    ext.answering.clear()
+    try:
+        make(BUILTIN_CONFIG.replace("httpTimeout: 30s", "httpTimeout: 300ms"))
+        http.post("/api/v1/namespaces/default/pods", json=_pod("slow"))
 
-    def failed() -> bool:
-        events = http.get("/api/v1/namespaces/default/events").json()["items"]
-        return any(e["reason"] == "FailedScheduling" and "filter" in e["message"] for e in events)
+        def failed() -> bool:
+            events = http.get("/api/v1/namespaces/default/events").json()["items"]
+            return any(e["reason"] == "FailedScheduling" and "filter" in e["message"] for e in events)
 
-    start = time.monotonic()
-    _wait(failed, timeout=10)
-    assert time.monotonic() - start < 2.0
-    assert not _get(http, "slow")["spec"].get("nodeName")
+        _wait(failed, timeout=20)
+        assert ext.verbs().count("/filter") >= 1   # asked, never answered
+        assert not _get(http, "slow")["spec"].get("nodeName")
+    finally:
+        ext.answering.set()
 
 
 def test_other_scheduler_names_are_left_alone(env):
