@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, start_http_server
+from prometheus_client import CollectorRegistry, disable_created_metrics, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -76,10 +76,6 @@ NODE_METRICS = (HOST_MEMORY, HOST_UTIL, LEGACY_USED, LEGACY_LIMIT, LEGACY_UTIL, 
 _ALLOCATE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
-def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
-    return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
-
-
 def parse_listen(text: str) -> tuple[str, int]:
     """`:9394` -> ("0.0.0.0", 9394); `127.0.0.1:0` -> ("127.0.0.1", 0)."""
     host, _, port = text.rpartition(":")
@@ -114,14 +110,14 @@ class NodeCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Yield GPU and container metrics."""
-        up = _gauge(BACKEND_UP)
+        up = BACKEND_UP.family()
         up.add_metric([self.node, self.backend_name], 1 if self.backend_up else 0)
         yield up
         yield from self._gpu_metrics()
         yield from self._container_metrics()
 
     def _gpu_metrics(self) -> Iterator[GaugeMetricFamily]:
-        families = {spec.name: _gauge(spec) for spec in (HOST_MEMORY, HOST_UTIL, DEVICE_MEMORY_TOTAL,
+        families = {spec.name: spec.family() for spec in (HOST_MEMORY, HOST_UTIL, DEVICE_MEMORY_TOTAL,
                                                           DEVICE_MEMORY_USED, DEVICE_UTIL, DEVICE_HEALTHY)}
         try:
             usage = self.backend.usage()
@@ -155,7 +151,7 @@ class NodeCollector(Collector):
             yield record, read_snapshot(self.root, record)
 
     def _container_metrics(self) -> Iterator[GaugeMetricFamily]:
-        families = {spec.name: _gauge(spec) for spec in (LEGACY_USED, LEGACY_LIMIT, LEGACY_UTIL, CTR_MEMORY_USED,
+        families = {spec.name: spec.family() for spec in (LEGACY_USED, LEGACY_LIMIT, LEGACY_UTIL, CTR_MEMORY_USED,
                                                           CTR_MEMORY_LIMIT, CTR_CORE_UTIL, CTR_CORE_LIMIT,
                                                           CTR_KERNEL_AGE)}
 
@@ -192,9 +188,8 @@ class NodeMetrics:
         disable_created_metrics()  # no `_created` series beside counters and histograms: not in the declarations
         self.node = node
         self.registry = CollectorRegistry(auto_describe=False)
-        self.allocations = Counter(ALLOCATE.name, ALLOCATE.help, list(ALLOCATE.labels), registry=self.registry)
-        self.allocate_seconds = Histogram(ALLOCATE_SECONDS.name, ALLOCATE_SECONDS.help, list(ALLOCATE_SECONDS.labels),
-                                          buckets=_ALLOCATE_BUCKETS, registry=self.registry)
+        self.allocations = ALLOCATE.counter(self.registry)
+        self.allocate_seconds = ALLOCATE_SECONDS.histogram(self.registry, _ALLOCATE_BUCKETS)
 
     def observe_allocate(self, resource: str, result: str, seconds: float) -> None:
         """Count one Allocate call of `resource` and its duration."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import CollectorRegistry, disable_created_metrics
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -69,10 +69,6 @@ SCHEDULER_METRICS = (DEVICE_MEMORY_TOTAL, DEVICE_MEMORY_ALLOCATED, DEVICE_CORES_
                      DECISIONS, INCONSISTENT, CACHE_SYNCED, LEADER, READY)
 
 
-def _gauge(spec: MetricSpec) -> GaugeMetricFamily:
-    return GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
-
-
 class LedgerCollector(Collector):
     """Per-GPU allocated/total memory, cores and shares, per-pod allocations and node and charge counts, read from
     the ledger at scrape time."""
@@ -82,11 +78,11 @@ class LedgerCollector(Collector):
         self.bytes_per_unit = ledger.config.gpu_memory_factor << 20
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        gpu = {spec.name: _gauge(spec) for spec in (DEVICE_MEMORY_TOTAL, DEVICE_MEMORY_ALLOCATED,
+        gpu = {spec.name: spec.family() for spec in (DEVICE_MEMORY_TOTAL, DEVICE_MEMORY_ALLOCATED,
                                                      DEVICE_CORES_ALLOCATED, DEVICE_SHARES_ALLOCATED, DEVICE_SPLIT,
                                                      DEVICE_HEALTHY)}
-        pod_mem, pod_cores = _gauge(POD_MEMORY), _gauge(POD_CORES)
-        nodes, reservations = _gauge(NODES), _gauge(RESERVATIONS)
+        pod_mem, pod_cores = POD_MEMORY.family(), POD_CORES.family()
+        nodes, reservations = NODES.family(), RESERVATIONS.family()
         unit = self.bytes_per_unit
         node_states: Tally[str] = Tally(schedulable=0, invalid=0)
         charge_states: Tally[str] = Tally({ChargeState.ASSUMED: 0, ChargeState.BOUND: 0, ChargeState.OBSERVED: 0})
@@ -123,15 +119,13 @@ class SchedulerMetrics:
     def __init__(self, ledger: Ledger | None = None, registry: CollectorRegistry | None = None) -> None:
         disable_created_metrics()  # type: ignore[no-untyped-call]  # no `_created` series: not in the declarations
         self.registry = registry or CollectorRegistry()
-        self.latency = Histogram(DURATION.name, DURATION.help, list(DURATION.labels), buckets=LATENCY_BUCKETS,
-                                 registry=self.registry)
-        self.requests = Counter(REQUESTS.name, REQUESTS.help, list(REQUESTS.labels), registry=self.registry)
-        self.decisions = Counter(DECISIONS.name, DECISIONS.help, list(DECISIONS.labels), registry=self.registry)
-        self.inconsistent_grants = Counter(INCONSISTENT.name, INCONSISTENT.help, registry=self.registry)
-        self.cache_synced = Gauge(CACHE_SYNCED.name, CACHE_SYNCED.help, list(CACHE_SYNCED.labels),
-                                  registry=self.registry)
-        self.leader = Gauge(LEADER.name, LEADER.help, registry=self.registry)
-        self.ready = Gauge(READY.name, READY.help, registry=self.registry)
+        self.latency = DURATION.histogram(self.registry, LATENCY_BUCKETS)
+        self.requests = REQUESTS.counter(self.registry)
+        self.decisions = DECISIONS.counter(self.registry)
+        self.inconsistent_grants = INCONSISTENT.counter(self.registry)
+        self.cache_synced = CACHE_SYNCED.gauge(self.registry)
+        self.leader = LEADER.gauge(self.registry)
+        self.ready = READY.gauge(self.registry)
         if ledger is not None:
             self.registry.register(LedgerCollector(ledger))
 

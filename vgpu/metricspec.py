@@ -9,9 +9,12 @@ only names that break Prometheus' naming rules.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 __all__ = ["MetricSpec", "markdown_table"]
 
@@ -37,6 +40,26 @@ class MetricSpec:
         if self.kind == "histogram":
             return tuple(f"{self.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
         return (self.exposed,)
+
+    def family(self) -> GaugeMetricFamily:
+        """An empty family of this gauge, for a collector to fill at scrape time."""
+        assert self.kind == "gauge", self
+        return GaugeMetricFamily(self.name, self.help, labels=list(self.labels))
+
+    def counter(self, registry: CollectorRegistry) -> Counter:
+        """This counter, live in `registry`."""
+        assert self.kind == "counter", self
+        return Counter(self.name, self.help, list(self.labels), registry=registry)
+
+    def gauge(self, registry: CollectorRegistry) -> Gauge:
+        """This gauge, live in `registry`."""
+        assert self.kind == "gauge", self
+        return Gauge(self.name, self.help, list(self.labels), registry=registry)
+
+    def histogram(self, registry: CollectorRegistry, buckets: Sequence[float]) -> Histogram:
+        """This histogram with `buckets`, live in `registry`."""
+        assert self.kind == "histogram", self
+        return Histogram(self.name, self.help, list(self.labels), buckets=list(buckets), registry=registry)
 
 
 def markdown_table(specs: Iterable[MetricSpec]) -> str:
