@@ -264,13 +264,6 @@ class Region:
             raise RegionError(f"region {self.path}: negative memory limit for device {dev}")
         self._r.limit[dev] = limit_bytes
 
-    def set_sm_limit(self, dev: int, percent: int) -> None:
-        """Change device `dev`'s SM limit (0 or 100 = unlimited)."""
-        self._writable(dev)
-        if not 0 <= percent <= 100:
-            raise RegionError(f"region {self.path}: SM limit {percent} outside 0..100 for device {dev}")
-        self._r.sm_limit[dev] = percent
-
     def set_utilization_switch(self, on: bool) -> None:
         """HAMi monitor's switch: with policy `default`, 0 turns compute limiting off."""
         self._writable(0)

@@ -469,12 +469,6 @@ class Ledger:
                         usage[i].sub(memory, cores)
             return usage
 
-    def pods_on(self, node: str) -> list[Charge]:
-        """Charges of the pods on one node (copy of the list, sorted by namespace/name)."""
-        with self.lock:
-            charges = [self.charges[uid] for uid in self._by_node.get(node, ())]
-        return sorted(charges, key=lambda c: (c.namespace, c.name))
-
     def snapshot(self) -> list[tuple[NodeState, list[GPUUsage], list[Charge]]]:
         """Per node (sorted by name): its state, a copy of its usage and its charges; for metrics and inspect."""
         with self.lock:
