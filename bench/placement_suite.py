@@ -15,9 +15,11 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import multiprocessing
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -56,11 +58,29 @@ def load(path: Path) -> list[dict[str, object]]:
     return rows
 
 
+def provenance(trace: str) -> dict[str, str]:
+    """What produced a trace's results: the commit (with `-dirty` for uncommitted changes) and the SHA-256 of the
+    node and pod lists read."""
+    repo = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
+        return res.stdout.strip() if res.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "-dirty"
+    nodes, pods, _variant = source(trace)
+    return {"commit": commit, "nodes_sha256": hashlib.sha256(Path(nodes).read_bytes()).hexdigest(),
+            "pods_sha256": hashlib.sha256(Path(pods).read_bytes()).hexdigest()}
+
+
 def save(path: Path, trace: str, rows: list[dict[str, object]]) -> None:
-    """Write a trace's rows sorted by seed then policy, one row per line (small diffs)."""
+    """Write a trace's rows sorted by seed then policy, one row per line (small diffs), with their provenance."""
     rows = sorted(rows, key=lambda r: (int(str(r["seed"])), str(r["policy"])))
     lines = ",\n".join("    " + json.dumps(r, sort_keys=True) for r in rows)
-    path.write_text(f'{{"trace": {json.dumps(trace)}, "results": [\n{lines}\n]}}\n')
+    head = f'"trace": {json.dumps(trace)}, "provenance": {json.dumps(provenance(trace), sort_keys=True)}'
+    path.write_text(f'{{{head}, "results": [\n{lines}\n]}}\n')
 
 
 def main() -> int:
