@@ -2,6 +2,7 @@
 (bench/results/): a figure in the document is a figure someone can regenerate."""
 
 import importlib.util
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,3 +31,18 @@ def test_every_committed_result_file_is_in_a_table():
     for folder, name in (("placement", "suite"), ("departures", "departures")):
         for path in (REPO / "bench" / "results" / folder).glob("*.json"):
             assert f"| {path.stem} |" in expected[name], path
+
+
+def test_the_dra_table_is_the_one_the_raw_results_give():
+    """docs/dra.md's comparison of placement under DRA is `bench/dra_suite.py --table` over bench/results/dra."""
+    sys.path.insert(0, str(REPO / "bench"))   # dra_suite imports placement_suite, its neighbour
+    try:
+        spec = importlib.util.spec_from_file_location("dra_suite", REPO / "bench" / "dra_suite.py")
+        assert spec is not None and spec.loader is not None
+        suite = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(suite)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    expected = suite.table(REPO / "bench" / "results" / "dra", list(suite.GIVEN))
+    assert expected.count("\n") >= 2, expected   # a header, its rule and at least one trace
+    assert expected in (REPO / "docs" / "dra.md").read_text(), "stale: paste `bench/dra_suite.py --table` into it"
