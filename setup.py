@@ -22,6 +22,7 @@ FOLDERS = {
     "vgpu": "vgpu",
     "vgpu.proto": "proto",
     "vgpu.scheduler": "scheduler",
+    "vgpu.node": "node",
     "vgpu.deviceplugin": "deviceplugin",
     "vgpu.draplugin": "draplugin",
     "vgpu.isolation": "isolation",

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from kubernetes import client as k8s
 
-from vgpu.deviceplugin.backends import GPUInfo
 from vgpu.deviceplugin.server import MEMORY, DeviceState, ResourceService
 from vgpu.kube.client import make_api_client, read_json
+from vgpu.node.backends import GPUInfo
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from vgpu.testbed.apiserver import ApiServerStandIn

@@ -2,8 +2,8 @@
 
 Called by the gRPC services (server.py) for every Allocate kubelet sends, on every resource of ours. The matcher
 (deviceplugin.matching) finds the container the calls belong to; on the call that fixes the match the container's
-environment, mounts and device specs (deviceplugin.response) go out, its host directory is made
-(deviceplugin.host) and the pod's annotations record the answered segment (`bind-phase=success` after the last
+environment, mounts and device specs (node.response) go out, its host directory is made
+(node.host) and the pod's annotations record the answered segment (`bind-phase=success` after the last
 one; when the API server cannot take that patch, deviceplugin.deferred writes it later and the container is
 admitted). Kubelet merges the responses of all resources of a container, so it does not matter which call carries
 them; the container's other calls get empty responses. A call nothing matches fails the pod's admission with a
@@ -21,11 +21,11 @@ from typing import Any
 from vgpu import assignment, keys
 from vgpu.deviceplugin.capacity import overcommit
 from vgpu.deviceplugin.deferred import DeferredPatches
-from vgpu.deviceplugin.host import HostFiles
 from vgpu.deviceplugin.matching import AllocationError, GrantRules, KubeletView, Matcher, PodSource
-from vgpu.deviceplugin.records import AllocationRecord
-from vgpu.deviceplugin.response import SHARED_CACHE_ENV, Allocation, ContainerGrant, ResponseOptions, build_allocation
 from vgpu.errors import VGPUError
+from vgpu.node.host import HostFiles
+from vgpu.node.records import AllocationRecord
+from vgpu.node.response import SHARED_CACHE_ENV, Allocation, ContainerGrant, ResponseOptions, build_allocation
 from vgpu.resources import SharingConfig
 
 __all__ = ["Allocator"]

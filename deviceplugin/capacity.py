@@ -15,7 +15,7 @@ from typing import Any
 
 from vgpu import keys
 from vgpu.assignment import Assignment, salvage
-from vgpu.deviceplugin.response import ContainerGrant
+from vgpu.node.response import ContainerGrant
 
 __all__ = ["overcommit"]
 

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import sys
-import threading
 from typing import Any
 
 __all__ = ["register", "run"]
@@ -60,19 +57,8 @@ def _flags(args: argparse.Namespace) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     """Start everything and block until SIGTERM or SIGINT."""
     from vgpu.deviceplugin.config import resolve_config
-    from vgpu.deviceplugin.runtime import BackendUnavailable, DevicePluginRuntime
+    from vgpu.deviceplugin.runtime import DevicePluginRuntime
+    from vgpu.node.process import serve_until_signalled
 
     config = resolve_config(args.config, _flags(args), os.environ, args.config_file)
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    runtime = DevicePluginRuntime(config)
-    try:
-        runtime.start()
-        done.wait()
-    except BackendUnavailable as exc:
-        print(f"vgpu device-plugin: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        runtime.stop()
-    return 0
+    return serve_until_signalled("vgpu device-plugin", lambda: DevicePluginRuntime(config))

@@ -34,11 +34,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from vgpu.configfile import read_yaml_mapping, validated
 from vgpu.errors import ConfigError
+from vgpu.node.backends import DEFAULT_IGNORED_XIDS, BackendSettings
 from vgpu.resources import HAMI_NAMES, SharingConfig
 
 __all__ = [
     "CORE_DEVICES_PER_GPU",
-    "DEFAULT_IGNORED_XIDS",
     "DEVICE_LIST_STRATEGIES",
     "MEMORY_ENTRY_BUDGET",
     "OPTIONS",
@@ -52,8 +52,6 @@ __all__ = [
 
 # kubelet drops a ListAndWatch message over 4 MiB; at ~66 bytes per entry that is about 60000 device entries.
 MEMORY_ENTRY_BUDGET = 60000
-# Xids that say "the application did something wrong", not "the GPU is broken" (as NVIDIA's plugin).
-DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 CORE_DEVICES_PER_GPU = 100
 DEVICE_LIST_STRATEGIES = ("envvar", "volume-mounts", "cdi-annotations")
 DEVICE_ID_STRATEGIES = ("uuid", "index")
@@ -176,6 +174,12 @@ class PluginConfig(BaseModel):
     def effective_ignored_xids(self) -> list[int]:
         """ignored_xids plus the Xids listed in disable_healthchecks."""
         return sorted(set(self.ignored_xids) | self.healthchecks()[2])
+
+    def backend_settings(self) -> BackendSettings:
+        """What the GPU backend reads (`make_backend`)."""
+        return BackendSettings(backend=self.backend, node_name=self.node_name, sim_gpus=self.sim_gpus,
+                               sim_control=self.sim_control, ignored_xids=tuple(self.effective_ignored_xids()),
+                               driver_root=self.nvidia_driver_root, xid_recovery_seconds=self.xid_recovery_seconds)
 
 
 def parse_healthchecks(value: str) -> tuple[bool, bool, frozenset[int]]:

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 from vgpu import assignment, grants, keys
 from vgpu.assignment import Assignment
-from vgpu.deviceplugin.response import DISABLE_CONTROL_ENV, ContainerGrant, reserved_env
 from vgpu.errors import CodecError, RequestError, VGPUError
+from vgpu.node.response import DISABLE_CONTROL_ENV, ContainerGrant, reserved_env
 from vgpu.quantity import parse_integer_quantity
 from vgpu.requests import ContainerRequest, gpu_containers, pod_requests
 from vgpu.resources import SharingConfig

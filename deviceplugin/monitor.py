@@ -2,9 +2,9 @@
 (deploy/monitoring/METRICS.md is rendered from it; tests compare both with the live endpoint).
 
 Collected at scrape time: whether the GPU backend started; per GPU (from the backend) memory, use, utilisation
-and health; per container the plugin answered (its allocation records, deviceplugin.records) the pod, the GPUs and
+and health; per container the plugin answered (its allocation records, node.records) the pod, the GPUs and
 the limits granted, and the memory used, SM utilisation and last-kernel age its accounting file says (read without
-trusting the file: deviceplugin.accounting), within a time budget per scrape. Allocate calls are counted and timed
+trusting the file: node.accounting), within a time budget per scrape. Allocate calls are counted and timed
 as kubelet makes them (`NodeMetrics.observe_allocate`, called by deviceplugin.server). The legacy names of
 volcano-vgpu-device-plugin keep their labels and the `zone="vGPU"` label; the `vgpu_` names carry the node.
 """
@@ -21,12 +21,12 @@ from prometheus_client import CollectorRegistry, disable_created_metrics, start_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vgpu.deviceplugin.accounting import read_snapshot
-from vgpu.deviceplugin.backends import GPUBackend
-from vgpu.deviceplugin.records import AllocationRecord, RecordStore
 from vgpu.deviceplugin.server import DeviceState
 from vgpu.isolation.region import RegionSnapshot
 from vgpu.metricspec import MetricSpec
+from vgpu.node.accounting import read_snapshot
+from vgpu.node.backends import GPUBackend
+from vgpu.node.records import AllocationRecord, RecordStore
 
 __all__ = ["NODE_METRICS", "NodeCollector", "NodeMetrics", "parse_listen", "serve_metrics"]
 

@@ -12,10 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vgpu.deviceplugin.allocator import Allocator
-from vgpu.deviceplugin.backends import GPUBackend, HealthEvent, make_backend
 from vgpu.deviceplugin.config import WHOLE_GPU_RESOURCE, PluginConfig, resolve_memory_factor
-from vgpu.deviceplugin.driverlimits import start_driver_limits
-from vgpu.deviceplugin.host import HostFiles
 from vgpu.deviceplugin.matching import CORES as KIND_CORES
 from vgpu.deviceplugin.matching import GPUS, GrantRules
 from vgpu.deviceplugin.matching import MEMORY as KIND_MEMORY
@@ -23,21 +20,20 @@ from vgpu.deviceplugin.monitor import NodeCollector, NodeMetrics, serve_metrics
 from vgpu.deviceplugin.podresources import KubeletPods, default_socket
 from vgpu.deviceplugin.pods import NodePods
 from vgpu.deviceplugin.registrar import Registrar
-from vgpu.deviceplugin.response import ResponseOptions
 from vgpu.deviceplugin.server import CORES, MEMORY, NUMBER, WHOLE, DevicePluginManager, DeviceState
-from vgpu.errors import ConfigError, VGPUError
+from vgpu.errors import ConfigError
 from vgpu.grants import read_key
 from vgpu.isolation.build import paths as isolation_paths
 from vgpu.kube.client import make_api_client
 from vgpu.kube.events import EventRecorder
+from vgpu.node.backends import BackendUnavailable, GPUBackend, HealthEvent, make_backend
+from vgpu.node.driverlimits import start_driver_limits
+from vgpu.node.host import HostFiles
+from vgpu.node.response import ResponseOptions
 
-__all__ = ["BackendUnavailable", "DevicePluginRuntime", "health_filter"]
+__all__ = ["DevicePluginRuntime", "health_filter"]
 
 log = logging.getLogger(__name__)
-
-
-class BackendUnavailable(VGPUError):
-    """The GPU backend could not start and --fail-on-init-error is true (the process exits with status 1)."""
 
 
 def health_filter(config: PluginConfig) -> Callable[[HealthEvent], bool] | None:
@@ -57,7 +53,7 @@ class DevicePluginRuntime:
 
     def __init__(self, config: PluginConfig, backend: GPUBackend | None = None) -> None:
         self.config = config
-        self.backend = backend or make_backend(config)
+        self.backend = backend or make_backend(config.backend_settings())
         self.started: list[Any] = []  # objects with stop()/close()/shutdown(), in start order
         self.metrics_server: Any = None
         self.metrics = NodeMetrics(config.node_name)

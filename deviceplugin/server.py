@@ -24,11 +24,11 @@ from pathlib import Path
 import grpc
 
 from vgpu.deviceplugin.allocator import Allocator
-from vgpu.deviceplugin.backends import GPUBackend, GPUInfo, HealthEvent
 from vgpu.deviceplugin.config import CORE_DEVICES_PER_GPU
 from vgpu.deviceplugin.matching import AllocationError
-from vgpu.deviceplugin.response import Allocation
 from vgpu.errors import VGPUError
+from vgpu.node.backends import GPUBackend, GPUInfo, HealthEvent
+from vgpu.node.response import Allocation
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import sys
-import threading
 from typing import Any
 
 __all__ = ["register", "run"]
@@ -63,19 +60,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Start everything and block until SIGTERM or SIGINT."""
     from vgpu.draplugin.config import DRAConfig
-    from vgpu.draplugin.runtime import BackendUnavailable, DRAPluginRuntime
+    from vgpu.draplugin.runtime import DRAPluginRuntime
+    from vgpu.node.process import serve_until_signalled
 
     config = DRAConfig.from_flags({_dest(flag): getattr(args, _dest(flag)) for flag, *_ in _FLAGS}, os.environ)
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    runtime = DRAPluginRuntime(config)
-    try:
-        runtime.start()
-        done.wait()
-    except BackendUnavailable as exc:
-        print(f"vgpu dra-plugin: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        runtime.stop()
-    return 0
+    return serve_until_signalled("vgpu dra-plugin", lambda: DRAPluginRuntime(config))

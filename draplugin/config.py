@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from vgpu.deviceplugin.backends.sim import parse_sim_spec
-from vgpu.deviceplugin.config import PluginConfig
 from vgpu.dra import DRIVER
 from vgpu.errors import ConfigError
+from vgpu.node.backends import BackendSettings
+from vgpu.node.backends.sim import parse_sim_spec
 
 __all__ = ["BACKENDS", "DRAConfig", "parse_bool"]
 
@@ -141,7 +141,7 @@ class DRAConfig:
         """The socket kubelet's plugin watcher finds in its registry directory."""
         return self.registry_dir / f"{DRIVER}-reg.sock"
 
-    def backend_config(self) -> PluginConfig:
-        """The device plugin's configuration with only what its GPU backends read (for `make_backend`)."""
-        return PluginConfig(node_name=self.node_name, backend=self.backend, sim_gpus=self.sim_gpus,
-                            sim_control=self.sim_control, xid_recovery_seconds=self.xid_recovery_seconds)
+    def backend_settings(self) -> BackendSettings:
+        """What the GPU backend reads (`make_backend`); Xids and the driver root as the device plugin's defaults."""
+        return BackendSettings(backend=self.backend, node_name=self.node_name, sim_gpus=self.sim_gpus,
+                               sim_control=self.sim_control, xid_recovery_seconds=self.xid_recovery_seconds)

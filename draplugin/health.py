@@ -7,7 +7,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from vgpu.deviceplugin.backends import GPUInfo, HealthEvent
+from vgpu.node.backends import GPUInfo, HealthEvent
 
 __all__ = ["DeviceHealthState", "GPUHealth"]
 

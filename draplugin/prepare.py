@@ -20,15 +20,15 @@ from typing import Any
 from kubernetes import client as k8s
 
 from vgpu.assignment import DeviceGrant
-from vgpu.deviceplugin.backends import GPUInfo
-from vgpu.deviceplugin.host import HostFiles
-from vgpu.deviceplugin.response import FAIL_OPEN_ENV, ContainerGrant, ResponseOptions, build_allocation
 from vgpu.dra import ClaimShare, SliceDevice, claim_consumption, device_name
 from vgpu.draplugin.cdi import CDIDevice, CDISpecs, cdi_device_name, qualified_id
 from vgpu.draplugin.checkpoint import Checkpoint, PreparedClaim, PreparedDevice
 from vgpu.errors import CodecError, VGPUError
 from vgpu.kube.client import read_object
 from vgpu.kube.errors import NotFoundError, translate
+from vgpu.node.backends import GPUInfo
+from vgpu.node.host import HostFiles
+from vgpu.node.response import FAIL_OPEN_ENV, ContainerGrant, ResponseOptions, build_allocation
 
 __all__ = ["ClaimPreparer", "ClaimRef", "PrepareError", "pin_limit_env"]
 
@@ -196,7 +196,7 @@ class ClaimPreparer:
 def pin_limit_env(envs: Mapping[str, str], grants: Sequence[DeviceGrant]) -> dict[str, str]:
     """A CDI device's env: the limits `build_allocation` gives (CUDA_DEVICE_MEMORY_LIMIT_<i> and
     CUDA_DEVICE_SM_LIMIT_<i> per device among them), plus a value of ours for every other variable the isolation
-    library reads as a limit or a switch (deviceplugin.response.RESERVED_ENV_NAMES). The container runtime applies
+    library reads as a limit or a switch (node.response.RESERVED_ENV_NAMES). The container runtime applies
     CDI env over the container's own, so a value a pod author writes for any of them is replaced, never read.
     (Device-plugin mode refuses such pods instead: there kubelet puts the pod's env after the plugin's.)"""
     pinned = dict(envs)

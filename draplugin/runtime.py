@@ -12,8 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 
-from vgpu.deviceplugin.backends import GPUBackend, make_backend
-from vgpu.deviceplugin.host import HostFiles
 from vgpu.draplugin.cdi import CDISpecs
 from vgpu.draplugin.checkpoint import Checkpoint
 from vgpu.draplugin.config import DRAConfig
@@ -21,18 +19,15 @@ from vgpu.draplugin.health import GPUHealth
 from vgpu.draplugin.prepare import ClaimPreparer
 from vgpu.draplugin.server import DRAServers, HealthService
 from vgpu.draplugin.slices import SlicePublisher
-from vgpu.errors import VGPUError
 from vgpu.isolation.build import paths as isolation_paths
 from vgpu.kube.client import make_api_client
+from vgpu.node.backends import BackendUnavailable, GPUBackend, make_backend
+from vgpu.node.host import HostFiles
 
-__all__ = ["BackendUnavailable", "DRAPluginRuntime"]
+__all__ = ["DRAPluginRuntime"]
 
 log = logging.getLogger(__name__)
 _POLL_SECONDS = 0.5
-
-
-class BackendUnavailable(VGPUError):
-    """The GPU backend could not start (the process exits with status 1)."""
 
 
 class DRAPluginRuntime:
@@ -40,7 +35,7 @@ class DRAPluginRuntime:
 
     def __init__(self, config: DRAConfig, backend: GPUBackend | None = None) -> None:
         self.config = config
-        self.backend = backend or make_backend(config.backend_config())
+        self.backend = backend or make_backend(config.backend_settings())
         self.servers: DRAServers | None = None
         self.publisher: SlicePublisher | None = None
         self._stopping = threading.Event()

@@ -22,10 +22,10 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from vgpu.deviceplugin.backends import GPUInfo
 from vgpu.dra import CAPACITY_CORES, CAPACITY_MEMORY, DRIVER, device_name
 from vgpu.kube.client import read_json, read_object
 from vgpu.kube.errors import ApiError, NotFoundError, translate
+from vgpu.node.backends import GPUInfo
 from vgpu.quantity import parse_quantity
 
 __all__ = ["NUMA_ATTRIBUTE", "SlicePublisher", "slice_devices_for", "slice_name", "slice_spec"]

@@ -90,8 +90,8 @@ def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
 
 def memory_factor_for(gpus: str) -> int:
     """The smallest power-of-two MiB per memory unit that keeps a node with `gpus` within kubelet's budget."""
-    from vgpu.deviceplugin.backends.sim import MODELS, parse_sim_spec
     from vgpu.deviceplugin.config import MEMORY_ENTRY_BUDGET
+    from vgpu.node.backends.sim import MODELS, parse_sim_spec
 
     total = sum(MODELS[model][1] * count for model, count in parse_sim_spec(gpus))
     factor = 1
@@ -603,7 +603,7 @@ class LocalCluster:
     def nvml_env(self, node: NodeProcs) -> dict[str, str]:
         """The environment under which a process sees `node`'s GPUs through the simulated libnvidia-ml.so.1: the
         GPUs the sim backend would report (same names, memory and UUIDs) and the node's simulated GPU state."""
-        from vgpu.deviceplugin.backends.sim import SimBackend
+        from vgpu.node.backends.sim import SimBackend
         from vgpu.testbed.build import ensure_sim_built
         from vgpu.testbed.podrunner import sim_devices_env
 
@@ -620,7 +620,7 @@ class LocalCluster:
         if self.backend == "nvml":
             import ctypes
 
-            from vgpu.deviceplugin.backends.sim import SimBackend
+            from vgpu.node.backends.sim import SimBackend
             from vgpu.testbed.build import ensure_sim_built
 
             uuids = [g.uuid for g in SimBackend.from_spec(node.extra["gpus"], node_name=node.name).devices()]

@@ -434,7 +434,7 @@ def evaluate(snap: Snapshot, submitted: list[dict], running_ok: bool = False) ->
 
 def run_demo(args: argparse.Namespace) -> int:
     """Start the cluster, submit the pods, show the table (or the summary), stop everything; the exit status."""
-    from vgpu.deviceplugin.backends.sim import parse_sim_spec
+    from vgpu.node.backends.sim import parse_sim_spec
     from vgpu.testbed.cluster import LocalCluster
     from vgpu.testbed.podrunner import isolation_paths
 

@@ -172,7 +172,7 @@ def _smallest_card(slices: list[dict[str, Any]]) -> tuple[int, int]:
 
 def run_dra_demo(args: argparse.Namespace) -> int:
     """Start the cluster in DRA mode, run the samples, print the summary; the exit status."""
-    from vgpu.deviceplugin.backends.sim import parse_sim_spec
+    from vgpu.node.backends.sim import parse_sim_spec
     from vgpu.testbed.cluster import LocalCluster
     from vgpu.testbed.podrunner import isolation_paths
 

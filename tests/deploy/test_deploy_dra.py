@@ -33,7 +33,6 @@ from kubernetes import client as k8s
 from test_deploy_scheduler_config import EXTENDER_KEYS, PROFILE_KEYS, TOP_KEYS
 
 from vgpu.cli import build_parser
-from vgpu.deviceplugin.backends import GPUInfo
 from vgpu.dra import (
     CAPACITY_CORES,
     CAPACITY_MEMORY,
@@ -49,6 +48,7 @@ from vgpu.dra import (
 from vgpu.draplugin.config import DRAConfig
 from vgpu.draplugin.slices import slice_name, slice_spec
 from vgpu.kube.client import make_api_client
+from vgpu.node.backends import GPUInfo
 from vgpu.proto.dra.v1 import api_pb2 as dra
 from vgpu.proto.dra.v1 import api_pb2_grpc as dra_grpc
 from vgpu.proto.pluginregistration.v1 import api_pb2 as reg

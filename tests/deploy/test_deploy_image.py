@@ -7,6 +7,7 @@ built from it with pip, as the Dockerfile's `pip wheel` does; the runtime stage 
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import shutil
 import subprocess
@@ -79,7 +80,8 @@ def image_wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 
 def test_the_dockerfile_copies_every_shipped_folder_and_not_the_test_bed():
     sources = _build_stage_sources()
-    assert {"vgpu", "scheduler", "deviceplugin", "isolation", "proto", "replay", "setup.py"} <= set(sources)
+    shipped = {"vgpu", "scheduler", "node", "deviceplugin", "draplugin", "isolation", "proto", "replay", "setup.py"}
+    assert shipped <= set(sources), shipped - set(sources)
     assert "testbed" not in sources and "tests" not in sources
 
 
@@ -92,6 +94,12 @@ def test_the_image_holds_one_import_package_without_the_test_bed_or_the_simulate
     entry_points = image_wheel.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "vgpu = vgpu.cli:main" in entry_points
     assert "vgpu.subcommands" not in entry_points  # no `vgpu demo` in production
+    # every package the `vgpu` command imports at start is in the image (the DRA plugin was not, so `vgpu` failed)
+    tree = ast.parse((ROOT / "vgpu" / "cli.py").read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    for module in sorted(m for m in imported if m.startswith("vgpu.")):
+        path = module.replace(".", "/")
+        assert f"{path}/__init__.py" in names or f"{path}.py" in names, module
 
 
 def test_the_full_wheel_holds_exactly_one_top_level_import_package(tmp_path):
@@ -104,6 +112,7 @@ def test_the_full_wheel_holds_exactly_one_top_level_import_package(tmp_path):
     with _wheel(checkout, tmp_path / "wheel") as wheel:
         names = wheel.namelist()
     assert _top_level(names) == {"vgpu"}
-    for package in ("scheduler", "deviceplugin", "isolation", "proto", "replay", "testbed", "kube"):
+    packages = ("scheduler", "node", "deviceplugin", "draplugin", "isolation", "proto", "replay", "testbed", "kube")
+    for package in packages:
         assert f"vgpu/{package}/__init__.py" in names
     assert "vgpu/testbed/build/simgpu/libcuda.so.1" in names

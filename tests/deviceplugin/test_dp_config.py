@@ -2,9 +2,9 @@
 
 import pytest
 
-from vgpu.deviceplugin.backends.sim import SimBackend, parse_sim_spec
 from vgpu.deviceplugin.config import load_config, resolve_memory_factor
 from vgpu.errors import ConfigError
+from vgpu.node.backends.sim import SimBackend, parse_sim_spec
 
 EIGHT_80GB = [81920] * 8
 

@@ -1,10 +1,10 @@
-"""deviceplugin.driverlimits: finding a container's cgroup the way kubelet's cgroup drivers lay them out, and the
+"""node.driverlimits: finding a container's cgroup the way kubelet's cgroup drivers lay them out, and the
 container IDs of a pod's running containers. (The limits themselves are tested end to end over the simulated
 NVML in tests/e2e/test_e2e_nvml.py.)"""
 
 from __future__ import annotations
 
-from vgpu.deviceplugin.driverlimits import CgroupFinder, container_ids
+from vgpu.node.driverlimits import CgroupFinder, container_ids
 
 UID = "6c9e5dc0-97da-5a9c-bc1b-a8a290a25129"
 CID = "4f1d2a9b8c7e6d5f4a3b2c1d0e9f8a7b6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f"

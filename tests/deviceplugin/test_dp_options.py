@@ -14,11 +14,11 @@ import pytest
 from dp_helpers import NODE, RESOURCES, ROOT, gpu_container
 from prometheus_client.parser import text_string_to_metric_families
 
-from vgpu.deviceplugin.backends import GPUInfo
 from vgpu.deviceplugin.config import OPTIONS, resolve_config
 from vgpu.deviceplugin.registrar import Registrar
 from vgpu.deviceplugin.server import DeviceState
 from vgpu.errors import ConfigError
+from vgpu.node.backends import GPUInfo
 
 BASE = {"node_name": "n1"}
 

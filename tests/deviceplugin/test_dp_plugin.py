@@ -280,9 +280,9 @@ def test_garbage_collection_keeps_live_pods_dirs(cluster):
     import os
 
     from vgpu.deviceplugin.allocator import Allocator
-    from vgpu.deviceplugin.host import HostFiles
     from vgpu.deviceplugin.matching import GrantRules
     from vgpu.deviceplugin.pods import NodePods
+    from vgpu.node.host import HostFiles
     from vgpu.resources import SharingConfig
 
     live = cluster.create_pod("alive", [gpu_container("c")], "GPU-x,NVIDIA,1,0:")

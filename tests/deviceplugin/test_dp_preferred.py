@@ -12,11 +12,11 @@ from typing import Any
 from dp_helpers import NODE, gpu_container
 
 from vgpu.deviceplugin.allocator import Allocator
-from vgpu.deviceplugin.backends import GPUInfo
-from vgpu.deviceplugin.host import HostFiles
 from vgpu.deviceplugin.matching import GrantRules
 from vgpu.deviceplugin.pods import NodePods
 from vgpu.deviceplugin.server import MEMORY, NUMBER, DeviceState, ResourceService
+from vgpu.node.backends import GPUInfo
+from vgpu.node.host import HostFiles
 from vgpu.resources import SharingConfig
 
 GPUS = [GPUInfo("GPU-aaaa", "NVIDIA A100-PCIE-40GB", 40960, 0), GPUInfo("GPU-bbbb", "NVIDIA A100-PCIE-40GB", 40960, 1)]

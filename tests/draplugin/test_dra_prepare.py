@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from dra_helpers import NODE, ROOT, DRABed, cdi_devices, result
 
-from vgpu.deviceplugin.response import RESERVED_ENV_NAMES
+from vgpu.node.response import RESERVED_ENV_NAMES
 
 
 def _uuid(bed: DRABed, device: str) -> str:

@@ -142,8 +142,8 @@ def test_failed_slice_writes_are_retried_while_prepare_keeps_working(bed: DRABed
 
 
 def test_a_known_numa_node_is_published_as_the_standard_attribute() -> None:
-    from vgpu.deviceplugin.backends import GPUInfo
     from vgpu.draplugin.slices import slice_spec
+    from vgpu.node.backends import GPUInfo
 
     gpus = [GPUInfo("GPU-b", "NVIDIA L4", 23034, minor=1, numa=1, index=1),
             GPUInfo("GPU-a", "NVIDIA L4", 23034, minor=0, numa=None, index=0)]

@@ -143,11 +143,11 @@ def test_clean_up_during_an_api_outage_keeps_running_containers_directories(node
     (before: an empty cache counted as "no pods here" and running containers lost their accounting directories;
     new processes there then ran without limits). A pod kubelet still runs survives a pod list that lacks it."""
     from vgpu.deviceplugin.allocator import Allocator
-    from vgpu.deviceplugin.host import HostFiles
     from vgpu.deviceplugin.matching import GrantRules
     from vgpu.deviceplugin.podresources import KubeletPods
     from vgpu.deviceplugin.pods import NodePods
     from vgpu.kube.client import make_api_client
+    from vgpu.node.host import HostFiles
     from vgpu.resources import SharingConfig
     from vgpu.testbed.apiserver import ApiServerStandIn
 

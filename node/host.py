@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Collection
 from pathlib import Path
 
-from vgpu.deviceplugin.records import RecordStore
-from vgpu.deviceplugin.response import LIBVGPU_CONTAINER_PATH
+from vgpu.node.records import RecordStore
+from vgpu.node.response import LIBVGPU_CONTAINER_PATH
 
 __all__ = ["HostFiles"]
 

@@ -15,8 +15,8 @@ import os
 import stat
 from pathlib import Path
 
-from vgpu.deviceplugin.records import AllocationRecord
 from vgpu.isolation.region import FILE_SIZE, V1_SIZE, Region, RegionError, RegionSnapshot
+from vgpu.node.records import AllocationRecord
 
 __all__ = ["UntrustedFile", "read_snapshot"]
 

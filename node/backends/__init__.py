@@ -1,6 +1,6 @@
-"""GPU backends of the device plugin: where GPUs, their health and their usage come from.
+"""GPU backends of the node's plugins: where GPUs, their health and their usage come from.
 
-`make_backend` picks one from the configuration: `nvml` (real GPUs through nvidia-ml-py), `sim` (GPUs described
+`make_backend` picks one from `BackendSettings`: `nvml` (real GPUs through nvidia-ml-py), `sim` (GPUs described
 on the command line, with fault injection for tests and the demo) or `null` (no GPUs). The plugin server polls
 `poll_health` from one thread; the monitor calls `usage` at scrape time. Backends never raise on GPU errors:
 they report devices as unhealthy instead.
@@ -9,12 +9,15 @@ they report devices as unhealthy instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:
-    from vgpu.deviceplugin.config import PluginConfig
+from vgpu.errors import VGPUError
 
-__all__ = ["GPUBackend", "GPUInfo", "GPUReading", "HealthEvent", "MemoryLimitBackend", "make_backend"]
+__all__ = ["DEFAULT_IGNORED_XIDS", "BackendSettings", "BackendUnavailable", "GPUBackend", "GPUInfo", "GPUReading",
+           "HealthEvent", "MemoryLimitBackend", "make_backend"]
+
+# Xids that say "the application did something wrong", not "the GPU is broken" (as NVIDIA's plugin).
+DEFAULT_IGNORED_XIDS = (13, 31, 43, 45, 68, 109)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,20 +93,37 @@ class MemoryLimitBackend(Protocol):
         ...
 
 
-def make_backend(config: PluginConfig) -> GPUBackend:
-    """The backend named in the configuration."""
-    if config.backend == "sim":
-        from vgpu.deviceplugin.backends.sim import SimBackend
+class BackendUnavailable(VGPUError):
+    """The GPU backend could not start and the plugin may not run without it (the process exits with status 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSettings:
+    """What `make_backend` reads from a plugin's configuration."""
+
+    backend: str = "nvml"                 # nvml, sim or null
+    node_name: str = ""
+    sim_gpus: str = ""                    # sim: the GPUs, e.g. 4xA100-40GB,2xT4
+    sim_control: str | None = None        # sim: the fault-injection control file
+    ignored_xids: tuple[int, ...] = DEFAULT_IGNORED_XIDS
+    driver_root: str = "/"                # nvml: host path of the driver installation
+    xid_recovery_seconds: float = 60.0    # nvml: quiet time before a GPU that answers again is healthy
+
+
+def make_backend(settings: BackendSettings) -> GPUBackend:
+    """The backend the settings name."""
+    if settings.backend == "sim":
+        from vgpu.node.backends.sim import SimBackend
 
         return SimBackend.from_spec(
-            config.sim_gpus, node_name=config.node_name, control_file=config.sim_control,
-            ignored_xids=config.effective_ignored_xids(),
+            settings.sim_gpus, node_name=settings.node_name, control_file=settings.sim_control,
+            ignored_xids=settings.ignored_xids,
         )
-    if config.backend == "nvml":
-        from vgpu.deviceplugin.backends.nvml import NVMLBackend
+    if settings.backend == "nvml":
+        from vgpu.node.backends.nvml import NVMLBackend
 
-        return NVMLBackend(ignored_xids=config.effective_ignored_xids(), driver_root=config.nvidia_driver_root,
-                           recovery_seconds=config.xid_recovery_seconds)
-    from vgpu.deviceplugin.backends.null import NullBackend
+        return NVMLBackend(ignored_xids=settings.ignored_xids, driver_root=settings.driver_root,
+                           recovery_seconds=settings.xid_recovery_seconds)
+    from vgpu.node.backends.null import NullBackend
 
     return NullBackend()

@@ -7,7 +7,7 @@ limits, for what containers are told about their memory (`cuMemGetInfo`, NVML), 
 call.
 
 Runs in the device plugin (a thread started by deviceplugin.runtime), because the plugin already has what it needs:
-the grant of every container it answered (its allocation records, deviceplugin.records), the pods of its node
+the grant of every container it answered (its allocation records, node.records), the pods of its node
 (with each container's runtime ID) and NVML. Every `interval` seconds it finds the cgroup of each running container
 with a grant (under --cgroup-root: the pod's directory `pod<uid>` or `...pod<uid_with_underscores>.slice`, then the
 child named after the container ID, as kubelet's cgroupfs and systemd drivers lay them out), sets the grant as
@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from vgpu.deviceplugin.backends import MemoryLimitBackend
-from vgpu.deviceplugin.records import RecordStore
+from vgpu.node.backends import MemoryLimitBackend
+from vgpu.node.records import RecordStore
 
 __all__ = ["CgroupFinder", "DriverLimits", "container_ids", "start_driver_limits"]
 

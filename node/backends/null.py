@@ -2,7 +2,7 @@
 
 import time
 
-from vgpu.deviceplugin.backends import GPUInfo, GPUReading, HealthEvent
+from vgpu.node.backends import GPUInfo, GPUReading, HealthEvent
 
 __all__ = ["NullBackend"]
 

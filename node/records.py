@@ -3,7 +3,7 @@
 Written by the allocator on the call that settles a container (one small JSON file per container under
 $HOOK_PATH/vgpu/records, a directory no container mounts), read by the node monitor, which therefore never takes a
 container's identity, its GPUs or its file's name from anything a container can write, and kept across restarts
-of the plugin. Records of pods no longer on the node are removed with their directories (deviceplugin.host).
+of the plugin. Records of pods no longer on the node are removed with their directories (node.host).
 """
 
 from __future__ import annotations

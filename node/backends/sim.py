@@ -25,8 +25,8 @@ import uuid as uuidlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from vgpu.deviceplugin.backends import GPUInfo, GPUReading, HealthEvent
 from vgpu.errors import ConfigError
+from vgpu.node.backends import GPUInfo, GPUReading, HealthEvent
 
 __all__ = ["MODELS", "SimBackend", "parse_sim_spec", "parse_sim_spec_full"]
 

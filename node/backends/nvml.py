@@ -6,7 +6,7 @@ exits or idles, per --fail-on-init-error). With a driver root other than `/` (th
 `/run/nvidia/driver`), `libnvidia-ml.so.1` is loaded from under that root. Unhealthy GPUs are re-probed; a GPU
 that answers again and has had no critical Xid for `recovery_seconds` becomes healthy again. Where the driver has
 them (`nvmlDeviceSetMemoryLimits_v1`), the backend also sets device-memory limits per cgroup
-(`deviceplugin.driverlimits`).
+(`node.driverlimits`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from vgpu.deviceplugin.backends import GPUInfo, GPUReading, HealthEvent
+from vgpu.node.backends import GPUInfo, GPUReading, HealthEvent
 
 __all__ = ["NVMLBackend", "find_nvml_library"]
 
