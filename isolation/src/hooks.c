@@ -225,7 +225,7 @@ __asm__(".text\n"
 
 static void *g_libcuda, *g_libnvml;
 static volatile int g_ready;
-static __thread int t_in_init;
+static THREAD_LOCAL int t_in_init;
 static pthread_mutex_t g_init_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void load_nvml(void);

@@ -65,11 +65,11 @@ enum { PAIR_UNUSED = 0, PAIR_FREE, PAIR_TAKEN, PAIR_PENDING };
 static event_pair_t g_pairs[VGPU_PAIRS];
 static int g_pending[VGPU_PAIRS];   /* indexes of pending pairs, oldest first */
 static int g_npending;
-static __thread int64_t t_reservoir[VGPU_MAX_DEVICES];  /* tokens this thread took from the shared bucket */
+static THREAD_LOCAL int64_t t_reservoir[VGPU_MAX_DEVICES];  /* tokens this thread took from the shared bucket */
 static uint64_t g_gpu_ns[VGPU_MAX_DEVICES];     /* GPU ns this process paid for in the current second */
 static uint64_t g_last_sec;
-static __thread struct { unsigned gen; int row; uint32_t uses; int valid; CUcontext ctx; } t_ctx;
-static __thread struct { uint64_t key; launch_stats_t *stats; } t_fn;
+static THREAD_LOCAL struct { unsigned gen; int row; uint32_t uses; int valid; CUcontext ctx; } t_ctx;
+static THREAD_LOCAL struct { uint64_t key; launch_stats_t *stats; } t_fn;
 
 /* Once per second: last_kernel_time, and this process's share of each device (slot.device_util.sm_util, %),
  * from the GPU time its launches were charged (only known while a compute limit is active). */
@@ -169,7 +169,7 @@ static void collect_timings(void);
 
 /* 0..63, per thread: spreads the wake-ups of threads that wait on one bucket */
 static inline uint64_t jitter(void) {
-    static __thread uint32_t x;
+    static THREAD_LOCAL uint32_t x;
     if (!x) x = (uint32_t)(uintptr_t)&x ^ (uint32_t)vgpu_now_ns() ^ 0x9e3779b9u;
     x ^= x << 13; x ^= x >> 17; x ^= x << 5;
     return x & 63;

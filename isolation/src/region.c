@@ -38,7 +38,7 @@ static uint64_t g_my_pidns;
 static int g_live_fd = -1;           /* our descriptor of the file: holds our slot's liveness lock */
 static char g_path[PATH_MAX];
 static int g_unrecoverable;          /* the region mutex cannot be used any more: fail closed */
-static __thread int t_lock_held;     /* this thread holds the region mutex */
+static THREAD_LOCAL int t_lock_held;     /* this thread holds the region mutex */
 /* VGPU_TEST_HOLD_LOCK_US: tests only, sleeps inside the lock to provoke SIGKILLs there */
 static unsigned g_test_hold_us;
 
