@@ -6,6 +6,8 @@ Prints progress, never pass/fail. Runs are resumed: a (policy, seed) already in 
 so the suite can be stopped and restarted. The committed files (bench/results/) are what
 bench/placement_tables.py turns into the tables of docs/placement.md.
 
+The openb files come from $OPENB_DIR when set, else from the cache of `vgpu replay --trace openb`.
+
 Usage:
     nice .venv/bin/python bench/placement_suite.py [--trace default --trace multigpu50 ...] [--policy fgd
         --policy fragaware] [--seeds 10] [--jobs 2] [--out DIR]
@@ -25,9 +27,10 @@ from pathlib import Path
 
 from vgpu.replay.events import run_departures
 from vgpu.replay.run import run_one
+from vgpu.replay.traces import openb
 from vgpu.replay.variants import VARIANTS
 
-OPENB = Path(os.environ.get("OPENB_DIR", Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"))
+OPENB_DIR = os.environ.get("OPENB_DIR")  # a folder holding the openb CSVs; unset: fetched into the cache
 RESULTS = Path(__file__).resolve().parent / "results"
 GIVEN = ("default", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100")
 TRACES = GIVEN + tuple(VARIANTS)
@@ -35,11 +38,14 @@ FIRST_SEED = 42
 
 
 def source(trace: str) -> tuple[str, str, str]:
-    """(node list, pod list, variant) of a suite trace: a given pod list, or a variant of the default one."""
-    nodes = str(OPENB / "openb_node_list_gpu_node.csv")
-    if trace in GIVEN:
-        return nodes, str(OPENB / f"openb_pod_list_{trace}.csv"), ""
-    return nodes, str(OPENB / "openb_pod_list_default.csv"), trace
+    """(node list, pod list, variant) of a suite trace: a given pod list, or a variant of the default one. The files
+    come from $OPENB_DIR, else from the cache `vgpu replay --trace openb` fills (downloaded and checked once)."""
+    pods, variant = (trace, "") if trace in GIVEN else ("default", trace)
+    if OPENB_DIR:
+        return (str(Path(OPENB_DIR) / "openb_node_list_gpu_node.csv"),
+                str(Path(OPENB_DIR) / f"openb_pod_list_{pods}.csv"), variant)
+    nodes_path, pods_path = openb(pods)
+    return str(nodes_path), str(pods_path), variant
 
 
 def _run(task: tuple[str, str, int, bool]) -> tuple[str, dict[str, object]]:

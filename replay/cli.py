@@ -26,8 +26,12 @@ def register(subparsers: Any) -> None:
         description="Replay a GPU-sharing trace: shuffle per seed, inflate to 130% of GPU capacity, schedule "
         "each pod once (never deleted), and report the unallocated GPU share at 100% and 130% arrived.",
     )
-    p.add_argument("--nodes", required=True, help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
-    p.add_argument("--pods", required=True, help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
+    p.add_argument("--trace", metavar="openb[:PODS]",
+                   help="the public openb trace, downloaded once into the cache and checked by SHA-256 (replay/"
+                   "traces.py); PODS: default (the default), gpushare20, 40, 60, 80 or 100. Or give --nodes and --pods")
+    p.add_argument("--trace-url", default=None, help="where to download the trace's files from (a mirror)")
+    p.add_argument("--nodes", help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
+    p.add_argument("--pods", help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
     p.add_argument(
         "--policy",
         action="append",
@@ -81,6 +85,24 @@ class _Progress:
         sys.stderr.flush()
 
 
+def _trace_files(args: argparse.Namespace) -> tuple[str, str]:
+    """The node and pod lists: --nodes and --pods, or those of --trace (fetched when not cached)."""
+    from vgpu.errors import ConfigError
+    from vgpu.replay.traces import OPENB_URL, openb
+
+    if args.trace is None:
+        if not args.nodes or not args.pods:
+            raise ConfigError("give --trace openb, or both --nodes and --pods")
+        return args.nodes, args.pods
+    if args.nodes or args.pods:
+        raise ConfigError("--trace and --nodes/--pods: give one or the other")
+    name, _, pods = args.trace.partition(":")
+    if name != "openb":
+        raise ConfigError(f"--trace: unknown trace {name!r} (known: openb)")
+    nodes_path, pods_path = openb(pods or "default", base_url=args.trace_url or OPENB_URL)
+    return str(nodes_path), str(pods_path)
+
+
 def _main(args: argparse.Namespace) -> int:
     import functools
     import json
@@ -109,6 +131,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.departures and args.mode != "deviceplugin":
         raise ConfigError("--mode: the departures replay runs in deviceplugin mode only")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
+    args.nodes, args.pods = _trace_files(args)
     Trace.load(args.nodes, args.pods)  # a bad file is one error line before any progress is drawn
     progress = _Progress(not args.no_progress)
     if progress.enabled:
