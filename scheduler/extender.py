@@ -18,7 +18,11 @@ successful /bind wakes when a rebuild is due and which also rescores the results
 Between a bind and the learner's run, requests use the previous target.
 
 Bind sends one `pods/binding` carrying the contract's annotations (through the injected `binder`); there is no
-node lock, because the device plugin identifies the pod from the assignment itself.
+node lock, because the device plugin identifies the pod from the assignment itself. A pod that asks none of our
+resources is bound without annotations.
+
+Nodes whose GPUs come through DRA, and pods that ask for GPUs through ResourceClaims, are the business of the claim
+placement (`scheduler.claimpath`), which every verb consults the same way with or without DRA mode.
 """
 
 from __future__ import annotations
@@ -39,18 +43,26 @@ from vgpu.assignment import Assignment, encode, salvage
 from vgpu.errors import ConfigError, VGPUError
 from vgpu.requests import ContainerRequest, Selectors, pod_cpu_memory, pod_requests, pod_selectors
 from vgpu.resources import SCHEDULER_NAME
+from vgpu.scheduler.claimpath import NO_CLAIMS, ClaimPlacement
 from vgpu.scheduler.constraints import constraint_failure
-from vgpu.scheduler.draview import NEEDS_CLAIM, DRAView
 from vgpu.scheduler.fit import GPU_ORDERS, FitResult, fit
 from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger
 from vgpu.scheduler.nodestate import NodeState, gpu_types
 from vgpu.scheduler.placement import Placement, PodShape
 from vgpu.scheduler.policies import NodePolicy
 from vgpu.scheduler.policies.base import PodContext
-from vgpu.scheduler.wire import InvalidArgs, candidate_nodes, failure_message, filter_result, lower_keys, pod_ref
+from vgpu.scheduler.wire import (
+    MAX_PRIORITY,
+    InvalidArgs,
+    candidate_nodes,
+    failure_message,
+    filter_result,
+    lower_keys,
+    pod_ref,
+    priorities,
+)
 
 __all__ = [
-    "MAX_PRIORITY",
     "MODES",
     "BindConflict",
     "Binder",
@@ -62,10 +74,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MODES = ("decide", "score")
-MAX_PRIORITY = 10
 SPEC_CACHE = 4096  # distinct pod resources sections whose parse is kept
 RESOLVE_CACHE_MIN = 64  # candidate lists at least this long are resolved once while the ledger's nodes stay
 RESOLVED_KEPT = 4  # candidate lists remembered
+MISSING_POD = "extender args missing Pod"
 LEARN_SLICE = 4  # evaluations the learner thread makes per hold of the ledger's lock (about 0.5 ms)
 
 
@@ -118,7 +130,7 @@ class Extender:
         clock: Callable[[], float] = time.time,
         scheduler_names: frozenset[str] = frozenset({SCHEDULER_NAME}),
         grant_key: bytes | None = None,
-        dra: DRAView | None = None,
+        claims: ClaimPlacement = NO_CLAIMS,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
@@ -139,7 +151,7 @@ class Extender:
         self.clock = clock
         self.scheduler_names = scheduler_names
         self.grant_key = grant_key
-        self.dra = dra  # DRA mode: pods asking our DeviceClass through claims (scheduler.draview)
+        self.claims = claims  # nodes whose GPUs come through DRA (scheduler.claimpath)
         # pods learned from, by UID, with the parsed form of those not bound yet
         self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()
         self._seen_max = 200_000
@@ -160,7 +172,7 @@ class Extender:
     def _pod_info(self, pod: Any) -> _PodInfo:
         """The pod's parsed form (kept per UID and resourceVersion); learned from the first time it is seen."""
         if not isinstance(pod, Mapping):
-            raise InvalidArgs("extender args missing Pod")
+            raise InvalidArgs(MISSING_POD)
         ref = pod_ref(pod)
         key = ref["uid"] or f"{ref['namespace']}/{ref['name']}"
         version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
@@ -385,16 +397,15 @@ class Extender:
         if not_ready:
             return filter_result(names, objects, [], {}, {}, error=f"vgpu-scheduler not ready: {not_ready}")
         pod = args.get("pod")
+        if not isinstance(pod, Mapping):
+            return filter_result(names, objects, [], {}, {}, error=MISSING_POD)
         try:
             info = self._pod_info(pod)
         except VGPUError as exc:
-            if isinstance(pod, Mapping):
-                self.events(pod_ref(pod), "Warning", "FilteringFailed", str(exc))
+            self.events(pod_ref(pod), "Warning", "FilteringFailed", str(exc))
             return filter_result(names, objects, [], {}, {}, error=str(exc))
         if not info.requests:
-            if self.dra is not None and isinstance(pod, Mapping):
-                return self._dra_filter(names, objects, pod)
-            return filter_result(names, objects, names, {}, {})
+            return self.claims.filter(self, names, objects, pod)
         exists = self._exists(info)  # before the lock: it may read the API server
         ledger = self.ledger
         ledger.expire()
@@ -409,11 +420,9 @@ class Extender:
             unresolvable.update(choice.unresolvable)
             if choice.best is not None and choice.result is not None and choice.best.name in ledger.nodes and exists:
                 ledger.reserve(uid, info.namespace, info.name, choice.best.name, choice.result.assignment)
+        failed = dict(choice.failed)
         feasible = [state.name for state in choice.feasible]
-        failed = choice.failed
-        if self.dra is not None and isinstance(pod, Mapping):
-            failed = dict(failed)
-            feasible += self._whole_gpus_on_dra(pod, info, failed, unresolvable)
+        feasible += self.claims.whole_gpu_nodes(self, pod, info.requests, failed, unresolvable)
         if not feasible:
             self.events(
                 {"namespace": info.namespace, "name": info.name, "uid": info.uid},
@@ -423,43 +432,16 @@ class Extender:
             )
         return filter_result(names, objects, feasible, failed, unresolvable)
 
-    def _whole_gpus_on_dra(self, pod: Mapping[str, Any], info: _PodInfo, failed: dict[str, str],
-                           unresolvable: dict[str, str]) -> list[str]:
-        """Nodes in DRA mode among the `unresolvable` ones (no vGPU inventory) that can take a pod asking our
-        extended resources: kube-scheduler serves `volcano.sh/vgpu-number` there through the DeviceClass with
-        extendedResourceName, one whole GPU per unit (an amount of memory or cores cannot be mapped onto a count
-        of devices, so such a pod fails there with the reason). Moves those nodes from `unresolvable` to the
-        result or to `failed`."""
-        assert self.dra is not None
-        nodes = [name for name in unresolvable if self.dra.serves(name)]
-        if not nodes:
-            return []
-        for name in nodes:
-            del unresolvable[name]
-        if not self._whole_gpus(info):
-            failed.update({name: NEEDS_CLAIM for name in nodes})
-            return []
-        with self.ledger.lock:  # the policy's learner rebuilds under this lock
-            choice, skipped = self.dra.choose(nodes, pod, info.requests)
-        failed.update(choice.failed)
-        unresolvable.update({**skipped, **choice.unresolvable})
-        return [state.name for state in choice.feasible]
-
-    @staticmethod
-    def _whole_gpus(info: _PodInfo) -> bool:
-        """Whether every container asks whole GPUs only (vgpu-number without a memory amount or share)."""
-        return all(r.memory == 0 and r.memory_percent == 100 for r in info.requests)
-
     def prioritize(self, raw_args: Any) -> list[dict[str, Any]]:
         """ExtenderArgs -> HostPriorityList (scores 0..10, best = 10)."""
         args = lower_keys(raw_args)
         names, objects = candidate_nodes(args)
         pod = args.get("pod")
+        if not isinstance(pod, Mapping):
+            raise InvalidArgs(MISSING_POD)
         info = self._pod_info(pod)
         if not info.requests:
-            if self.dra is not None and isinstance(pod, Mapping) and len(names) > 1:
-                return self._dra_prioritize(names, pod)
-            return [{"Host": n, "Score": 0} for n in names]
+            return self.claims.prioritize(self, names, pod)
         if len(names) == 1:  # scores only rank candidates against each other: one candidate needs none
             return [{"Host": names[0], "Score": MAX_PRIORITY}]
         scores: list[float | None] = [None] * len(names)
@@ -467,51 +449,7 @@ class Extender:
             states, positions, _ = self._resolve(names, objects, {})
             for position, score in zip(positions, self.placement.scores(states, self._shape(info))):
                 scores[position] = score
-        return _priorities(names, scores)
-
-    def _dra_filter(self, names: list[str], objects: dict[str, Mapping[str, Any]] | None,
-                    pod: Mapping[str, Any]) -> dict[str, Any]:
-        """/filter for a pod without our extended resources: all candidates unless it asks our DeviceClass through
-        claims, then the nodes our arithmetic says can hold it (decide mode: the best of them)."""
-        assert self.dra is not None
-        try:
-            asked = self.dra.pod_requests(pod)
-            if not asked.requests:
-                if asked.problem:
-                    log.info("event=dra_pod_neutral pod=%s reason=%s", pod_ref(pod)["name"], asked.problem)
-                return filter_result(names, objects, names, {}, {})
-            self._dra_observe(pod, asked.requests)
-            with self.ledger.lock:  # the policy's learner rebuilds under this lock
-                choice, skipped = self.dra.choose([str(n) for n in names], pod, asked.requests)
-        except VGPUError as exc:
-            self.events(pod_ref(pod), "Warning", "FilteringFailed", str(exc))
-            return filter_result(names, objects, [], {}, {}, error=str(exc))
-        feasible = [state.name for state in choice.feasible]
-        unresolvable = {**skipped, **choice.unresolvable}
-        if not feasible:
-            self.events(pod_ref(pod), "Warning", "FilteringFailed",
-                        failure_message(len(names), choice.failed, unresolvable))
-        return filter_result(names, objects, feasible, choice.failed, unresolvable)
-
-    def _dra_observe(self, pod: Mapping[str, Any], requests: tuple[ContainerRequest, ...]) -> None:
-        """Show a DRA pod to the node policy once, as the pod watch does for pods with our extended resources."""
-        assert self.dra is not None
-        if self.dra.first_sight(pod):
-            cpu, memory = pod_cpu_memory(pod)
-            self._observe(requests, PodContext(cpu=cpu, memory=memory))
-            self._wake_learner()
-
-    def _dra_prioritize(self, names: list[str], pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """/prioritize for a pod without our extended resources: the node policy's scores when it asks our
-        DeviceClass through claims, else 0 everywhere."""
-        assert self.dra is not None
-        asked = self.dra.pod_requests(pod)
-        if not asked.requests:
-            return [{"Host": n, "Score": 0} for n in names]
-        self._dra_observe(pod, asked.requests)
-        with self.ledger.lock:  # the policy's learner rebuilds under this lock
-            scores = self.dra.scores([str(n) for n in names], pod, asked.requests)
-        return _priorities(names, scores)
+        return priorities(names, scores)
 
     def bind(self, raw_args: Any) -> dict[str, str]:
         """ExtenderBindingArgs -> ExtenderBindingResult. Blocks on one API call; run it off the event loop."""
@@ -539,41 +477,61 @@ class Extender:
         except VGPUError as exc:
             refusal, pod_uid = f"cannot read pod {namespace}/{name}: {exc}", uid
         if refusal:
-            return self._bind_failed(ref, node, refusal)
-        if self._on_dra_node(node):
-            return self._bind_on_dra(ref, key, node)
+            return self.bind_failed(ref, node, refusal)
+        answer = self.claims.bind(self, ref, key, node)
+        if answer is not None:
+            return answer
+        held = self._hold(ref, key, node)
+        if held is None:
+            return self.bind_plain(ref, node, "no vGPU resources asked")
+        if isinstance(held, dict):
+            return held
+        return self._bind_assignment(ref, key, node, pod_uid, held)
+
+    def _hold(self, ref: dict[str, str], key: str, node: str) -> Assignment | dict[str, str] | None:
+        """The assignment to bind the pod to `node` with, held in the ledger (its reservation from /filter, else one
+        made now); the answer itself when there is nothing more to do (a retry of a bind that succeeded) or the pod
+        no longer fits; None for a pod that asks none of our resources (bound without an assignment)."""
         ledger = self.ledger
         ledger.expire()
-        assignment: Assignment
         with ledger.lock:
             charge = ledger.charges.get(key)
-            if charge is not None and charge.node == node and charge.state == ChargeState.BOUND:
-                return {"Error": ""}  # a retry of a bind that already succeeded
             if charge is not None and charge.node == node:
+                if charge.state == ChargeState.BOUND:
+                    return {"Error": ""}  # a retry of a bind that already succeeded
                 if charge.state == ChargeState.OBSERVED:
-                    pod = self.lookup(namespace, name)
+                    pod = self.lookup(ref["namespace"], ref["name"])
                     if pod is not None and (pod.get("spec") or {}).get("nodeName") == node:
                         return {"Error": ""}
-                assignment = charge.assignment
                 ledger.extend(key, max(ledger.assume_ttl, 60.0))
-            else:
-                if charge is not None and charge.state != ChargeState.OBSERVED:
-                    ledger.release(key)
-                try:
-                    info = self._bind_info(key, namespace, name)
-                except VGPUError as exc:
-                    return self._bind_failed(ref, node, str(exc))
-                state = ledger.nodes.get(node)
-                if state is None:
-                    return self._bind_failed(ref, node, NODE_UNKNOWN)
-                if state.error:
-                    return self._bind_failed(ref, node, state.error)
-                result, _ = self.placement.evaluate(state, self._shape(info), want_score=False)
-                if not result.ok:
-                    return self._bind_failed(ref, node, f"pod no longer fits on {node}: {result.reason}")
-                assignment = result.assignment
-                ledger.reserve(key, namespace, name, node, assignment)
-                ledger.extend(key, max(ledger.assume_ttl, 60.0))
+                return charge.assignment
+            if charge is not None and charge.state != ChargeState.OBSERVED:
+                ledger.release(key)
+            try:
+                info = self._bind_info(key, ref["namespace"], ref["name"])
+            except VGPUError as exc:
+                return self.bind_failed(ref, node, str(exc))
+            if not info.requests:
+                return None
+            state = ledger.nodes.get(node)
+            if state is None:
+                return self.bind_failed(ref, node, NODE_UNKNOWN)
+            if state.error:
+                return self.bind_failed(ref, node, state.error)
+            result, _ = self.placement.evaluate(state, self._shape(info), want_score=False)
+            if not result.ok:
+                return self.bind_failed(ref, node, f"pod no longer fits on {node}: {result.reason}")
+            ledger.reserve(key, ref["namespace"], ref["name"], node, result.assignment)
+            ledger.extend(key, max(ledger.assume_ttl, 60.0))
+            return result.assignment
+
+    def _bind_assignment(self, ref: dict[str, str], key: str, node: str, pod_uid: str,
+                         assignment: Assignment) -> dict[str, str]:
+        """POST the binding with the contract's annotations for `assignment`, held in the ledger; the charge is
+        marked bound, or released when the binding fails."""
+        assert self.binder is not None
+        ledger = self.ledger
+        namespace, name = ref["namespace"], ref["name"]
         now = str(int(self.clock()))
         value = encode(assignment)
         annotations = {
@@ -587,13 +545,9 @@ class Extender:
         if self.grant_key is not None:
             annotations[grants.SIGNATURE] = grants.sign(self.grant_key, pod_uid, node, value)
         try:
-            self.binder(namespace, name, uid, node, annotations)
+            self.binder(namespace, name, ref["uid"], node, annotations)
         except BindConflict as exc:
-            pod = None
-            try:
-                pod = self.fetch(namespace, name)
-            except Exception:
-                pod = None
+            pod = self._fetch_quietly(namespace, name)
             if pod is not None and (pod.get("spec") or {}).get("nodeName") == node and (
                 (pod.get("metadata") or {}).get("annotations") or {}
             ).get(keys.VGPU_NODE) == node:
@@ -604,10 +558,10 @@ class Extender:
                     ledger.mark_bound(key, salvage(ids))
                 return {"Error": ""}
             ledger.release(key)
-            return self._bind_failed(ref, node, f"binding conflict: {exc}")
+            return self.bind_failed(ref, node, f"binding conflict: {exc}")
         except Exception as exc:
             ledger.release(key)
-            return self._bind_failed(ref, node, f"binding failed: {exc}")
+            return self.bind_failed(ref, node, f"binding failed: {exc}")
         ledger.mark_bound(key)
         with self._seen_lock:
             if key in self._seen:
@@ -616,43 +570,36 @@ class Extender:
         self.events(ref, "Normal", "BindingSucceeded", f"bound to {node}: {self._describe(assignment)}")
         return {"Error": ""}
 
-    def _on_dra_node(self, node: str) -> bool:
-        """A node without vGPU inventory whose GPUs our DRA plugin serves."""
-        if self.dra is None:
-            return False
-        with self.ledger.lock:
-            state = self.ledger.nodes.get(node)
-            inventory = state is not None and not state.error
-        return not inventory and self.dra.serves(node)
-
-    def _bind_on_dra(self, ref: dict[str, str], key: str, node: str) -> dict[str, str]:
-        """Bind a pod asking whole GPUs on a node in DRA mode: kube-scheduler's DynamicResources plugin has
-        allocated its extended-resource claim before this call, so the Binding carries no assignment and the
-        ledger charges nothing (the claim holds the GPUs)."""
+    def bind_plain(self, ref: dict[str, str], node: str, what: str) -> dict[str, str]:
+        """Bind a pod without an assignment (nothing is charged in the ledger); `what` says what the pod got."""
         assert self.binder is not None
-        try:
-            info = self._bind_info(key, ref["namespace"], ref["name"])
-        except VGPUError as exc:
-            return self._bind_failed(ref, node, str(exc))
-        if not self._whole_gpus(info):
-            return self._bind_failed(ref, node, NEEDS_CLAIM)
-        with self.ledger.lock:
-            if key in self.ledger.charges:
-                self.ledger.release(key)  # a reservation on a device-plugin node this pod did not take
         try:
             self.binder(ref["namespace"], ref["name"], ref["uid"], node, {})
         except BindConflict as exc:
-            try:
-                pod = self.fetch(ref["namespace"], ref["name"])
-            except Exception:
-                pod = None
+            pod = self._fetch_quietly(ref["namespace"], ref["name"])
             if pod is not None and (pod.get("spec") or {}).get("nodeName") == node:
                 return {"Error": ""}  # a retry of a bind that already succeeded
-            return self._bind_failed(ref, node, f"binding conflict: {exc}")
+            return self.bind_failed(ref, node, f"binding conflict: {exc}")
         except Exception as exc:
-            return self._bind_failed(ref, node, f"binding failed: {exc}")
-        self.events(ref, "Normal", "BindingSucceeded", f"bound to {node}: whole GPUs through DRA")
+            return self.bind_failed(ref, node, f"binding failed: {exc}")
+        self.events(ref, "Normal", "BindingSucceeded", f"bound to {node}: {what}")
         return {"Error": ""}
+
+    def _fetch_quietly(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod as the API server has it now, or None when it cannot be read."""
+        try:
+            return self.fetch(namespace, name)
+        except Exception:
+            return None
+
+    def show_policy(self, requests: tuple[ContainerRequest, ...], context: PodContext) -> None:
+        """Let the node policy learn from a pod the pod watch does not show it (a pod asking through claims)."""
+        self._observe(requests, context)
+        self._wake_learner()
+
+    def bound_requests(self, key: str, namespace: str, name: str) -> tuple[ContainerRequest, ...]:
+        """The extended-resource requests of a pod being bound; raises VGPUError when it cannot be read."""
+        return self._bind_info(key, namespace, name).requests
 
     def _bind_info(self, key: str, namespace: str, name: str) -> _PodInfo:
         with self._seen_lock:
@@ -664,7 +611,8 @@ class Extender:
             raise InvalidArgs(f"pod {namespace}/{name} not found in the pod cache")
         return self._pod_info(pod)
 
-    def _bind_failed(self, ref: dict[str, str], node: str, message: str) -> dict[str, str]:
+    def bind_failed(self, ref: dict[str, str], node: str, message: str) -> dict[str, str]:
+        """Refuse a bind with `message`, logged and recorded as an event of the pod."""
         log.info("bind failed pod=%s/%s node=%s reason=%r", ref["namespace"], ref["name"], node, message)
         self.events(ref, "Warning", "BindingFailed", message)
         return {"Error": message}
@@ -703,19 +651,6 @@ class Extender:
                     continue
             out[node] = {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": int(v.get("numpdbviolations") or 0)}
         return {"NodeNameToMetaVictims": out}
-
-
-def _priorities(names: list[Any], scores: list[float | None]) -> list[dict[str, Any]]:
-    """HostPriorityList from policy scores: the best 10, the worst that fits 0, nodes that do not fit 0."""
-    values = [s for s in scores if s is not None]
-    if not values:
-        return [{"Host": n, "Score": 0} for n in names]
-    low, high = min(values), max(values)
-    span = high - low
-    if span <= 1e-12:
-        return [{"Host": n, "Score": 0 if s is None else MAX_PRIORITY} for n, s in zip(names, scores)]
-    factor = MAX_PRIORITY / span
-    return [{"Host": n, "Score": 0 if s is None else round((s - low) * factor)} for n, s in zip(names, scores)]
 
 
 def _frozen(value: Any) -> Any:

@@ -18,6 +18,7 @@ from vgpu.kube import EventRecorder, LeaderElector, WatchCache, bind_pod, make_a
 from vgpu.kube.cache import Backoff
 from vgpu.kube.client import read_object
 from vgpu.kube.errors import ApiError, ConflictError, NotFoundError, translate
+from vgpu.scheduler.claimpath import NO_CLAIMS, DRAPlacement
 from vgpu.scheduler.config import SchedulerConfig
 from vgpu.scheduler.draview import DRAView
 from vgpu.scheduler.extender import BindConflict, Extender
@@ -91,7 +92,7 @@ class SchedulerRuntime:
             ready=self.not_ready,
             scheduler_names=names,
             grant_key=key,
-            dra=self.dra,
+            claims=DRAPlacement(self.dra) if self.dra is not None else NO_CLAIMS,
         )
         self.app = create_app(self.extender, self.not_ready, self.metrics, config.max_body_bytes,
                               housekeeping=self.ledger.expire, housekeeping_interval=EXPIRY_INTERVAL)

@@ -12,7 +12,10 @@ from typing import Any
 
 from vgpu.errors import VGPUError
 
-__all__ = ["InvalidArgs", "candidate_nodes", "failure_message", "filter_result", "lower_keys", "pod_ref"]
+__all__ = ["MAX_PRIORITY", "InvalidArgs", "candidate_nodes", "failure_message", "filter_result", "lower_keys",
+           "pod_ref", "priorities"]
+
+MAX_PRIORITY = 10  # extenderv1.MaxExtenderPriority
 
 
 class InvalidArgs(VGPUError):
@@ -91,3 +94,16 @@ def failure_message(total: int, failed: dict[str, str], unresolvable: dict[str, 
     top = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
     detail = "; ".join(f"{n} node(s): {reason}" for reason, n in top)
     return f"0/{total} nodes can hold the pod's vGPU request. {detail}".strip()
+
+
+def priorities(names: list[Any], scores: list[float | None]) -> list[dict[str, Any]]:
+    """HostPriorityList from policy scores: the best MAX_PRIORITY, the worst that fits 0, nodes that do not fit 0."""
+    values = [s for s in scores if s is not None]
+    if not values:
+        return [{"Host": n, "Score": 0} for n in names]
+    low, high = min(values), max(values)
+    span = high - low
+    if span <= 1e-12:
+        return [{"Host": n, "Score": 0 if s is None else MAX_PRIORITY} for n, s in zip(names, scores)]
+    factor = MAX_PRIORITY / span
+    return [{"Host": n, "Score": 0 if s is None else round((s - low) * factor)} for n, s in zip(names, scores)]

@@ -7,10 +7,14 @@ the bare document or the ConfigMap that carries it), watches pods whose `spec.sc
 
   1. in-tree filters: node unschedulable, untolerated NoSchedule/NoExecute taints, nodeSelector, and resource fit
      (requests of cpu, memory, pods, ephemeral-storage and extended resources against node allocatable minus the
-     pods already there and the pods assumed on it), skipping resources an extender lists in `managedResources`
-     with `ignoredByScheduler: true`;
-  2. extenders, sequentially, only if interested in the pod (it asks for one of their `managedResources`, in
-     requests or limits of containers or init containers; all pods if the list is empty):
+     pods already there and the pods assumed on it), skipping the extended resources NodeResourcesFit ignores:
+     the profile's pluginConfig `NodeResourcesFit` args `ignoredResources` (names) and `ignoredResourceGroups`
+     (the part of a name before `/`), except that when any extender lists `managedResources` with
+     `ignoredByScheduler: true`, those names replace every profile's `ignoredResources` (buildExtenders in
+     pkg/scheduler/scheduler.go; the check in pkg/scheduler/framework/plugins/noderesources/fit.go);
+  2. extenders, sequentially, only if interested in the pod (HTTPExtender.IsInterested in
+     pkg/scheduler/extender.go: it asks for one of their `managedResources`, in requests or limits of containers
+     or init containers; all pods if the list is empty):
      `POST {urlPrefix}/{filterVerb}` with ExtenderArgs `{"Pod", "Nodes", "NodeNames"}` (NodeNames when
      `nodeCacheCapable`, else a NodeList), keeping the `NodeNames` (or `Nodes`) answered; `FailedNodes` and
      `FailedAndUnresolvableNodes` become the reasons;
@@ -188,6 +192,8 @@ class Profile:
 
     scheduler_name: str = "default-scheduler"
     percentage_of_nodes_to_score: int = 0
+    ignored_resources: frozenset[str] = frozenset()  # pluginConfig NodeResourcesFit args.ignoredResources
+    ignored_groups: frozenset[str] = frozenset()  # pluginConfig NodeResourcesFit args.ignoredResourceGroups
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +214,12 @@ class SchedulerConfig:
             prefix = str(old.copy_with(scheme=base.scheme, host=base.host, port=base.port)).rstrip("/")
             new.append(dataclasses.replace(ext, url_prefix=prefix, enable_https=base.scheme == "https"))
         return SchedulerConfig(self.profiles, tuple(new), self.percentage_of_nodes_to_score, self.source)
+
+    def ignored(self, profile: Profile) -> tuple[frozenset[str], frozenset[str]]:
+        """The extended-resource names and groups NodeResourcesFit skips for a profile: the extenders'
+        `ignoredByScheduler` names, when there are any, replace the profile's own `ignoredResources`."""
+        from_extenders = frozenset().union(*(e.ignored_resources for e in self.extenders))
+        return from_extenders or profile.ignored_resources, profile.ignored_groups
 
     @property
     def scheduler_names(self) -> frozenset[str]:
@@ -245,7 +257,8 @@ def parse_scheduler_config(text: str, where: str = "<config>") -> SchedulerConfi
     top_pct = int(doc.get("percentageOfNodesToScore") or 0)
     profiles = tuple(
         Profile(str(p.get("schedulerName") or "default-scheduler"),
-                int(p.get("percentageOfNodesToScore") or top_pct))
+                int(p.get("percentageOfNodesToScore") or top_pct),
+                *_fit_ignored(p, where))
         for p in doc.get("profiles") or [{}]
         if isinstance(p, dict)
     ) or (Profile(),)
@@ -285,6 +298,22 @@ def parse_scheduler_config(text: str, where: str = "<config>") -> SchedulerConfi
     if binders > 1:
         raise ConfigError(f"{where}: only one extender can implement bind, found {binders}")
     return SchedulerConfig(profiles, tuple(extenders), top_pct, where)
+
+
+def _fit_ignored(profile: Obj, where: str) -> tuple[frozenset[str], frozenset[str]]:
+    """`ignoredResources` and `ignoredResourceGroups` of a profile's NodeResourcesFit args (empty without them)."""
+    for entry in profile.get("pluginConfig") or ():
+        if not isinstance(entry, dict) or entry.get("name") != "NodeResourcesFit":
+            continue
+        args = entry.get("args") or {}
+        lists = []
+        for key in ("ignoredResources", "ignoredResourceGroups"):
+            values = args.get(key) or []
+            if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+                raise ConfigError(f"{where}: pluginConfig NodeResourcesFit args.{key}: must be a list of strings")
+            lists.append(frozenset(values))
+        return lists[0], lists[1]
+    return frozenset(), frozenset()
 
 
 def load_scheduler_config(path: str | Path) -> SchedulerConfig:
@@ -485,8 +514,7 @@ class SchedulerDriver:
         self._trace = open(trace, "ab", buffering=0) if trace else None  # noqa: SIM115 - closed in stop()
         self.threads: list[threading.Thread] = []
         self._request_cache: dict[Any, dict[str, Fraction]] = {}
-        self.ignored = frozenset().union(*(e.ignored_resources for e in config.extenders)) if config.extenders \
-            else frozenset()
+        self.ignored = {p.scheduler_name: config.ignored(p) for p in config.profiles}
         pct = [p.percentage_of_nodes_to_score for p in config.profiles if p.percentage_of_nodes_to_score]
         self.percentage = pct[0] if pct else config.percentage_of_nodes_to_score
 
@@ -771,8 +799,10 @@ class SchedulerDriver:
         max_pods = resource_amount("pods", allocatable.get("pods", DEFAULT_MAX_PODS))
         if used.get("pods", Fraction(0)) + 1 > max_pods:
             reasons.append("Too many pods")
+        ignored, ignored_groups = self.ignored.get(spec.get("schedulerName") or "default-scheduler",
+                                                   (frozenset(), frozenset()))
         for name, value in self._requests(pod).items():
-            if value <= 0 or name in self.ignored:
+            if value <= 0 or name in ignored or name.split("/", 1)[0] in ignored_groups:
                 continue
             if name not in _BASE_RESOURCES and "/" not in name:
                 continue

@@ -647,28 +647,29 @@ def test_the_patch_targets_the_base_configmap():
         == (base["kind"], base["metadata"]["name"], base["metadata"]["namespace"])
 
 
-def test_dra_config_is_the_base_plus_one_extender_entry():
+def test_dra_config_is_the_base_with_its_one_entry_open_to_every_pod():
     base, dra = base_scheduler_config(), dra_scheduler_config()
-    assert {k: v for k, v in dra.items() if k != "extenders"} == {k: v for k, v in base.items() if k != "extenders"}
-    assert dra["extenders"][:-1] == base["extenders"]
+    assert {k: v for k, v in dra.items() if k not in ("profiles", "extenders")} \
+        == {k: v for k, v in base.items() if k not in ("profiles", "extenders")}
+    assert [{k: v for k, v in p.items() if k != "pluginConfig"} for p in dra["profiles"]] == base["profiles"]
     assert set(dra) <= TOP_KEYS and all(set(p) <= PROFILE_KEYS for p in dra["profiles"])
-
-
-def test_the_dra_entry_sees_every_pod_and_only_filters_and_scores():
-    dra = dra_scheduler_config()
-    (main,) = base_scheduler_config()["extenders"]
-    entry = dra["extenders"][-1]
+    (main,) = base["extenders"]
+    (entry,) = dra["extenders"]  # one entry: no pod is filtered or scored twice
     assert set(entry) <= EXTENDER_KEYS
-    assert "managedResources" not in entry  # interested in every pod, DRA pods among them
-    assert "bindVerb" not in entry and "preemptVerb" not in entry
-    assert [e for e in dra["extenders"] if "bindVerb" in e] == [main]  # kube-scheduler allows one binder
-    assert (entry["filterVerb"], entry["prioritizeVerb"]) == ("filter", "prioritize")
-    assert entry["ignorable"] is True
-    # served by the same extender sidecar, whose /filter and /prioritize answer DRA pods with --dra
-    assert entry["urlPrefix"] == main["urlPrefix"] and entry["enableHTTPS"] is False
-    assert entry["nodeCacheCapable"] is main["nodeCacheCapable"]
-    assert isinstance(entry["weight"], int) and entry["weight"] > 0
-    assert entry["httpTimeout"] == main["httpTimeout"]
+    # without managedResources kube-scheduler calls it for every pod of the profile, DRA pods among them
+    assert entry == {k: v for k, v in main.items() if k != "managedResources"}
+
+
+def test_the_dra_profile_keeps_our_resources_out_of_node_resources_fit():
+    """kube-scheduler fills NodeResourcesFit's ignoredResources from the entries' ignoredByScheduler only when an
+    entry has some (buildExtenders, pkg/scheduler/scheduler.go); the DRA entry has none, so the profile lists them."""
+    (main,) = base_scheduler_config()["extenders"]
+    for profile in dra_scheduler_config()["profiles"]:
+        (fit,) = profile["pluginConfig"]
+        assert fit["name"] == "NodeResourcesFit"
+        assert set(fit["args"]) <= {"ignoredResources", "ignoredResourceGroups", "scoringStrategy"}
+        assert fit["args"]["ignoredResources"] == [r["name"] for r in main["managedResources"]] \
+            == list(ResourceNames().all())
 
 
 def test_the_extender_flag_patch_targets_the_extender_container():

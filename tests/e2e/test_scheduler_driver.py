@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from vgpu.errors import ConfigError
 from vgpu.requests import pod_resource_requests
 from vgpu.testbed.apiserver import ApiServerStandIn
 from vgpu.testbed.scheduler_driver import (
@@ -270,3 +271,74 @@ def test_deploy_configuration_is_the_one_driven():
     ext = config.extenders[0]
     assert ext.filter_verb and ext.bind_verb and ext.node_cache_capable
     assert {"volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"} <= ext.ignored_resources
+
+
+ONE_ENTRY_CONFIG = """
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: vgpu-scheduler
+  percentageOfNodesToScore: 100
+  pluginConfig:
+  - name: NodeResourcesFit
+    args: {ignoredResources: [volcano.sh/vgpu-number, volcano.sh/vgpu-memory]}
+extenders:
+- {urlPrefix: "http://127.0.0.1:8888", filterVerb: filter, prioritizeVerb: prioritize, bindVerb: bind, weight: 1,
+   nodeCacheCapable: true}
+"""
+
+
+def test_an_entry_without_managed_resources_sees_every_pod_once_and_binds_it(env):
+    _api, ext, make, http = env
+    make(ONE_ENTRY_CONFIG)
+    http.post("/api/v1/namespaces/default/pods", json=_pod("gpu"))
+    http.post("/api/v1/namespaces/default/pods", json=_pod("plain", gpu=False))
+    _wait(lambda: _get(http, "gpu")["spec"].get("nodeName") and _get(http, "plain")["spec"].get("nodeName"))
+    for name in ("gpu", "plain"):
+        verbs = [path for path, body in ext.calls
+                 if (body.get("Pod") or {}).get("metadata", {}).get("name", body.get("PodName")) == name]
+        assert verbs == ["/filter", "/prioritize", "/bind"], (name, verbs)
+
+
+def test_the_profiles_ignored_resources_keep_them_out_of_the_in_tree_fit(env):
+    """The nodes advertise no volcano.sh resources: NodeResourcesFit would find every node short of them."""
+    _api, ext, make, http = env
+    make(ONE_ENTRY_CONFIG.replace("volcano.sh/vgpu-memory]", "volcano.sh/vgpu-cores]"))
+    http.post("/api/v1/namespaces/default/pods", json=_pod("short"))
+    message = _wait(lambda: next((c["message"] for c in _get(http, "short")["status"].get("conditions") or ()
+                                  if c.get("reason") == "Unschedulable"), None))
+    assert "Insufficient volcano.sh/vgpu-memory" in message and "vgpu-number" not in message
+    assert ext.calls == []
+
+
+def test_the_profiles_ignored_resource_groups_keep_a_whole_domain_out_of_the_in_tree_fit(env):
+    _api, _ext, make, http = env
+    make(ONE_ENTRY_CONFIG.replace("ignoredResources: [volcano.sh/vgpu-number, volcano.sh/vgpu-memory]",
+                                  "ignoredResourceGroups: [volcano.sh]"))
+    http.post("/api/v1/namespaces/default/pods", json=_pod("grouped"))
+    assert _wait(lambda: _get(http, "grouped")["spec"].get("nodeName"))
+
+
+def test_extenders_ignored_resources_replace_the_profiles():
+    """buildExtenders (pkg/scheduler/scheduler.go) overwrites NodeResourcesFit's ignoredResources with the entries'
+    ignoredByScheduler names when there are any; ignoredResourceGroups stay."""
+    text = ONE_ENTRY_CONFIG.replace("nodeCacheCapable: true}", "nodeCacheCapable: true,\n   managedResources: "
+                                    "[{name: example.com/foo, ignoredByScheduler: true}]}")
+    text = text.replace("args: {", "args: {ignoredResourceGroups: [vendor.io], ")
+    config = parse_scheduler_config(text)
+    (profile,) = config.profiles
+    assert profile.ignored_resources == {"volcano.sh/vgpu-number", "volcano.sh/vgpu-memory"}
+    assert config.ignored(profile) == ({"example.com/foo"}, {"vendor.io"})
+    with pytest.raises(ConfigError, match="ignoredResources: must be a list of strings"):
+        parse_scheduler_config(ONE_ENTRY_CONFIG.replace("[volcano.sh/vgpu-number, volcano.sh/vgpu-memory]", "x"))
+
+
+def test_dra_deploy_configuration_has_one_entry_for_every_pod():
+    path = find_deploy_config(dra=True)
+    assert path is not None and "dra" in path.parts
+    config = load_scheduler_config(path)
+    (ext,) = config.extenders
+    assert ext.is_interested({"spec": {"containers": [{"name": "c"}]}}) and ext.bind_verb
+    (profile,) = config.profiles
+    assert {"volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"} \
+        <= config.ignored(profile)[0]
