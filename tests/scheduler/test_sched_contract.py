@@ -147,6 +147,23 @@ def test_bind_without_filter_refits_from_pod_cache(kube, served):
     assert kube.pod("q")["metadata"]["annotations"][keys.VGPU_IDS] == "GPU-1,NVIDIA,2000,10:"
 
 
+def test_a_pod_asking_none_of_our_resources_is_bound_without_an_assignment(kube, served):
+    """With an extender entry open to every pod (DRA mode's configuration), pods without GPUs of ours come to /bind
+    too: they get a plain Binding, no annotations of the contract and no charge in the ledger."""
+    kube.create_node(node("n1", [gpu("GPU-1", 8000)]))
+    plain = {"name": "web", "image": "busybox", "resources": {"requests": {"cpu": "100m"}}}
+    p = kube.create_pod(pod("plain", plain))
+    ext = served(mode="score")
+    wait_until(lambda: ext.runtime.pods.get("default/plain") is not None, what="pod cache")
+    assert ext.post("/filter", go_filter_args(p, names=["n1"])).json()["NodeNames"] == ["n1"]
+    assert ext.post("/bind", go_bind_args(p, "n1")).json() == {"Error": ""}
+    bound = kube.pod("plain")
+    assert bound["spec"]["nodeName"] == "n1"
+    assert not any(k.startswith("volcano.sh/") for k in bound["metadata"].get("annotations") or {})
+    assert p["metadata"]["uid"] not in ext.runtime.extender.ledger.charges
+    assert ext.ledger.nodes["n1"].usage[0].memory == 0
+
+
 def test_bad_input(kube, served):
     p = seed(kube, broken=False)
     ext = served(mode="score", max_body_bytes=64 * 1024)
