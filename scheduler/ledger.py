@@ -42,7 +42,7 @@ from vgpu.assignment import Assignment, salvage
 from vgpu.errors import CodecError, RequestError
 from vgpu.inventory import GPUDevice, decode_hami, decode_volcano
 from vgpu.quantity import parse_integer_quantity, parse_quantity
-from vgpu.requests import ContainerRequest, pod_cpu_memory, pod_requests
+from vgpu.requests import MAX_NODE_QUANTITY, ContainerRequest, pod_cpu_memory, pod_requests
 from vgpu.resources import HAMI_NAMES, SCHEDULER_NAME, SharingConfig
 from vgpu.scheduler.fit import GPUUsage
 from vgpu.scheduler.nodestate import Grant, NodeState, flat_grants
@@ -98,11 +98,12 @@ def _segment_requests(assignment: Assignment,
 
 
 def _allocatable_cpu_memory(allocatable: Mapping[str, Any]) -> tuple[int | None, int | None]:
-    """A node's allocatable CPU (milli) and memory (MiB, rounded down), None where absent or malformed."""
+    """A node's allocatable CPU (milli) and memory (MiB, rounded down; each at most MAX_NODE_QUANTITY), None where
+    absent or malformed."""
     out: list[int | None] = []
     for name, scale in (("cpu", 1000), ("memory", Fraction(1, 2**20))):
         try:
-            out.append(math.floor(parse_quantity(allocatable[name]) * scale))
+            out.append(min(math.floor(parse_quantity(allocatable[name]) * scale), MAX_NODE_QUANTITY))
         except (KeyError, ValueError):
             out.append(None)
     return out[0], out[1]

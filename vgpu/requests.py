@@ -20,6 +20,7 @@ from vgpu.resources import ResourceNames, SharingConfig
 __all__ = [
     "MAX_GPUS_PER_CONTAINER",
     "MAX_MEMORY_UNITS",
+    "MAX_NODE_QUANTITY",
     "ContainerRequest",
     "Selectors",
     "gpu_containers",
@@ -32,6 +33,9 @@ __all__ = [
 
 MAX_GPUS_PER_CONTAINER = 64
 MAX_MEMORY_UNITS = 2**31 - 1
+# The most CPU (millicores) or memory (MiB) one pod or node is counted with: 2**40 is about a billion cores or an
+# exbibyte, more than any node has, and sums of many such values stay far inside int64 wherever they are added up.
+MAX_NODE_QUANTITY = 2**40
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +155,12 @@ def pod_resource_requests(pod: Mapping[str, Any]) -> dict[str, Fraction]:
 
 
 def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """The CPU (milli) and memory (MiB) a pod takes from its node (`pod_resource_requests`), rounded up."""
+    """The CPU (milli) and memory (MiB) a pod takes from its node (`pod_resource_requests`), rounded up and at most
+    MAX_NODE_QUANTITY each."""
     total = pod_resource_requests(pod)
     cpu = math.ceil(total.get("cpu", Fraction(0)))
     memory = math.ceil(total.get("memory", Fraction(0)) / 2**20)
-    return max(0, cpu), max(0, memory)
+    return min(max(0, cpu), MAX_NODE_QUANTITY), min(max(0, memory), MAX_NODE_QUANTITY)
 
 
 def _lookup(resources: Mapping[str, Any], names: tuple[ResourceNames, ...], attr: str) -> tuple[str, Any]:

@@ -421,6 +421,29 @@ def test_filter_for_a_real_pod_under_a_made_up_uid_reserves_nothing(kube, extend
     assert ext.ledger.nodes["n1"].usage[0].memory == 8000
 
 
+@pytest.mark.parametrize("resource, amount", [("cpu", "9223372036854775807"), ("memory", "9223372036854775807Ei"),
+                                              ("cpu", "1e300")], ids=["cpu-int64-max", "memory-huge", "cpu-1e300"])
+def test_a_bound_pod_with_an_absurd_request_affects_only_its_own_node(kube, extender, resource, amount):
+    """A bound pod asking more CPU or memory than int64 holds: /filter still answers for every node, the pod's own node
+    counts as full of that resource, the other node takes the next pod (before: "internal error: OverflowError" for
+    every /filter that considered the node)."""
+    for name in ("n1", "n2"):
+        body = node(name, [gpu(f"GPU-{name}", 8000)])
+        body["status"]["allocatable"]["memory"] = "64Gi"
+        kube.create_node(body)
+    greedy = pod("greedy", node_name="n1", phase="Running")
+    greedy["spec"]["containers"] = [{"name": "c", "image": "busybox", "resources": {"requests": {resource: amount}}}]
+    kube.create_pod(greedy)
+    ext = extender(mode="score", node_policy="fragaware")
+    for mode_pod in ("next", "other"):
+        asking = kube.create_pod(pod(mode_pod, container(number=1, memory=1000)))
+        out = ext.post("/filter", _filter_body(asking, ["n1", "n2"])).json()
+        assert not out["Error"], out
+        assert "n2" in out["NodeNames"], out
+        scores = ext.post("/prioritize", _filter_body(asking, ["n1", "n2"])).json()
+        assert isinstance(scores, list) and {s["Host"] for s in scores} == {"n1", "n2"}, scores
+
+
 # ---------------------------------------------------------------- 5. body size
 
 
