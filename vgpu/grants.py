@@ -2,8 +2,9 @@
 
 Pod authors can write any annotation on their pods, so an assignment (`volcano.sh/vgpu-ids-new`,
 `volcano.sh/devices-to-allocate`) is only a claim. `violations` compares each container's segment with what the
-container's own `resources.limits` allow on the cards named (count, memory, cores); the device plugin refuses a
-grant with violations and the scheduler's ledger charges the larger of spec and claim. `sign` / `verify` are a
+container's own `resources.limits` allow on the cards named (count, memory, cores), reading a grant of 0 as the
+isolation library does: no limit, the whole device (so a memory grant is never 0, and a cores grant is 0 only for a
+container whose spec asks no cores); the device plugin refuses a grant with violations and the scheduler's ledger charges the larger of spec and claim. `sign` / `verify` are a
 keyed MAC (HMAC-SHA256) over the pod UID, the node and the assignment, written by the scheduler at bind
 (`SIGNATURE`) and checked by the device plugin when both share a key (docs/security.md).
 """
@@ -52,10 +53,16 @@ def violations(assignment: Assignment, requests: Sequence[ContainerRequest],
                 found.append(f"{where}: GPU {grant.uuid} is not on this node")
                 continue
             allowed = request.memory_on(card)
-            if grant.memory > allowed:
+            if grant.memory <= 0:
+                found.append(f"{where}: no memory granted on {grant.uuid}: a limit of 0 leaves the whole GPU's "
+                             f"memory to the container")
+            elif grant.memory > allowed:
                 found.append(f"{where}: {grant.memory} memory units granted on {grant.uuid}, the spec allows "
                              f"{allowed}")
-            if grant.cores > request.cores:
+            if grant.cores <= 0 < request.cores:
+                found.append(f"{where}: no cores limit granted on {grant.uuid} although the spec asks "
+                             f"{request.cores}%: a limit of 0 leaves the whole GPU's compute to the container")
+            elif grant.cores > request.cores:
                 found.append(f"{where}: {grant.cores}% cores granted on {grant.uuid}, the spec allows "
                              f"{request.cores}%")
     return found

@@ -64,6 +64,28 @@ def test_more_gpus_than_vgpu_number_are_refused(node):
     _refused(node, pod, "2 GPUs granted, vgpu-number is 1")
 
 
+@pytest.mark.parametrize("grant, why", [("0,0", "no memory granted"), ("0,1", "no memory granted"),
+                                        ("100,0", "no cores limit granted")],
+                         ids=["memory-and-cores-0", "memory-0", "cores-0"])
+def test_a_zero_grant_never_turns_a_limit_off(node, grant, why):
+    """Spec: 100 MiB and 1 %; self-written grant of 0 memory or 0 cores, which the library reads as "not limited":
+    refused (before: admitted with CUDA_DEVICE_MEMORY_LIMIT_0=0m and CUDA_DEVICE_SM_LIMIT=0, and the container
+    allocated the whole GPU)."""
+    node.start_plugin("1xT4")
+    (a,) = node.wait_inventory()
+    pod = _make(node, "zero", [gpu_container("main", 1, 100, 1)], f"{a},NVIDIA,{grant}:")
+    _refused(node, pod, why)
+
+
+def test_a_zero_cores_grant_is_no_limit_only_for_a_spec_asking_no_cores(node):
+    """Spec: 100 MiB, no cores: the grant's 0 cores is what the spec asks (no SM limit); the memory limit stays."""
+    node.start_plugin("1xT4")
+    (a,) = node.wait_inventory()
+    pod = _make(node, "nocores", [gpu_container("main", 1, 100)], f"{a},NVIDIA,100,0:")
+    (admitted,) = node.kubelet.admit(pod)
+    assert _limits(admitted)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "100m"
+
+
 @pytest.mark.parametrize("scheduler", [None, "default-scheduler", "someone-else"])
 def test_a_pod_of_another_scheduler_is_refused(node, scheduler):
     """Within its spec, but not placed by our scheduler: refused (before: served like any other)."""
