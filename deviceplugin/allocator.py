@@ -53,7 +53,7 @@ class Allocator:
     ) -> None:
         self.node_name = node_name
         self.factor = sharing.gpu_memory_factor
-        self.split = sharing.split_count
+        self.sharing = sharing
         self.source = pods
         self.host = host
         self.core_policy = core_policy
@@ -89,7 +89,7 @@ class Allocator:
                 raise
             if grant is None:
                 return None
-            over = overcommit(grant, self.source.pods(), matcher.answered(), matcher.rules.card_memory, self.split,
+            over = overcommit(grant, self.source.pods(), matcher.answered(), matcher.rules.card_memory, self.sharing,
                               matcher.rules.scheduler_names)
             if over:
                 raise AllocationError(f"node {self.node_name}: refusing pod {grant.namespace}/{grant.pod}: {over} "

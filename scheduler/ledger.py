@@ -14,9 +14,11 @@ node context.
 A charge comes from one of two places:
 - a pod of one of `scheduler_names` seen by the watch bound (`spec.nodeName`) with `vgpu-ids-new`, not yet
   Succeeded/Failed (OBSERVED; released on delete or a terminal phase). Its annotation is only a claim (pod authors
-  can write it): each grant is charged at the larger of the claim and what the container's spec asks on that card,
-  and a claim that differs from the spec is reported to `grant_listeners` (vgpu.grants.violations). Pods of other
-  schedulers and unbound pods are never charged from their annotations;
+  can write it): it says on which GPUs, and each container is charged there what its own spec asks, so a pod
+  can neither raise what others see as used nor lower its own charge; a claim that differs from the spec is
+  reported to `grant_listeners` (vgpu.grants.violations). With a grant key, a claim without the scheduler's
+  signature is reported too and leaves the ledger's own record of the pod in place. Pods of other schedulers and
+  unbound pods are never charged from their annotations;
 - the extender's own reservation, made at /filter (decide mode) or /bind (ASSUMED, short TTL) and kept after a
   successful bind until the watch shows the pod with its annotation (BOUND, long TTL).
 A watch event without an assignment never removes one of our reservations: it may predate our own binding.
@@ -42,7 +44,7 @@ from vgpu.assignment import Assignment, salvage
 from vgpu.errors import CodecError, RequestError
 from vgpu.inventory import GPUDevice, decode_hami, decode_volcano
 from vgpu.quantity import parse_integer_quantity, parse_quantity
-from vgpu.requests import MAX_NODE_QUANTITY, ContainerRequest, pod_cpu_memory, pod_requests
+from vgpu.requests import MAX_NODE_QUANTITY, pod_cpu_memory, pod_requests
 from vgpu.resources import HAMI_NAMES, SCHEDULER_NAME, SharingConfig
 from vgpu.scheduler.fit import GPUUsage
 from vgpu.scheduler.nodestate import Grant, NodeState, flat_grants
@@ -91,10 +93,11 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
 
-def _segment_requests(assignment: Assignment,
-                      requests: tuple[ContainerRequest, ...]) -> list[ContainerRequest | None]:
-    """The request of the container each grant of `flat_grants(assignment)` belongs to (None: none in the spec)."""
-    return [requests[i] if i < len(requests) else None for i, segment in enumerate(assignment) for _ in segment]
+def _signed(key: bytes, pod: Mapping[str, Any], node: str, ids: str) -> bool:
+    """Whether the pod's assignment carries the scheduler's signature for this pod and node."""
+    meta = pod.get("metadata") or {}
+    signature = (meta.get("annotations") or {}).get(grants.SIGNATURE)
+    return grants.verify(key, signature, str(meta.get("uid") or ""), node, ids)
 
 
 def _allocatable_cpu_memory(allocatable: Mapping[str, Any]) -> tuple[int | None, int | None]:
@@ -134,8 +137,10 @@ class Ledger:
         assume_ttl: float = 30.0,
         bound_ttl: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        grant_key: bytes | None = None,
     ) -> None:
         self.config = config or SharingConfig()
+        self.grant_key = grant_key  # with a key, a claim whose signature fails keeps the ledger's own record
         self.assume_ttl = assume_ttl
         self.bound_ttl = bound_ttl
         self.clock = clock
@@ -300,6 +305,10 @@ class Ledger:
                 return
             assignment = salvage(ids)
             grants, problems = self._charged(pod, node, assignment)
+            if self.grant_key is not None and not _signed(self.grant_key, pod, node, ids):
+                problems.append("the assignment does not carry the scheduler's signature for this pod and node")
+                if current is not None and current.node == node:
+                    grants = current.grants  # what this extender decided (or a signed claim it saw) stands
             if problems and self._reported.get(uid) != ids:  # once per claim, whatever else the pod changes
                 self._reported[uid] = ids
                 log.warning("event=grant_inconsistent pod=%s/%s node=%s problems=%r", meta.get("namespace"),
@@ -331,8 +340,9 @@ class Ledger:
 
     def _charged(self, pod: Mapping[str, Any], node: str,
                  assignment: Assignment) -> tuple[tuple[Grant, ...], list[str]]:
-        """What a bound pod is charged: each grant at the larger of its claim and what the container's spec asks
-        on that card; and how the claim departs from the spec, more or less (callers hold `lock`)."""
+        """What a bound pod is charged: what each container's spec asks on the GPUs its claim names for it (at most
+        as many GPUs as it asks; nothing for a claim no GPU container of the spec stands behind), whatever amounts
+        the claim writes; and how the claim departs from the spec, either way (callers hold `lock`)."""
         try:
             requests = pod_requests(pod, self.config)
         except RequestError:
@@ -340,16 +350,8 @@ class Ledger:
         state = self.nodes.get(node)
         card = {d.uuid: d.memory for d in state.devices} if state is not None else {}
         problems = grants.violations(assignment, requests, card) if card else []
-        charged = []
-        for (uuid, memory, cores), request in zip(flat_grants(assignment), _segment_requests(assignment, requests)):
-            if request is not None:
-                size = card.get(uuid)
-                asked = request.memory if request.memory else (request.memory_on(size) if size else 0)
-                if memory < asked or cores < request.cores:
-                    problems.append(f"container {request.container!r}: {memory} memory units and {cores}% cores "
-                                    f"claimed on {uuid}, the spec asks {asked} and {request.cores}%")
-                memory, cores = max(memory, asked), max(cores, request.cores)
-            charged.append((uuid, memory, cores))
+        charged = grants.spec_charges(assignment, requests, card)
+        problems += grants.shortfalls(assignment, requests, card)
         return tuple(charged), problems
 
     def on_pod_delete(self, pod: Mapping[str, Any]) -> None:

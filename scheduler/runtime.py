@@ -48,7 +48,7 @@ class SchedulerRuntime:
         names = frozenset(config.scheduler_names)
         key = read_key(config.grant_key_file, "--grant-key-file") if config.grant_key_file else None
         self.ledger = Ledger(config.sharing, scheduler_names=names, assume_ttl=config.assume_ttl_seconds,
-                             bound_ttl=config.bound_ttl_seconds)
+                             bound_ttl=config.bound_ttl_seconds, grant_key=key)
         self.metrics = SchedulerMetrics(self.ledger)
         self.ledger.grant_listeners.append(self._inconsistent)
         self.nodes = WatchCache(self.api, "nodes", name="vgpu-scheduler-nodes")

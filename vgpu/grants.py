@@ -4,9 +4,10 @@ Pod authors can write any annotation on their pods, so an assignment (`volcano.s
 `volcano.sh/devices-to-allocate`) is only a claim. `violations` compares each container's segment with what the
 container's own `resources.limits` allow on the cards named (count, memory, cores), reading a grant of 0 as the
 isolation library does: no limit, the whole device (so a memory grant is never 0, and a cores grant is 0 only for a
-container whose spec asks no cores); the device plugin refuses a grant with violations and the scheduler's ledger charges the larger of spec and claim. `sign` / `verify` are a
-keyed MAC (HMAC-SHA256) over the pod UID, the node and the assignment, written by the scheduler at bind
-(`SIGNATURE`) and checked by the device plugin when both share a key (docs/security.md).
+container whose spec asks no cores); the device plugin refuses a grant with violations. Both the plugin and the
+scheduler's ledger count what a claim holds at the spec (`spec_charges`), so a claim cannot raise what others see
+as used. `sign` / `verify` are a keyed MAC (HMAC-SHA256) over the pod UID, the node and the assignment, written by
+the scheduler at bind (`SIGNATURE`) and checked by the device plugin when both share a key (docs/security.md).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import hmac
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from vgpu.assignment import Assignment
+from vgpu.assignment import Assignment, DeviceGrant
 from vgpu.errors import ConfigError
 from vgpu.requests import ContainerRequest
 
-__all__ = ["MIN_KEY_BYTES", "SIGNATURE", "read_key", "sign", "verify", "violations"]
+__all__ = ["MIN_KEY_BYTES", "SIGNATURE", "read_key", "shortfalls", "sign", "spec_charges", "verify",
+           "violations"]
 
 SIGNATURE = "vgpu-sharing.io/grant-signature"
 MIN_KEY_BYTES = 32
@@ -66,6 +68,36 @@ def violations(assignment: Assignment, requests: Sequence[ContainerRequest],
                 found.append(f"{where}: {grant.cores}% cores granted on {grant.uuid}, the spec allows "
                              f"{request.cores}%")
     return found
+
+
+def spec_charges(assignment: Assignment, requests: Sequence[ContainerRequest],
+                 card_memory: Mapping[str, int]) -> list[tuple[str, int, int]]:
+    """What a pod holds by its claim, counted as its spec allows: (physical GPU UUID, memory units, cores) for each
+    GPU the claim names for a container, at most as many as the container asks, at what its spec asks on that
+    card, whatever amounts the claim writes; nothing for a segment no GPU container of the spec stands behind.
+    `requests` and `card_memory` as for `violations`."""
+    return [held for _, _, held in _held(assignment, requests, card_memory)]
+
+
+def shortfalls(assignment: Assignment, requests: Sequence[ContainerRequest],
+               card_memory: Mapping[str, int]) -> list[str]:
+    """Where a claim writes less than its container's spec asks (the other way round from `violations`)."""
+    return [f"container {request.container!r}: {grant.memory} memory units and {grant.cores}% cores claimed on "
+            f"{grant.uuid}, the spec asks {memory} and {cores}%"
+            for request, grant, (_, memory, cores) in _held(assignment, requests, card_memory)
+            if grant.memory < memory or grant.cores < cores]
+
+
+def _held(assignment: Assignment, requests: Sequence[ContainerRequest],
+          card_memory: Mapping[str, int]) -> list[tuple[ContainerRequest, DeviceGrant, tuple[str, int, int]]]:
+    out = []
+    for request, segment in zip(requests, assignment):
+        for grant in segment[:request.count]:
+            uuid = grant.uuid.split("[", 1)[0]  # a MIG entry names its physical GPU first
+            card = card_memory.get(uuid)
+            memory = request.memory if request.memory else (request.memory_on(card) if card else 0)
+            out.append((request, grant, (uuid, memory, request.cores)))
+    return out
 
 
 def _message(pod_uid: str, node: str, assignment_value: str) -> bytes:

@@ -147,3 +147,28 @@ def test_a_running_pod_that_shrinks_its_own_claim_keeps_its_charge(cluster, tmp_
     release.touch()
     assert phase(_finished(cluster, "big")) == "Succeeded"
     assert phase(_finished(cluster, "second", timeout=180)) == "Succeeded"
+
+
+def test_a_pod_that_inflates_its_own_claim_blocks_nothing_beyond_its_spec(cluster):
+    """A CPU-only pod of our scheduler, placed normally, patches its own assignment to claim both GPUs of its node in
+    full: the extender charges what its spec asks (nothing), reports the claim (event), and another tenant's pod
+    pinned to one of those GPUs runs (before: both GPUs showed full and that pod stayed Pending)."""
+    cluster.create_pod(pod("cpu-only", [container("main", ["sleep", "3600"], number=None)], namespace=NS))
+    running = wait_until("cpu-only running", lambda: (p := _get(cluster, "cpu-only")) and phase(p) == "Running" and p,
+                         120)
+    node = running["spec"]["nodeName"]
+    gpus = inventories(cluster)[node]
+    claim = "".join(f"{g.uuid},NVIDIA,{g.memory},100:" for g in gpus)
+    patch_pod_metadata(cluster.core.api_client, NS, "cpu-only", annotations={keys.VGPU_IDS: claim,
+                                                                             keys.VGPU_NODE: node})
+    wait_until("the inconsistency reported", lambda: any(
+        e.get("reason") == "VGPUGrantInconsistent" and e["involvedObject"]["name"] == "cpu-only"
+        for e in cluster.events()), 30)
+    cluster.create_pod(pod("neighbour", [container("main", WORKLOAD + ["--mib", "500"],
+                                                   memory=_units(cluster, 1000), cores=10)],
+                           namespace=NS, annotations={keys.USE_GPU_UUID: gpus[0].uuid}))
+    done = _finished(cluster, "neighbour")
+    assert phase(done) == "Succeeded", done.get("status")
+    assert done["spec"]["nodeName"] == node
+    cluster.delete_pod(NS, "cpu-only")
+

@@ -2,7 +2,7 @@
 
 from sched_builders import container, gpu, node, pod
 
-from vgpu import keys
+from vgpu import grants, keys
 from vgpu.assignment import DeviceGrant
 from vgpu.scheduler.extender import Extender
 from vgpu.scheduler.ledger import ChargeState, Ledger
@@ -85,7 +85,20 @@ def test_unknown_uuid_and_corrupt_entries_are_ignored():
     ledger = Ledger()
     ledger.on_node(node("n1", [gpu("GPU-a")]))
     ledger.on_pod(pod("p", node_name="n1", ids="GPU-zzz,NVIDIA,100,0:GPU-a,NVIDIA,-5,3:GPU-a,NVIDIA,200,1:"))
-    assert usage(ledger, "n1") == [(1, 200, 1)]
+    assert usage(ledger, "n1") == [(1, 100, 0)]  # the spec (2 GPUs of 100 units, no cores), not the 200 claimed
+
+
+def test_a_claim_is_charged_at_the_spec_whatever_it_writes():
+    """The claim names the GPUs; the amounts come from the spec: inflated, shrunk, or claimed by a container that
+    asks no GPU, nothing else is charged."""
+    ledger = Ledger()
+    ledger.on_node(node("n1", [gpu("GPU-a", 8000), gpu("GPU-b", 8000)]))
+    spec = container("c0", number=1, memory=1000, cores=10)
+    ledger.on_pod(pod("inflated", spec, node_name="n1", ids="GPU-a,NVIDIA,8000,100:GPU-b,NVIDIA,8000,100:"))
+    ledger.on_pod(pod("shrunk", spec, node_name="n1", ids="GPU-b,NVIDIA,1,1:"))
+    cpu_only = {"name": "web", "image": "busybox", "resources": {}}
+    ledger.on_pod(pod("cpu-only", cpu_only, node_name="n1", ids="GPU-a,NVIDIA,8000,100:;GPU-b,NVIDIA,8000,100:"))
+    assert usage(ledger, "n1") == [(1, 1000, 10), (1, 1000, 10)]
 
 
 def test_reservation_expires_and_bound_charge_survives_stale_events():
@@ -161,3 +174,21 @@ def test_preempt_keeps_nodes_where_victims_free_enough():
                                   "n2": {"Pods": [{"UID": "v2"}], "NumPDBViolations": 1}},
     })
     assert out == {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "v1"}], "NumPDBViolations": 0}}}
+
+
+def test_with_a_grant_key_an_unsigned_claim_leaves_the_ledgers_record_in_place():
+    """A bound pod moves its signed claim to another GPU of its node: the signature no longer verifies, the charge
+    stays where the signed claim put it, and the claim is reported."""
+    key = b"k" * 32
+    ledger = Ledger(grant_key=key)
+    reported: list[list[str]] = []
+    ledger.grant_listeners.append(lambda pod_obj, problems: reported.append(problems))
+    ledger.on_node(node("n1", [gpu("GPU-a", 8000), gpu("GPU-b", 8000)]))
+    spec = container("c0", number=1, memory=1000, cores=10)
+    value = "GPU-a,NVIDIA,1000,10:"
+    signature = {grants.SIGNATURE: grants.sign(key, "u1", "n1", value)}
+    ledger.on_pod(pod("p", spec, node_name="n1", ids=value, uid="u1", annotations=signature))
+    assert usage(ledger, "n1") == [(1, 1000, 10), (0, 0, 0)] and not reported
+    ledger.on_pod(pod("p", spec, node_name="n1", ids="GPU-b,NVIDIA,1000,10:", uid="u1", annotations=signature))
+    assert usage(ledger, "n1") == [(1, 1000, 10), (0, 0, 0)]
+    assert reported and "signature" in reported[-1][-1]
