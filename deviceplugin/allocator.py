@@ -100,14 +100,20 @@ class Allocator:
                 lock_dir=self.host.lock_dir(grant.pod_uid, grant.container),
                 core_policy=self.core_policy,
             )
-            self.host.prepare(grant.pod_uid, grant.container)
-            self.host.records.write(AllocationRecord(
-                pod_uid=grant.pod_uid, namespace=grant.namespace, pod=grant.pod, container=grant.container,
-                gpus=tuple(g.uuid for g in grant.grants),
-                memory_bytes=tuple(g.memory * self.factor << 20 for g in grant.grants),
-                cores=grant.grants[0].cores if grant.grants else 0,
-                cache_file=PurePosixPath(allocation.envs[SHARED_CACHE_ENV]).name,
-            ))
+            try:
+                self.host.prepare(grant.pod_uid, grant.container)
+                self.host.records.write(AllocationRecord(
+                    pod_uid=grant.pod_uid, namespace=grant.namespace, pod=grant.pod, container=grant.container,
+                    gpus=tuple(g.uuid for g in grant.grants),
+                    memory_bytes=tuple(g.memory * self.factor << 20 for g in grant.grants),
+                    cores=grant.grants[0].cores if grant.grants else 0,
+                    cache_file=PurePosixPath(allocation.envs[SHARED_CACHE_ENV]).name,
+                ))
+            except OSError as exc:
+                self.host.discard(grant.pod_uid, grant.container)
+                raise AllocationError(f"node {self.node_name}: cannot make the files of container "
+                                      f"{grant.container!r} of pod {grant.namespace}/{grant.pod}: "
+                                      f"{exc.strerror or exc}") from None
             self._record(grant, matcher.consume(grant))
             matcher.settle()
             return allocation

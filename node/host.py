@@ -8,6 +8,7 @@ Directories are created, never deleted while their pod exists.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -18,9 +19,13 @@ from pathlib import Path
 from vgpu.node.records import RecordStore
 from vgpu.node.response import LIBVGPU_CONTAINER_PATH
 
-__all__ = ["HostFiles"]
+__all__ = ["CONTAINER_ROOM", "HostFiles"]
 
 log = logging.getLogger(__name__)
+
+# Free bytes a container's files need on the node before they are made: its accounting file (about 2 MiB in
+# HAMi-core's layout, written by the library inside the container), its lock files and its allocation record.
+CONTAINER_ROOM = 8 << 20
 
 
 class HostFiles:
@@ -83,15 +88,36 @@ class HostFiles:
                       "isolation library", source, target, exc)
 
     def prepare(self, pod_uid: str, container: str) -> None:
-        """Create the container's accounting and lock directories and ld.so.preload (never deletes). The container's
-        own directories are writable by any user (its processes may run as any uid); their roots are not."""
+        """Create the container's accounting and lock directories and ld.so.preload. The container's own directories
+        are writable by any user (its processes may run as any uid); their roots are not.
+
+        Raises OSError when they cannot be made, with nothing of the container left behind: ENOSPC, before anything
+        is made, where less than CONTAINER_ROOM bytes are free for a directory still to be made."""
+        directories = (self.cache_dir(pod_uid, container), self.lock_dir(pod_uid, container))
+        for directory in directories:
+            if not directory.is_dir():
+                _check_room(directory)
+        made: list[Path] = []
+        try:
+            for directory in directories:
+                directory.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+                if not directory.is_dir():
+                    directory.mkdir()
+                    made.append(directory)
+                os.chmod(directory, 0o777)
+            preload = self.vgpu_root / "ld.so.preload"
+            if not preload.exists():
+                preload.write_text(LIBVGPU_CONTAINER_PATH + "\n")
+        except OSError:
+            for directory in made:
+                shutil.rmtree(directory, ignore_errors=True)
+            raise
+
+    def discard(self, pod_uid: str, container: str) -> None:
+        """Remove a container's directories and record (a container refused before it started)."""
         for directory in (self.cache_dir(pod_uid, container), self.lock_dir(pod_uid, container)):
-            directory.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
-            directory.mkdir(exist_ok=True)
-            os.chmod(directory, 0o777)
-        preload = self.vgpu_root / "ld.so.preload"
-        if not preload.exists():
-            preload.write_text(LIBVGPU_CONTAINER_PATH + "\n")
+            shutil.rmtree(directory, ignore_errors=True)
+        self.records.remove(pod_uid, container)
 
     def remove_stale(self, live_uids: Collection[str], min_age: float = 300.0,
                      now: Callable[[], float] = time.time) -> list[str]:
@@ -115,3 +141,15 @@ class HostFiles:
                 except OSError as exc:
                     log.warning("event=gc_failed dir=%s error=%s", entry, exc)
         return removed
+
+
+def _check_room(path: Path) -> None:
+    """Raise ENOSPC when the filesystem that will hold `path` has less than CONTAINER_ROOM bytes free."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    stat = os.statvfs(probe)
+    free = stat.f_bavail * stat.f_frsize
+    if free < CONTAINER_ROOM:
+        raise OSError(errno.ENOSPC, f"{free >> 20} MiB free for container files on the node's storage ({probe}), "
+                                    f"{CONTAINER_ROOM >> 20} MiB needed")

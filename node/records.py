@@ -58,9 +58,18 @@ class RecordStore:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         target = self.root / f"{record.key}.json"
         tmp = self.root / f".{record.key}.{os.getpid()}.tmp"
-        tmp.write_bytes(orjson.dumps(asdict(record)))
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, target)
+        try:
+            tmp.write_bytes(orjson.dumps(asdict(record)))
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, target)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def remove(self, pod_uid: str, container: str) -> None:
+        """Remove one container's record, if there is one."""
+        if _SAFE.match(pod_uid) and _SAFE.match(container):
+            (self.root / f"{pod_uid}_{container}.json").unlink(missing_ok=True)
 
     def all(self) -> list[AllocationRecord]:
         """Every stored record, sorted by key; unreadable ones are logged and skipped."""
