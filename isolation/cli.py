@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -56,6 +57,10 @@ def _run(args: argparse.Namespace) -> int:
             return _fail(f"--devices: invalid value {args.devices!r}: expected a comma list of indexes")
         if any(d < 0 for d in limits.devices):
             return _fail(f"--devices: invalid value {args.devices!r}: negative index")
+    if args.driver_dir is not None and not os.path.isdir(args.driver_dir):
+        return _fail(f"--driver-dir {args.driver_dir}: not a directory")
+    if args.cache is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.cache))):
+        return _fail(f"--cache {args.cache}: its directory does not exist")
     try:
         return run(cmd, limits, driver_dir=args.driver_dir)
     except FileNotFoundError:

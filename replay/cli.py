@@ -6,6 +6,7 @@ Registered by vgpu/cli.py; the work is in replay/run.py and replay/report.py (im
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -130,9 +131,16 @@ def _main(args: argparse.Namespace) -> int:
         raise ConfigError("--time-scale: needs --departures and a positive value")
     if args.departures and args.mode != "deviceplugin":
         raise ConfigError("--mode: the departures replay runs in deviceplugin mode only")
+    if args.plot:
+        folder = os.path.dirname(os.path.abspath(args.plot))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ConfigError(f"--plot {args.plot}: cannot write in {folder}")
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     args.nodes, args.pods = _trace_files(args)
-    Trace.load(args.nodes, args.pods)  # a bad file is one error line before any progress is drawn
+    trace = Trace.load(args.nodes, args.pods)  # a bad file is one error line before any progress is drawn
+    if args.departures and not any(p.created >= 0 for p in trace.pods):
+        raise ConfigError(f"--departures: {args.pods} has no creation_time column (or no value in it): the "
+                          "departures replay needs when each pod arrives")
     progress = _Progress(not args.no_progress)
     if progress.enabled:
         sys.stderr.write(f"replaying {len(names)} policies x {args.seeds} seeds ...")

@@ -12,7 +12,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from vgpu.errors import VGPUError
+from vgpu.errors import ConfigError, VGPUError
 from vgpu.grants import read_key
 from vgpu.kube import EventRecorder, LeaderElector, WatchCache, bind_pod, make_api_client
 from vgpu.kube.cache import Backoff
@@ -157,18 +157,23 @@ class SchedulerRuntime:
         self.recorder.event(obj, kind, reason, message[:1024])
 
     def start(self, wait: float | None = None) -> SchedulerRuntime:
-        """Start caches, leader election and the metrics server; optionally wait `wait` s for the caches."""
+        """Start the metrics server (first: an address it cannot listen on is a ConfigError before anything else
+        starts), caches and leader election; optionally wait `wait` s for the caches."""
+        if self.config.metrics_listen:
+            from prometheus_client import start_http_server
+
+            host, port = parse_listen(self.config.metrics_listen, 9395)
+            try:
+                self._metrics_server = start_http_server(port, host, registry=self.metrics.registry)
+            except OSError as exc:
+                raise ConfigError(f"--metrics-listen {self.config.metrics_listen}: cannot listen there: "
+                                  f"{exc.strerror or exc}") from None
         self.nodes.start()
         self.pods.start()
         for cache in self.dra_caches:
             cache.start()
         if self.elector is not None:
             self.elector.start()
-        if self.config.metrics_listen:
-            from prometheus_client import start_http_server
-
-            host, port = parse_listen(self.config.metrics_listen, 9395)
-            self._metrics_server = start_http_server(port, host, registry=self.metrics.registry)
         if wait:
             self.nodes.wait_synced(wait)
             self.pods.wait_synced(wait)

@@ -4,15 +4,31 @@ entry point (setup.py), so that nothing outside the test bed imports it."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 __all__ = ["register"]
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    """A whole number of at least 1 (argparse type)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A positive number of seconds (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
 
 
@@ -31,9 +47,9 @@ def register(subparsers: Any) -> None:
                         "(docs/dra.md)")
     p.add_argument("--pods", default=None, help="YAML file of pods to submit instead of the samples")
     p.add_argument("--headless", action="store_true", help="no live table: print a summary, exit 0 on success")
-    p.add_argument("--duration", type=float, default=None,
+    p.add_argument("--duration", type=_seconds, default=None,
                    help="seconds to run (default: until the pods finish when headless, else until Ctrl-C)")
-    p.add_argument("--hold", type=float, default=None,
+    p.add_argument("--hold", type=_seconds, default=None,
                    help="seconds each sample workload keeps its memory (default 2 headless, 20 live)")
     p.add_argument("--workdir", default=None,
                    help="keep state and logs here (an empty or previous demo directory; default: a temporary one)")
@@ -52,6 +68,11 @@ def _run(args: argparse.Namespace) -> int:
 
     if importlib.util.find_spec("httpx") is None:
         raise ConfigError("the test bed needs its extra dependencies: pip install 'vgpu-sharing[testbed]'")
+    if args.workdir:
+        parent = Path(args.workdir).absolute().parent
+        if not parent.is_dir():
+            raise ConfigError(f"--workdir {args.workdir}: {parent} does not exist (the demo makes only the last "
+                              "directory)")
     if args.dra:
         from vgpu.testbed.demo_dra import run_dra_demo
 

@@ -119,6 +119,14 @@ def sample_pods(inventories: dict[str, list[Any]], hold: float, factor: int = 1)
     return pods
 
 
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML parser's error on one line: what is wrong and where."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"{exc.problem or exc.context or 'malformed'} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
 def load_pods_file(path: str) -> list[dict]:
     """Pods from a YAML file (several documents, or a List); the demo's scheduler is set where none is named.
     Raises ConfigError naming the pod, container and field of the first pod that cannot be scheduled as written."""
@@ -126,8 +134,10 @@ def load_pods_file(path: str) -> list[dict]:
         docs = list(yaml.safe_load_all(Path(path).read_text()))
     except UnicodeDecodeError:
         raise ConfigError(f"--pods {path}: not a text file") from None
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"--pods {path}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"--pods {path}: {exc.strerror or exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--pods {path}: not YAML: {_yaml_problem(exc)}") from None
     pods = []
     for doc in docs:
         if not isinstance(doc, dict):

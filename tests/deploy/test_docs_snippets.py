@@ -163,3 +163,19 @@ def test_options_page_config_example_uses_the_documented_keys():
                         assert path in documented, f"{path} used in an example but not in the tables"
 
             walk(doc["flags"], "flags")
+
+
+def test_readmes_short_install_creates_the_grant_key_before_applying_the_manifests():
+    """The components mount the Secret `vgpu-grant-key`: without it they wait in ContainerCreating."""
+    text = (DEPLOY.parent / "README.md").read_text()
+    install = text[text.index("## Install on a real cluster"):]
+    assert "create secret generic vgpu-grant-key" in install
+    assert install.index("create secret generic vgpu-grant-key") < install.index("kubectl apply -k deploy/")
+
+
+def test_readme_says_the_step_the_demos_over_limit_pod_allocates_in():
+    demo = (DEPLOY.parent / "testbed" / "demo.py").read_text()
+    call = demo[demo.index('_pod("over-limit"'):]
+    chunk = re.search(r'"--chunk", "(\d+)"', call)
+    assert chunk is not None
+    assert f"`over-limit` allocates in {chunk[1]} MiB steps" in (DEPLOY.parent / "README.md").read_text()

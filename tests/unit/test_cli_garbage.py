@@ -24,6 +24,11 @@ def garbage(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "csv": b"not,a,trace\n1,2\n",
         "pods": b"kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n    resources:\n"
                 b"      limits: {volcano.sh/vgpu-number: lots}\n",
+        "nodes_ok": b"sn,cpu_milli,memory_mib,gpu,model\nn1,32000,128000,2,V100M16\n",
+        "pods_untimed": b"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1000,1,500\n",
+        "unreachable": b"apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+                       b"contexts: [{name: c, context: {cluster: c, user: u}}]\ncurrent-context: c\n"
+                       b"users: [{name: u, user: {}}]\n",
     }
     out = {}
     for name, data in files.items():
@@ -78,6 +83,23 @@ CASES = [
     ("dra-plugin", "--node-name", "n", "--backend", "sim", "--sim-gpus", "1xT4", "--kubeconfig", "{binary}"),
 ]
 
+# Garbage that used to be taken, or refused only after work was done, or refused in several lines: the one line
+# names the problem.
+NAMED = [
+    (("demo", "--nodes", "abc", "--headless"), "expected a whole number, got 'abc'"),
+    (("demo", "--duration", "-5", "--headless"), "must be a positive number of seconds"),
+    (("demo", "--hold", "forever", "--headless"), "expected a number of seconds"),
+    (("demo", "--workdir", "{missing}/deeper/x", "--headless"), "does not exist"),
+    (("demo", "--pods", "{broken}", "--headless"), "not YAML: "),
+    (("run", "--driver-dir", "{missing}", "--", "true"), "--driver-dir"),
+    (("run", "--cache", "{missing}/x.cache", "--", "true"), "--cache"),
+    (("replay", "--plot", "{missing}/out.png", "--nodes", "{nodes_ok}", "--pods", "{pods_untimed}", "--no-progress"),
+     "--plot"),
+    (("scheduler", "--metrics-listen", "garbage", "--kubeconfig", "{unreachable}"), "--metrics-listen garbage"),
+    (("replay", "--departures", "--nodes", "{nodes_ok}", "--pods", "{pods_untimed}", "--no-progress"),
+     "creation_time"),
+]
+
 
 @pytest.mark.parametrize("argv", CASES, ids=[" ".join(c).replace("{", "").replace("}", "") for c in CASES])
 def test_garbage_gets_one_line_and_an_error_status(garbage, argv):
@@ -88,3 +110,15 @@ def test_garbage_gets_one_line_and_an_error_status(garbage, argv):
     assert res.returncode in (1, 2), (res.returncode, res.stderr[-2000:])
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("vgpu"), res.stderr[-2000:]
+
+
+@pytest.mark.parametrize("argv, words", NAMED, ids=[" ".join(c).replace("{", "").replace("}", "") for c, _ in NAMED])
+def test_garbage_is_named_in_one_line_before_anything_runs(garbage, argv, words):
+    args = [a.format(**garbage) for a in argv]
+    res = subprocess.run([sys.executable, "-m", "vgpu.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode in (1, 2), (res.returncode, res.stderr[-2000:])
+    assert len(lines) == 1 and words in lines[0], res.stderr[-2000:]
+    assert not res.stdout.strip(), res.stdout[-2000:]
+
