@@ -99,6 +99,12 @@ class _FakeID:
     index: int
 
 
+# ListAndWatch streams one resource's server keeps open at once: kubelet holds one (two across its restart); each
+# holds one of the server's SERVER_WORKERS threads for its life, so the others stay free for Allocate.
+MAX_WATCHERS = 3
+SERVER_WORKERS = 8
+
+
 class ResourceService(pb_grpc.DevicePluginServicer):
     """One resource's DevicePlugin service."""
 
@@ -118,6 +124,7 @@ class ResourceService(pb_grpc.DevicePluginServicer):
         self.allocator = allocator
         self.on_allocate = on_allocate  # (resource, result, seconds) of each container's Allocate call
         self.stopping = threading.Event()
+        self._watchers = threading.BoundedSemaphore(MAX_WATCHERS)
         self._index: dict[str, _FakeID] = {}
         self._index_version = -1
 
@@ -158,16 +165,23 @@ class ResourceService(pb_grpc.DevicePluginServicer):
 
     def ListAndWatch(self, request: pb.Empty,
                      context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
-        """Send the list now and again after every change, until kubelet or we go away."""
-        context.add_callback(self.state.wake)
-        version = -1
-        while not self.stopping.is_set() and context.is_active():
-            with self.state.cond:
-                if self.state.version == version:
-                    self.state.cond.wait(0.5)
-                    continue
-                version = self.state.version
-            yield self.device_list()
+        """Send the list now and again after every change, until kubelet or we go away; a stream beyond
+        MAX_WATCHERS open ones is refused (RESOURCE_EXHAUSTED)."""
+        if not self._watchers.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{MAX_WATCHERS} ListAndWatch streams of {self.resource_name} are open already")
+        try:
+            context.add_callback(self.state.wake)
+            version = -1
+            while not self.stopping.is_set() and context.is_active():
+                with self.state.cond:
+                    if self.state.version == version:
+                        self.state.cond.wait(0.5)
+                        continue
+                    version = self.state.version
+                yield self.device_list()
+        finally:
+            self._watchers.release()
 
     def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
                                context: grpc.ServicerContext) -> pb.PreferredAllocationResponse:
@@ -282,7 +296,8 @@ class _Served:
         if self.path.exists() or self.path.is_symlink():
             self.path.unlink()
         self.service.stopping.clear()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=self.path.stem))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_WORKERS,
+                                                        thread_name_prefix=self.path.stem))
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
         server.add_insecure_port(f"unix://{self.path}")
         server.start()

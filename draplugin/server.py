@@ -36,6 +36,10 @@ __all__ = ["DRA_VERSIONS", "PLUGIN_TYPE", "DRAServers", "HealthService"]
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
+# Health streams served at once: kubelet holds one (two across its restart); each holds one of the SERVER_WORKERS
+# threads of the server that also prepares claims.
+MAX_WATCHERS = 3
+SERVER_WORKERS = 8
 # the service versions served, as told to kubelet, and their generated messages
 DRA_VERSIONS: dict[str, ModuleType] = {"v1.DRAPlugin": dra_v1, "v1beta1.DRAPlugin": dra_v1beta1}
 
@@ -112,6 +116,7 @@ class HealthService:
         self.health = health
         self.check_seconds = check_seconds  # how often a quiet stream looks whether it is still wanted
         self.stopping = threading.Event()
+        self._watchers = threading.BoundedSemaphore(MAX_WATCHERS)
 
     def _response(self, states: list[DeviceHealthState]) -> health_pb.NodeWatchResourcesResponse:
         return health_pb.NodeWatchResourcesResponse(devices=[
@@ -123,14 +128,20 @@ class HealthService:
 
     def watch(self, request: health_pb.NodeWatchResourcesRequest,
               context: grpc.ServicerContext) -> Iterator[health_pb.NodeWatchResourcesResponse]:
-        """The stream: the current states, then each change."""
-        sent = -1
-        while context.is_active() and not self.stopping.is_set():
-            version, states = self.health.snapshot()
-            if version != sent:
-                sent = version
-                yield self._response(states)
-            self.health.wait_change(sent, self.check_seconds)
+        """The stream: the current states, then each change; a stream beyond MAX_WATCHERS open ones is refused
+        (RESOURCE_EXHAUSTED), so that streams never hold every worker of the server that also prepares claims."""
+        if not self._watchers.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_WATCHERS} health streams are open already")
+        try:
+            sent = -1
+            while context.is_active() and not self.stopping.is_set():
+                version, states = self.health.snapshot()
+                if version != sent:
+                    sent = version
+                    yield self._response(states)
+                self.health.wait_change(sent, self.check_seconds)
+        finally:
+            self._watchers.release()
 
     def handler(self) -> grpc.GenericRpcHandler:
         """The gRPC handler of `v1.DRAResourceHealth`."""
@@ -212,8 +223,7 @@ class DRAServers:
                  self.registration_socket, ",".join(DRA_VERSIONS))
 
     def _serve(self, path: Path, handlers: list[grpc.GenericRpcHandler], name: str) -> None:
-        # a health stream holds a worker while it is open: room for it beside concurrent prepare calls
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix=f"dra-{name}"))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_WORKERS, thread_name_prefix=f"dra-{name}"))
         server.add_generic_rpc_handlers(tuple(handlers))
         if server.add_insecure_port(f"unix://{path}") == 0:
             raise VGPUError(f"cannot listen on {path}")

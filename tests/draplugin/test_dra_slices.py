@@ -194,3 +194,33 @@ def test_the_health_stream_reports_every_device_then_each_change(bed: DRABed) ->
         stream.cancel()
         channel.close()
     assert bed.stop() == 0  # an open stream does not hold the plugin up
+
+
+def test_health_streams_beyond_a_few_are_refused(bed: DRABed) -> None:
+    """Each open health stream holds a worker of the server that also prepares claims: past a few, new streams are
+    refused with RESOURCE_EXHAUSTED instead of waiting for a worker (and starving NodePrepareResources)."""
+    import grpc
+
+    from vgpu.proto.drahealth.v1 import api_pb2 as health
+    from vgpu.proto.drahealth.v1 import api_pb2_grpc as health_grpc
+
+    bed.start(gpus="1xT4")
+    channels = [grpc.insecure_channel(f"unix://{bed.dra_socket}") for _ in range(12)]
+    # a deadline, so that a stream no worker ever serves fails instead of waiting for ever
+    streams = [health_grpc.DRAResourceHealthStub(c).NodeWatchResources(health.NodeWatchResourcesRequest(), timeout=60)
+               for c in channels]
+    codes = []
+    try:
+        for stream in streams:
+            try:
+                next(stream)
+                codes.append(grpc.StatusCode.OK)
+            except grpc.RpcError as exc:
+                codes.append(exc.code())
+    finally:
+        for stream in streams:
+            stream.cancel()
+        for channel in channels:
+            channel.close()
+    assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
+    assert 1 <= codes.count(grpc.StatusCode.OK) <= 4, codes

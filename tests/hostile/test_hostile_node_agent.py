@@ -179,3 +179,38 @@ def test_clean_up_during_an_api_outage_keeps_running_containers_directories(node
         pods.stop()
         kubelet.close()
         api.close()
+
+
+def test_open_listandwatch_streams_do_not_starve_allocate(node):
+    """Whoever can reach the plugin's socket opens 40 ListAndWatch streams and keeps them open: streams beyond a few
+    are refused with RESOURCE_EXHAUSTED, and kubelet's Allocate is answered (before: the streams held every worker
+    of the server and Allocate failed with DEADLINE_EXCEEDED)."""
+    import grpc
+
+    from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
+    from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+
+    node.start_plugin("1xT4")
+    (a,) = node.wait_inventory()
+    endpoint = node.plugin_dir / node.kubelet.resources["volcano.sh/vgpu-number"].endpoint
+    channels = [grpc.insecure_channel(f"unix://{endpoint}") for _ in range(40)]
+    # a deadline, so that a stream no worker ever serves fails instead of waiting for ever
+    streams = [pb_grpc.DevicePluginStub(c).ListAndWatch(pb.Empty(), timeout=60) for c in channels]
+    refused = 0
+    try:
+        for stream in streams:
+            try:
+                next(stream)
+            except grpc.RpcError as exc:
+                assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc
+                refused += 1
+        assert refused >= 36
+        pod = node.create_pod("after-streams", [gpu_container("app", 1, 1000, 10)], f"{a},NVIDIA,1000,10:")
+        (admitted,) = node.kubelet.admit(pod)
+        assert admitted.responses["volcano.sh/vgpu-number"].envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    finally:
+        for stream in streams:
+            stream.cancel()
+        for channel in channels:
+            channel.close()
+
