@@ -4,7 +4,8 @@ The extender runs as a real process against the API-server stand-in. Measured fr
 peak resident set, against VmRSS before the load):
 1. a 50 MiB /filter body, declared (Content-Length) and streamed (chunked): refused 413 at the 4 MiB cap;
 2. 24 callers at once, each with a 4 MiB body of empty objects (~95 MiB once parsed): all answered; the extender
-   parses two large bodies at a time (scheduler/server.py, LARGE_BODIES_AT_ONCE), so the peak stays near that of two.
+   reads the bodies as they come (so that a stalled sender holds no one up) and parses two at a time
+   (scheduler/server.py, LARGE_BODIES_AT_ONCE), so the peak is the raw bodies plus about two parses.
 
 Run: .venv/bin/python bench/bench_extender_bodies.py [--callers 24]
 """

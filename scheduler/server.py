@@ -36,10 +36,19 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 INLINE_PARSE_BYTES = 256 * 1024  # bodies up to this size are parsed on the event loop (a /filter of 5,000 names)
-# Larger bodies are read, parsed and answered this many at a time: parsed JSON can take ~25x the body's size (a
-# 4 MiB body of `{"a":[]}` items is 110 MiB of objects), so that concurrent ones do not multiply it past the memory
-# limit; the others wait unread in the kernel's buffers. kube-scheduler sends one /filter or /prioritize at a time.
+# Larger bodies are parsed and answered this many at a time, once read whole: parsed JSON can take ~25x the body's
+# size (a 4 MiB body of `{"a":[]}` items is 110 MiB of objects), so that concurrent ones do not multiply it past the
+# memory limit. The gate is taken only after the body has arrived, so that a sender who stalls holds none of it.
+# kube-scheduler sends one /filter or /prioritize at a time.
 LARGE_BODIES_AT_ONCE = 2
+# Seconds a client has to send a request's headers (from the connection's start) and then its body; kube-scheduler
+# gives up on a call after its httpTimeout (10 s in deploy/), so a request slower than this has no one waiting.
+HEADER_SECONDS = 10.0
+BODY_SECONDS = 10.0
+
+
+class _TooSlow(Exception):
+    pass
 
 
 class _TooLarge(Exception):
@@ -75,8 +84,8 @@ class ExtenderVerbs:
     FastAPI's request machinery costs about 1 ms per 40 KB body (a /filter with 1000 node names), half the
     /filter budget, so the four verbs are served here directly on uvicorn's receive/send; everything else
     (/healthz, /readyz, 404s) falls through to the FastAPI app. A body over `max_body` is answered 413 unread
-    (declared) or as soon as it passes the cap (streamed); bodies over INLINE_PARSE_BYTES are parsed on a worker
-    thread, at most LARGE_BODIES_AT_ONCE of them in flight.
+    (declared) or as soon as it passes the cap (streamed), one not received within BODY_SECONDS 408; bodies over
+    INLINE_PARSE_BYTES are parsed on a worker thread, at most LARGE_BODIES_AT_ONCE of them in flight.
     """
 
     def __init__(self, app: Any, extender: Extender, metrics: SchedulerMetrics | None, max_body: int) -> None:
@@ -121,9 +130,13 @@ class ExtenderVerbs:
                       slot: _LargeBodySlot) -> tuple[int, bytes, str, str]:
         """Status, body, outcome and decision (_decision) of one call."""
         try:
-            body = await self._body(scope, receive, slot)
+            body = await asyncio.wait_for(self._body(scope, receive), BODY_SECONDS)
         except _TooLarge:
             return 413, orjson.dumps({"Error": f"request body over {self.max_body} bytes"}), "too_large", ""
+        except TimeoutError:
+            return 408, orjson.dumps({"Error": f"request body not received within {BODY_SECONDS:g} s"}), "slow", ""
+        if len(body) > INLINE_PARSE_BYTES:
+            await slot.take()
         try:
             # a large body is parsed on a worker thread so that it never holds up the event loop
             inline = len(body) <= INLINE_PARSE_BYTES
@@ -140,12 +153,10 @@ class ExtenderVerbs:
         outcome = "error" if isinstance(result, dict) and result.get("Error") else "ok"
         return 200, orjson.dumps(result), outcome, _decision(verb, result)
 
-    async def _body(self, scope: dict[str, Any], receive: Any, slot: _LargeBodySlot) -> bytes:
+    async def _body(self, scope: dict[str, Any], receive: Any) -> bytes:
         for name, value in scope.get("headers") or ():
             if name == b"content-length" and value.isdigit() and int(value) > self.max_body:
                 raise _TooLarge
-            if name == b"content-length" and value.isdigit() and int(value) > INLINE_PARSE_BYTES:
-                await slot.take()
         chunks = []
         size = 0
         while True:
@@ -156,8 +167,6 @@ class ExtenderVerbs:
             size += len(chunk)
             if size > self.max_body:
                 raise _TooLarge
-            if size > INLINE_PARSE_BYTES:
-                await slot.take()
             chunks.append(chunk)
             if not message.get("more_body"):
                 break
@@ -274,5 +283,27 @@ def make_uvicorn_server(app: FastAPI, host: str, port: int, *, tls_cert_file: st
         if tls_client_ca_file:
             tls.update(ssl_ca_certs=tls_client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_keep_alive=75, **tls)
+                            timeout_keep_alive=75, http=_with_header_deadline(), **tls)
     return uvicorn.Server(config)
+
+
+def _with_header_deadline() -> type:
+    """uvicorn's HTTP protocol (httptools when installed, else h11) closing a connection that has not sent a
+    request's headers within HEADER_SECONDS of its start (uvicorn itself times out only idle keep-alive
+    connections, so a client that connects and sends nothing, or half a header, would hold its socket for ever)."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._header_deadline = self.loop.call_later(HEADER_SECONDS, self._no_request_yet)
+
+        def _no_request_yet(self) -> None:
+            if self.cycle is None and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._header_deadline.cancel()
+            super().connection_lost(exc)
+
+    return HeaderDeadline

@@ -527,3 +527,51 @@ def test_concurrent_large_bodies_are_all_answered(scheduler):
         thread.join()
     assert answers == [200] * 25
     assert httpx.get(url + "/healthz", timeout=30).status_code == 200
+
+
+def test_a_connection_that_sends_no_request_is_closed(scheduler):
+    """Connections that send nothing, or half a request head, are closed by the extender (before: 400 such
+    connections were all still open 80 s later)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = scheduler("--listen", f"127.0.0.1:{port}")
+    proc.wait(lambda: httpx.get(url + "/readyz", timeout=2).status_code == 200, what="extender /readyz")
+    silent = socket.create_connection(("127.0.0.1", port), timeout=120)
+    half = socket.create_connection(("127.0.0.1", port), timeout=120)
+    half.sendall(b"POST /filter HTTP/1.1\r\nHost: extender\r\nContent-Type: appl")
+    try:
+        for conn in (silent, half):
+            assert conn.recv(4096) == b""  # closed by the server (a socket timeout fails the test instead)
+    finally:
+        silent.close()
+        half.close()
+    assert httpx.get(url + "/healthz", timeout=30).status_code == 200
+
+
+def test_stalled_large_bodies_do_not_hold_up_a_legitimate_one(scheduler, kube):
+    """Two requests declare 1 MiB bodies and send a few bytes of them: a legitimate 458 KiB /filter is answered
+    meanwhile (before: the stalled ones held both places for large bodies and it waited until they ended), and the
+    stalled ones are answered 408 once the extender stops waiting for their bodies."""
+    kube.create_node(node("n1", [gpu("GPU-1", 8000)]))
+    p = kube.create_pod(pod("small", container(number=1, memory=1000)))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = scheduler("--listen", f"127.0.0.1:{port}")
+    proc.wait(lambda: httpx.get(url + "/readyz", timeout=2).status_code == 200, what="extender /readyz")
+    head = (b"POST /filter HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % MiB)
+    stalled = [socket.create_connection(("127.0.0.1", port), timeout=120) for _ in range(2)]
+    try:
+        for conn in stalled:
+            conn.sendall(head + b'{"Pod": ')
+        names = [f"node-{i:09d}" for i in range(458 * 1024 // 17)]
+        body = _filter_body(p, ["n1", *names])
+        assert 440 * 1024 < len(body) < 480 * 1024
+        with httpx.Client(base_url=url, timeout=120) as client:
+            answer = client.post("/filter", content=body, headers={"Content-Type": "application/json"})
+        assert answer.status_code == 200 and answer.json()["NodeNames"] == ["n1"]
+        for conn in stalled:
+            assert conn.recv(4096).split(b" ")[1] == b"408"
+    finally:
+        for conn in stalled:
+            conn.close()
