@@ -324,9 +324,10 @@ static void resolve_driver(void) {
 static void init_state(void) {
     vgpu_read_env();
     char why[320];
-    if (g_vgpu.active && vgpu_region_attach(why, sizeof why)) {
+    int attach = g_vgpu.active ? vgpu_region_attach(why, sizeof why) : 0;
+    if (attach) {
         g_vgpu.active = 0;
-        if (g_vgpu.fail_open) {
+        if (g_vgpu.fail_open && attach == -1) {  /* a tampered file (-2) is never a reason to run without limits */
             VLOG(VLOG_ERROR, "%s; running WITHOUT limits (VGPU_ISOLATION_FAIL_OPEN=1)", why);
         } else {
             g_vgpu.config_error = 1;

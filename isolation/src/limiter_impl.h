@@ -97,7 +97,7 @@ static inline void note_kernel(void) {
 
 static inline int sm_enabled(int r) {
     if (g_vgpu.policy == POLICY_DISABLE) return 0;
-    uint64_t lim = __atomic_load_n(&g_vgpu.region->sm_limit[r], __ATOMIC_RELAXED);
+    uint64_t lim = vgpu_sm_limit(r);
     if (!lim || lim >= 100) return 0;
     if (g_vgpu.policy == POLICY_DEFAULT && __atomic_load_n(&g_vgpu.region->utilization_switch, __ATOMIC_RELAXED) == 0)
         return 0;
@@ -183,7 +183,7 @@ static void gate_slow(int r, int64_t cost) {
     if (__atomic_load_n(&g_vgpu.region->recent_kernel, __ATOMIC_RELAXED) != 2)
         __atomic_store_n(&g_vgpu.region->recent_kernel, 2, __ATOMIC_RELAXED);
     for (;;) {
-        uint64_t lim = __atomic_load_n(&g_vgpu.region->sm_limit[r], __ATOMIC_RELAXED);
+        uint64_t lim = vgpu_sm_limit(r);
         if (!lim || lim >= 100) return;
         refill(st, lim, vgpu_now_ns());
         int64_t t = __atomic_load_n(&st->tokens, __ATOMIC_ACQUIRE);

@@ -272,7 +272,8 @@ static void seed_devices(vgpu_region_t *r) {
 /*
  * Attach the shared accounting file named by CUDA_DEVICE_MEMORY_SHARED_CACHE, creating it if needed.  Its blocks
  * are allocated before it is mapped (posix_fallocate), so a full disk fails here, with a reason, instead of
- * raising SIGBUS on a later store into a hole.  On failure returns -1 with one line of reason in `why`.
+ * raising SIGBUS on a later store into a hole.  On failure returns -1 with one line of reason in `why`, or -2
+ * when the file holds a limit looser than this process's own (changed inside the container: never run open).
  */
 int vgpu_region_attach(char *why, size_t why_len) {
     if (g_vgpu.region) return 0;
@@ -324,10 +325,29 @@ int vgpu_region_attach(char *why, size_t why_len) {
         memset(x, 0, sizeof *x);
         __atomic_store_n(&r->initialized_flag, VGPU_MAGIC, __ATOMIC_RELEASE);
     } else {
-        for (int i = 0; i < VGPU_MAX_DEVICES; i++)
-            if (r->limit[i] != g_vgpu.mem_limit[i] && g_vgpu.mem_limit[i])
-                VLOG(VLOG_WARN, "device %d: region limit %llu differs from env %llu; the region wins", i,
-                     (unsigned long long)r->limit[i], (unsigned long long)g_vgpu.mem_limit[i]);
+        /* The file is writable inside the container: a limit in it looser than this process's own (0 is none)
+         * was raised there, or the file is another container's. A tighter one is obeyed (vgpu_limit). */
+        for (int i = 0; i < VGPU_MAX_DEVICES && !err; i++) {
+            uint64_t mine = g_vgpu.mem_limit[i], theirs = r->limit[i];
+            uint64_t my_sm = (uint64_t)g_vgpu.sm_limit[i], their_sm = r->sm_limit[i];
+            if (mine && (!theirs || theirs > mine)) {
+                snprintf(why, why_len, "the accounting file %s gives device %d a memory limit of %llu bytes (0: "
+                         "none), looser than the %llu this container was given", path, i,
+                         (unsigned long long)theirs, (unsigned long long)mine);
+                err = EPERM;
+            } else if (my_sm && (!their_sm || their_sm > my_sm)) {
+                snprintf(why, why_len, "the accounting file %s gives device %d a compute limit of %llu%% (0: none), "
+                         "looser than the %llu%% this container was given", path, i, (unsigned long long)their_sm,
+                         (unsigned long long)my_sm);
+                err = EPERM;
+            }
+        }
+        if (err) {
+            munmap(mem, VGPU_FILE_SIZE);
+            flock(fd, LOCK_UN);
+            close(fd);
+            return -2;
+        }
     }
     g_vgpu.region = r;
     g_vgpu.ext = x;
@@ -404,9 +424,20 @@ int vgpu_slot(void) {
     return slot;
 }
 
+/* The tighter of two limits, 0 meaning none. */
+static inline uint64_t tighter(uint64_t a, uint64_t b) { return !a ? b : !b ? a : a < b ? a : b; }
+
+/* A device's memory limit: the tighter of this process's own (from its environment, or set for a device the grant
+ * does not name) and the one in the accounting file, which the container can write: changing the file never
+ * loosens a limit. */
 uint64_t vgpu_limit(int row) {
     if (!g_vgpu.region || row < 0 || row >= VGPU_MAX_DEVICES) return 0;
-    return __atomic_load_n(&g_vgpu.region->limit[row], __ATOMIC_RELAXED);
+    return tighter(g_vgpu.mem_limit[row], __atomic_load_n(&g_vgpu.region->limit[row], __ATOMIC_RELAXED));
+}
+
+/* A device's compute limit (percent, 0 = none), the tighter of this process's own and the file's. */
+uint64_t vgpu_sm_limit(int row) {
+    return tighter((uint64_t)g_vgpu.sm_limit[row], __atomic_load_n(&g_vgpu.region->sm_limit[row], __ATOMIC_RELAXED));
 }
 
 uint64_t vgpu_used(int row) {
@@ -419,7 +450,7 @@ int vgpu_reserve(int row, uint64_t bytes, int kind) {
     if (row < 0 || row >= VGPU_MAX_DEVICES) return 0;
     int slot = vgpu_slot();
     if (slot < 0 || lock_region()) return -1;
-    uint64_t lim = g_vgpu.region->limit[row];
+    uint64_t lim = vgpu_limit(row);
     uint64_t used = g_vgpu.ext->used[row];
     if (lim && (used + bytes > lim || used + bytes < used)) {
         if (reap_nolock()) used = g_vgpu.ext->used[row];
@@ -460,6 +491,8 @@ static void unlisted_device_limits(int row, const char *uuid) {
     }
     if (!g_vgpu.region->limit[row]) g_vgpu.region->limit[row] = mem;
     if (!g_vgpu.region->sm_limit[row]) g_vgpu.region->sm_limit[row] = sm;
+    if (!g_vgpu.mem_limit[row]) g_vgpu.mem_limit[row] = mem;  /* this process's own copy, which the file cannot loosen */
+    if (!g_vgpu.sm_limit[row]) g_vgpu.sm_limit[row] = (int)sm;
     VLOG(VLOG_WARN, "%s is not among the granted GPUs; it gets the tightest granted limits (%llu bytes, %llu%%)", uuid,
          (unsigned long long)g_vgpu.region->limit[row], (unsigned long long)g_vgpu.region->sm_limit[row]);
 }

@@ -69,6 +69,7 @@ HIDDEN void vgpu_release(int row, uint64_t bytes, int kind);
 HIDDEN int vgpu_row_for_uuid(const char *uuid);
 HIDDEN uint64_t vgpu_used(int row);
 HIDDEN uint64_t vgpu_limit(int row);
+HIDDEN uint64_t vgpu_sm_limit(int row);
 HIDDEN uint64_t vgpu_now_ns(void);
 HIDDEN void vgpu_note_export(uint64_t hash);
 HIDDEN int vgpu_exported(uint64_t hash);

@@ -102,3 +102,30 @@ def test_a_full_disk_refuses_cuda_instead_of_sigbus(sim):
     assert res.returncode > 0, (res.returncode, res.stderr)  # an error exit, not a signal
     (line,) = _error_lines(res.stderr)
     assert "No space left on device" in line and "refused" in line
+
+
+def _kv(stdout: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
+
+
+def test_a_limit_rewritten_in_the_accounting_file_is_refused_not_obeyed(sim):
+    """The container sets the memory limit stored in its own accounting file to 0 ("not limited"): the next process
+    refuses CUDA with one line naming the mismatch (before: it obeyed the file and allocated the whole GPU). A limit
+    written there above the container's own is refused the same way; a tighter one is obeyed
+    (tests/isolation/test_memory.py, the live limit change)."""
+    from vgpu.isolation.region import Region
+
+    sim.cache.parent.mkdir(parents=True, exist_ok=True)
+    kv = sim.run("chunks", str(GiB), CUDA_DEVICE_MEMORY_LIMIT_0="4Gi")
+    assert 0 < int(kv["allocated"]) <= 4 * GiB, kv
+    for tampered in (0, 40 * GiB):
+        with Region.open(sim.cache, readonly=False) as region:
+            region.set_memory_limit(0, tampered)
+        for fail_open in ("0", "1"):  # the administrator's switch for broken files does not open a tampered one
+            env = sim.env(CUDA_DEVICE_MEMORY_LIMIT_0="4Gi", VGPU_ISOLATION_FAIL_OPEN=fail_open)
+            res = subprocess.run([str(sim.probe), "chunks", str(GiB)], env=env, capture_output=True, text=True,
+                                 timeout=60)
+            (line,) = _error_lines(res.stderr)
+            assert "gives device 0 a memory limit of" in line and "looser than" in line, line
+            assert "refused" in line and "WITHOUT" not in line, line
+            assert _kv(res.stdout).get("allocated") in (None, "0"), res.stdout
