@@ -435,10 +435,6 @@ uint64_t vgpu_limit(int row) {
     return tighter(g_vgpu.mem_limit[row], __atomic_load_n(&g_vgpu.region->limit[row], __ATOMIC_RELAXED));
 }
 
-/* A device's compute limit (percent, 0 = none), the tighter of this process's own and the file's. */
-uint64_t vgpu_sm_limit(int row) {
-    return tighter((uint64_t)g_vgpu.sm_limit[row], __atomic_load_n(&g_vgpu.region->sm_limit[row], __ATOMIC_RELAXED));
-}
 
 uint64_t vgpu_used(int row) {
     if (!g_vgpu.ext || row < 0 || row >= VGPU_MAX_DEVICES) return 0;

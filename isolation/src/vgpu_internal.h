@@ -56,6 +56,14 @@ typedef struct {
 
 HIDDEN extern vgpu_state_t g_vgpu;
 
+/* A device's compute limit (percent, 0 = none): the tighter of this process's own and the accounting file's, which
+ * the container can write, so changing the file never loosens it. Inline: the launch path reads it every time. */
+static inline uint64_t vgpu_sm_limit(int row) {
+    uint64_t mine = (uint64_t)g_vgpu.sm_limit[row];
+    uint64_t file = __atomic_load_n(&g_vgpu.region->sm_limit[row], __ATOMIC_RELAXED);
+    return !mine ? file : !file ? mine : mine < file ? mine : file;
+}
+
 /* env.c */
 HIDDEN int vgpu_parse_size(const char *s, uint64_t *out);
 HIDDEN int vgpu_parse_percent(const char *s, int *out);
@@ -69,7 +77,6 @@ HIDDEN void vgpu_release(int row, uint64_t bytes, int kind);
 HIDDEN int vgpu_row_for_uuid(const char *uuid);
 HIDDEN uint64_t vgpu_used(int row);
 HIDDEN uint64_t vgpu_limit(int row);
-HIDDEN uint64_t vgpu_sm_limit(int row);
 HIDDEN uint64_t vgpu_now_ns(void);
 HIDDEN void vgpu_note_export(uint64_t hash);
 HIDDEN int vgpu_exported(uint64_t hash);
