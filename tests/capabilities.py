@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from typing import NoReturn
 
 import pytest
@@ -37,3 +38,15 @@ def tool(name: str, where: str) -> str:
     if path is None:
         missing(name, f"install it from {where}")
     return path
+
+
+def private_tmpfs() -> None:
+    """This machine can mount a private tmpfs in a mount namespace (`unshare --mount`, as root); else `missing`."""
+    try:
+        ok = subprocess.run(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs", "-o", "size=64k",
+                             "tmpfs", "/mnt"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        missing("mount-namespace", "unshare --mount cannot mount a private tmpfs here")
+

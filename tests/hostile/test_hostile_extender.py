@@ -189,6 +189,15 @@ def _plain_exchange(port: int, request: bytes) -> bytes:
     return received
 
 
+def _ready_on_a_free_port(scheduler: Callable[..., Scheduler]) -> tuple[int, str, Scheduler]:
+    """`vgpu scheduler` listening on a free loopback port, once ready: the port, its URL and the process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = scheduler("--listen", f"127.0.0.1:{port}")
+    proc.wait(lambda: httpx.get(url + "/readyz", timeout=2).status_code == 200, what="extender /readyz")
+    return port, url, proc
+
+
 def _filter_body(pod_obj: dict[str, Any], names: list[str]) -> bytes:
     return orjson.dumps({"Pod": pod_obj, "NodeNames": names})
 
@@ -470,10 +479,7 @@ def test_huge_body_is_refused_without_being_read(scheduler, kube):
     bench/bench_extender_bodies.py measures the peak memory."""
     kube.create_node(node("n1", [gpu("GPU-1", 8000)]))
     p = kube.create_pod(pod("small", container(number=1, memory=1000)))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = scheduler("--listen", f"127.0.0.1:{port}")
-    proc.wait(lambda: httpx.get(url + "/readyz", timeout=2).status_code == 200, what="extender /readyz")
+    port, url, proc = _ready_on_a_free_port(scheduler)
     headers = {"Content-Type": "application/json"}
     names = [f"node-{i:09d}" for i in range(50 * MiB // 16)]
     huge = _filter_body(p, ["n1", *names])
@@ -506,10 +512,7 @@ def test_concurrent_large_bodies_are_all_answered(scheduler):
     all answered and the extender stays healthy. They are parsed two at a time: bench/bench_extender_bodies.py
     measures the peak memory (before that gate: every body parsed at once on worker threads, +920 MiB, to 1.17 GB;
     40 callers took it to 4.1 GB)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = scheduler("--listen", f"127.0.0.1:{port}")
-    proc.wait(lambda: httpx.get(url + "/readyz", timeout=2).status_code == 200, what="extender /readyz")
+    _port, url, _proc = _ready_on_a_free_port(scheduler)
     body = b"[" + b"{}," * ((4 * MiB - 4) // 3) + b"{}]"
     assert 4 * MiB - 64 < len(body) <= 4 * MiB
     answers: list[int | str] = []
@@ -532,10 +535,7 @@ def test_concurrent_large_bodies_are_all_answered(scheduler):
 def test_a_connection_that_sends_no_request_is_closed(scheduler):
     """Connections that send nothing, or half a request head, are closed by the extender (before: 400 such
     connections were all still open 80 s later)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = scheduler("--listen", f"127.0.0.1:{port}")
-    proc.wait(lambda: httpx.get(url + "/readyz", timeout=2).status_code == 200, what="extender /readyz")
+    port, url, _proc = _ready_on_a_free_port(scheduler)
     silent = socket.create_connection(("127.0.0.1", port), timeout=120)
     half = socket.create_connection(("127.0.0.1", port), timeout=120)
     half.sendall(b"POST /filter HTTP/1.1\r\nHost: extender\r\nContent-Type: appl")
@@ -554,10 +554,7 @@ def test_stalled_large_bodies_do_not_hold_up_a_legitimate_one(scheduler, kube):
     stalled ones are answered 408 once the extender stops waiting for their bodies."""
     kube.create_node(node("n1", [gpu("GPU-1", 8000)]))
     p = kube.create_pod(pod("small", container(number=1, memory=1000)))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = scheduler("--listen", f"127.0.0.1:{port}")
-    proc.wait(lambda: httpx.get(url + "/readyz", timeout=2).status_code == 200, what="extender /readyz")
+    port, url, _proc = _ready_on_a_free_port(scheduler)
     head = (b"POST /filter HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % MiB)
     stalled = [socket.create_connection(("127.0.0.1", port), timeout=120) for _ in range(2)]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from capabilities import missing
+from capabilities import private_tmpfs
 from iso_helpers import Libs, Sim, build_libs, build_probe
 
 GiB = 1 << 30
@@ -80,20 +80,11 @@ def test_without_limits_a_missing_accounting_file_changes_nothing(sim):
     assert kv["init"] == CUDA_SUCCESS and not _error_lines(kv["_stderr"])
 
 
-def _can_mount_tmpfs() -> bool:
-    try:
-        return subprocess.run(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs",
-                               "-o", "size=64k", "tmpfs", "/mnt"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def test_a_full_disk_refuses_cuda_instead_of_sigbus(sim):
     """The accounting directory sits on a 1 MiB tmpfs, smaller than one accounting file: CUDA initialisation is
     refused with a reason (before: the file was created sparse, and the first store past the end of the disk
     killed the process with SIGBUS)."""
-    if not _can_mount_tmpfs():
-        missing("mount-namespace", "unshare --mount cannot mount a private tmpfs here")
+    private_tmpfs()
     sim.cache.parent.mkdir(parents=True, exist_ok=True)
     script = (f"mount -t tmpfs -o size=1m tmpfs {sim.cache.parent} && "
               f"exec {sim.probe} chunks {GiB}")

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from capabilities import missing
+from capabilities import private_tmpfs
 from dp_helpers import gpu_container
 
 from vgpu.testbed.kubelet import AdmissionError
@@ -41,19 +41,10 @@ print("locks", sorted(os.listdir(host.lock_root)))
 """
 
 
-def _can_mount_tmpfs() -> bool:
-    try:
-        return subprocess.run(["unshare", "--mount", "--propagation", "private", "mount", "-t", "tmpfs",
-                               "-o", "size=64k", "tmpfs", "/mnt"], capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
 def test_a_tenant_filling_the_node_storage_gets_the_next_container_refused_before_anything_is_made(tmp_path):
     """Before: the second container's directories were created on the full filesystem and its admission failed
     later, with an unhandled `OSError: [Errno 28]`, leaving them behind."""
-    if not _can_mount_tmpfs():
-        missing("mount-namespace", "unshare --mount cannot mount a private tmpfs here")
+    private_tmpfs()
     root = tmp_path / "node"
     root.mkdir()
     script = f"mount -t tmpfs -o size=8m tmpfs {root} && exec {sys.executable} -c \"$0\" {root}"
