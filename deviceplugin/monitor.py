@@ -142,7 +142,7 @@ class NodeCollector(Collector):
         """Each answered container's record and accounting snapshot (None: none readable), within the scrape's
         time budget."""
         deadline = time.monotonic() + self.scrape_budget
-        records = self.records.all()
+        records = self.records.current()  # one per container name: a series per label set
         for position, record in enumerate(records):
             if time.monotonic() > deadline:
                 log.warning("event=scrape_budget_exceeded read=%d skipped=%d budget_s=%.1f", position,

@@ -73,11 +73,26 @@ class RecordStore:
 
     def all(self) -> list[AllocationRecord]:
         """Every stored record, sorted by key; unreadable ones are logged and skipped."""
+        return [record for record, _ in self._read()]
+
+    def current(self) -> list[AllocationRecord]:
+        """One record per container name (namespace, pod, container), sorted by key: where a pod was re-created
+        under the same name and the old pod's record is not cleaned up yet, the one written last."""
+        newest: dict[tuple[str, str, str], tuple[int, AllocationRecord]] = {}
+        for record, written in self._read():
+            name = (record.namespace, record.pod, record.container)
+            if name not in newest or written > newest[name][0]:
+                newest[name] = (written, record)
+        return sorted((record for _, record in newest.values()), key=lambda r: r.key)
+
+    def _read(self) -> list[tuple[AllocationRecord, int]]:
+        """Every readable record with the time its file was written (ns), sorted by key."""
         if not self.root.is_dir():
             return []
         found = []
         for path in sorted(self.root.glob("*.json")):
             try:
+                written = path.stat().st_mtime_ns
                 data = orjson.loads(path.read_bytes())
                 record = AllocationRecord(
                     pod_uid=str(data["pod_uid"]), namespace=str(data["namespace"]), pod=str(data["pod"]),
@@ -88,7 +103,7 @@ class RecordStore:
             except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 log.warning("event=record_unreadable path=%s error=%s", path, exc)
                 continue
-            found.append(record)
+            found.append((record, written))
         return found
 
     def remove_except(self, live_uids: Collection[str]) -> list[str]:

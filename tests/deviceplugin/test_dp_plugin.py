@@ -199,6 +199,27 @@ def test_plugin_restart_mid_admission(cluster):
     assert annotations["volcano.sh/devices-to-allocate"] == ""
 
 
+def test_a_pod_re_created_under_its_name_has_one_series_per_label_set(cluster):
+    """A pod deleted and created again under the same name (a StatefulSet's) while the old one's record is still on
+    the node: each container series is exported once, with the new pod's values (before: both records were
+    exported under the same labels, and the families grew with every re-creation)."""
+    cluster.start_plugin("1xT4")
+    (a,) = cluster.wait_inventory()
+    for memory in (1000, 2000):
+        pod = cluster.create_pod("again", [gpu_container("app", 1, memory, 25)], f"{a},NVIDIA,{memory},25:")
+        cluster.kubelet.admit(pod)
+        if memory == 1000:
+            cluster.core.delete_namespaced_pod("again", "default", grace_period_seconds=0)
+            time.sleep(0.05)  # the second record is written later (record files are ordered by when written)
+    text = httpx.get(f"http://127.0.0.1:{cluster.metrics_port}/metrics", timeout=5).text
+    limits = [sample for family in text_string_to_metric_families(text) for sample in family.samples
+              if sample.name == "vgpu_container_memory_limit_bytes" and sample.labels.get("pod") == "again"]
+    assert [s.value for s in limits] == [2000 * 2**20], limits
+    seen = [(sample.name, tuple(sorted(sample.labels.items()))) for family in text_string_to_metric_families(text)
+            for sample in family.samples]
+    assert len(seen) == len(set(seen))
+
+
 def test_missing_match_fails_clearly(cluster):
     cluster.start_plugin("2xT4")
     a, _ = cluster.wait_inventory()
