@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from capabilities import private_tmpfs
-from iso_helpers import Libs, Sim, build_libs, build_probe
+from iso_helpers import Libs, Sim, build_libs, build_probe, parse_kv
 
 GiB = 1 << 30
 CUDA_SUCCESS = "0"
@@ -95,10 +95,6 @@ def test_a_full_disk_refuses_cuda_instead_of_sigbus(sim):
     assert "No space left on device" in line and "refused" in line
 
 
-def _kv(stdout: str) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in stdout.splitlines() if "=" in line)
-
-
 def test_a_limit_rewritten_in_the_accounting_file_is_refused_not_obeyed(sim):
     """The container sets the memory limit stored in its own accounting file to 0 ("not limited"): the next process
     refuses CUDA with one line naming the mismatch (before: it obeyed the file and allocated the whole GPU). A limit
@@ -119,4 +115,4 @@ def test_a_limit_rewritten_in_the_accounting_file_is_refused_not_obeyed(sim):
             (line,) = _error_lines(res.stderr)
             assert "gives device 0 a memory limit of" in line and "looser than" in line, line
             assert "refused" in line and "WITHOUT" not in line, line
-            assert _kv(res.stdout).get("allocated") in (None, "0"), res.stdout
+            assert parse_kv(res.stdout).get("allocated") in (None, "0"), res.stdout
