@@ -30,6 +30,17 @@
  * counted too, which over-charges: the container then gets less than its limit, never more.  A timing whose
  * submission took long on the CPU (the thread was preempted between the first event and the kernel, and other
  * processes' work may have landed between them) is dropped: its launches count towards the next timing instead.
+ *
+ * What a pair adds.  On a real GPU (docs/isolation.md, measured on an H100) a pair around one launch reads more than
+ * the device time that launch costs when launches run back to back, in two ways.  The events take device time of
+ * their own: about what a pair with nothing between reads (1.25 us there; around a kernel queued behind others a
+ * pair reads 1.44 us more than the launch costs back to back).  So the least an empty pair has read on the device
+ * (timed at its first VGPU_CAL_FIRST timings and with one in VGPU_CAL_EVERY after; a reading over VGPU_PAIR_MAX_NS
+ * is not taken) is taken off each timing: being the least, it stays below what the events add.  And on an idle
+ * stream the engine reaches the first event as soon as it is submitted, then waits for the kernel the host is still
+ * submitting (about 2.5 us there): that wait stays charged.  Timing only launches that find the stream busy would
+ * avoid it, but then which launches are timed would depend on the durations before them, and the corrections
+ * would no longer be unbiased (a pattern of long and short kernels would be under-charged).
  */
 #define VGPU_BUCKET_NS 100000000ULL  /* bucket size, in wall ns at the limit's rate */
 #define VGPU_CHUNK_NS 200000LL       /* GPU ns a process takes from the shared bucket at a time */
@@ -41,6 +52,9 @@
 #define VGPU_VAR_SPAN 32             /* timings the spread of a function's durations is estimated over */
 #define VGPU_PAIRS 64
 #define VGPU_SUBMIT_NS 200000ULL     /* a timed submission slower than this may have let other work in: dropped */
+#define VGPU_CAL_FIRST 4             /* empty pairs timed at a device's first timings... */
+#define VGPU_CAL_EVERY 64            /* ...then one with every this many timings */
+#define VGPU_PAIR_MAX_NS 4000        /* an empty pair reading more than this is not taken as the events' own time */
 
 typedef struct {
     int64_t est;             /* GPU ns per launch (moving average); 0 = never measured */
@@ -56,7 +70,7 @@ typedef struct {
     CUcontext ctx;
     launch_stats_t *stats;
     int64_t charged;         /* what the launches this timing stands for were charged */
-    uint32_t weight;         /* how many launches it stands for */
+    uint32_t weight;         /* how many launches it stands for; 0: an empty pair, timing the events themselves */
     int row;
     int state;               /* PAIR_UNUSED, PAIR_FREE, PAIR_TAKEN, PAIR_PENDING */
 } event_pair_t;
@@ -68,6 +82,8 @@ static int g_npending;
 static THREAD_LOCAL int64_t t_reservoir[VGPU_MAX_DEVICES];  /* tokens this thread took from the shared bucket */
 static uint64_t g_gpu_ns[VGPU_MAX_DEVICES];     /* GPU ns this process paid for in the current second */
 static uint64_t g_last_sec;
+static int64_t g_pair_ns[VGPU_MAX_DEVICES];     /* the least an empty pair read on the device; 0: none yet */
+static uint32_t g_timings[VGPU_MAX_DEVICES];    /* timings started on the device */
 static THREAD_LOCAL struct { unsigned gen; int row; uint32_t uses; int valid; CUcontext ctx; } t_ctx;
 static THREAD_LOCAL struct { uint64_t key; launch_stats_t *stats; } t_fn;
 
@@ -233,8 +249,15 @@ static uint32_t timing_interval(const launch_stats_t *ls) {
     return every >= VGPU_EVERY_MAX ? VGPU_EVERY_MAX : every <= 1 ? 1 : (uint32_t)every;
 }
 
-/* Applies the outcome of a timing to the shared bucket and the function's estimate.  Caller holds g_lim_mu. */
+/* Applies the outcome of a timing to the shared bucket and the function's estimate, or of an empty pair to the
+ * events' own time.  Caller holds g_lim_mu. */
 static void settle(event_pair_t *p, int64_t measured) {
+    if (!p->weight) {
+        if (measured > 0 && measured <= VGPU_PAIR_MAX_NS && (!g_pair_ns[p->row] || measured < g_pair_ns[p->row]))
+            g_pair_ns[p->row] = measured;
+        return;
+    }
+    measured = measured > g_pair_ns[p->row] ? measured - g_pair_ns[p->row] : 0;
     vgpu_sm_state_t *st = &g_vgpu.ext->sm[p->row];
     int64_t correction = (int64_t)p->weight * measured - p->charged;
     if (correction) __atomic_sub_fetch(&st->tokens, correction, __ATOMIC_ACQ_REL);
@@ -358,6 +381,29 @@ static inline launch_stats_t *stats_get(uint64_t key) {
 
 typedef CUresult (*thunk_t)(void *);
 
+/* Queues an empty pair on stream `s` of context `ctx` (device r), when one is free. */
+static void time_empty_pair(int r, CUcontext ctx, CUstream s) {
+    pthread_mutex_lock(&g_lim_mu);
+    event_pair_t *p = g_npending < VGPU_PAIRS && !timing_paused() ? pair_acquire_nolock(ctx) : NULL;
+    if (p) p->state = PAIR_TAKEN;
+    pthread_mutex_unlock(&g_lim_mu);
+    if (!p) return;
+    int recorded = real_cuEventRecord(p->start, s) == CUDA_SUCCESS && real_cuEventRecord(p->end, s) == CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lim_mu);
+    if (recorded && g_npending < VGPU_PAIRS && !timing_paused()) {
+        p->stats = NULL;
+        p->weight = 0;
+        p->charged = 0;
+        p->row = r;
+        p->state = PAIR_PENDING;
+        g_pending[g_npending] = (int)(p - g_pairs);
+        __atomic_store_n(&g_npending, g_npending + 1, __ATOMIC_RELAXED);
+    } else {
+        p->state = PAIR_FREE;
+    }
+    pthread_mutex_unlock(&g_lim_mu);
+}
+
 /* A launch due for timing: events around it on its stream, kept when the submission was quick. */
 static CUresult timed_launch(int r, launch_stats_t *ls, uint32_t n, int64_t charged, CUstream s, thunk_t call,
                              void *args) {
@@ -380,9 +426,11 @@ static CUresult timed_launch(int r, launch_stats_t *ls, uint32_t n, int64_t char
     }
     CUresult res = call(args);
     int recorded = res == CUDA_SUCCESS && real_cuEventRecord(p->end, s) == CUDA_SUCCESS;
-    int quick = vgpu_now_ns() - t0 <= VGPU_SUBMIT_NS;
+    int quick = vgpu_now_ns() - t0 <= VGPU_SUBMIT_NS, calibrate = 0;
     pthread_mutex_lock(&g_lim_mu);
     if (recorded && quick && !timing_paused()) {
+        uint32_t k = g_timings[r]++;
+        calibrate = k < VGPU_CAL_FIRST || k % VGPU_CAL_EVERY == 0;
         p->stats = ls;
         p->weight = n;
         p->charged = charged;
@@ -401,9 +449,12 @@ static CUresult timed_launch(int r, launch_stats_t *ls, uint32_t n, int64_t char
         }
     }
     pthread_mutex_unlock(&g_lim_mu);
+    if (calibrate) time_empty_pair(r, ctx, s);
     return res;
 }
 
+/* A launch on device r under its compute limit; `s` names its stream for the timing's events (the per-thread default
+ * stream as CU_STREAM_PER_THREAD). */
 static CUresult limited_launch(int r, uint64_t key, CUstream s, thunk_t call, void *args) {
     launch_stats_t *ls = stats_get(key);
     if (UNLIKELY(!ls)) return call(args);
@@ -447,7 +498,7 @@ static CUresult launch_kernel(__typeof__(real_cuLaunchKernel) fn, int ptsz, CUfu
     if (LIKELY(!g_vgpu.active) || (r = limited_device(s, ptsz)) < 0)
         return fn(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
     kernel_launch_t a = {fn, f, gx, gy, gz, bx, by, bz, shm, s, params, extra};
-    return limited_launch(r, (uint64_t)(uintptr_t)f, s, kernel_launch_call, &a);
+    return limited_launch(r, (uint64_t)(uintptr_t)f, stream_handle(s, ptsz), kernel_launch_call, &a);
 }
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
@@ -474,7 +525,7 @@ static CUresult launch_coop(__typeof__(real_cuLaunchCooperativeKernel) fn, int p
     int r;
     if (LIKELY(!g_vgpu.active) || (r = limited_device(s, ptsz)) < 0) return fn(f, gx, gy, gz, bx, by, bz, shm, s, params);
     coop_launch_t a = {fn, f, gx, gy, gz, bx, by, bz, shm, s, params};
-    return limited_launch(r, (uint64_t)(uintptr_t)f, s, coop_launch_call, &a);
+    return limited_launch(r, (uint64_t)(uintptr_t)f, stream_handle(s, ptsz), coop_launch_call, &a);
 }
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                           unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
@@ -496,7 +547,7 @@ static CUresult launch_ex(__typeof__(real_cuLaunchKernelEx) fn, int ptsz, const 
     int r;
     if (LIKELY(!g_vgpu.active) || !c || (r = limited_device(c->hStream, ptsz)) < 0) return fn(c, f, params, extra);
     config_launch_t a = {fn, c, f, params, extra};
-    return limited_launch(r, (uint64_t)(uintptr_t)f, c->hStream, config_launch_call, &a);
+    return limited_launch(r, (uint64_t)(uintptr_t)f, stream_handle(c->hStream, ptsz), config_launch_call, &a);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
     return launch_ex(REAL(cuLaunchKernelEx), 0, c, f, params, extra);
@@ -550,7 +601,8 @@ static CUresult launch_graph(__typeof__(real_cuGraphLaunch) fn, int ptsz, CUgrap
     int r;
     if (LIKELY(!g_vgpu.active) || (r = limited_device(s, ptsz)) < 0) return fn(g, s);
     graph_launch_t a = {fn, g, s};
-    return limited_launch(r, (uint64_t)(uintptr_t)g ^ 0x4000000000000000ULL, s, graph_launch_call, &a);
+    return limited_launch(r, (uint64_t)(uintptr_t)g ^ 0x4000000000000000ULL, stream_handle(s, ptsz),
+                          graph_launch_call, &a);
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return launch_graph(REAL(cuGraphLaunch), 0, g, s); }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {

@@ -136,6 +136,11 @@ class NVMLBackend:
         nv = self._nvml
         return getattr(exc, "value", None) == getattr(nv, "NVML_ERROR_NOT_SUPPORTED", -1)
 
+    @property
+    def watches_xids(self) -> bool:
+        """Whether critical Xid events are waited for (NVML's event set was created)."""
+        return self._event_set is not None
+
     def devices(self) -> list[GPUInfo]:
         """GPUs found at start, in minor order."""
         return list(self._gpus)

@@ -6,7 +6,8 @@
  * calling process's cgroup (nvmlDeviceSetMemoryLimits_v1, see simnvml.c).
  * Kernels run on the GPU's engine (gpusim.h) for a duration drawn at launch (kerneltime.h).  Launches are
  * asynchronous; a stream with SIMGPU_QUEUE_DEPTH launches in flight makes the next launch wait.  An event gets
- * the time at which the engine reaches it.  Graphs run their nodes one after another, in the order they were
+ * the time at which the engine reaches it, and then holds the engine for SIMGPU_EVENT_NS (default 0; a real GPU
+ * spends about 1.3 us of device time per event pair, bench/results/gpu/h100-run2/event_timing.txt).  Graphs run their nodes one after another, in the order they were
  * added (a topological order), each launch drawing every kernel's duration anew.
  *
  * Stream capture (cuStreamBeginCapture ... cuStreamEndCapture) records work submitted to a capturing stream into
@@ -261,6 +262,7 @@ static sc_ctx_t sc_primary[GS_NDEV];
 static sc_pool_t sc_pools[GS_NDEV];
 static sc_gpool_t sc_gpool[GS_NDEV];
 static uint32_t sc_depth = 1024;
+static uint64_t sc_event_ns;        /* device time an event record holds the engine (SIMGPU_EVENT_NS) */
 static uint64_t sc_ctx_bytes;
 static __thread sc_ctx_t *sc_cur[16];
 static __thread int sc_ncur;
@@ -302,6 +304,7 @@ API CUresult cuInit(unsigned int flags) {
         sc_depth = (uint32_t)gs_env_num("SIMGPU_QUEUE_DEPTH", 1024);
         if (!sc_depth) sc_depth = 1;
         sc_ctx_bytes = gs_env_num("SIMGPU_CTX_BYTES", 0);
+        sc_event_ns = gs_env_num("SIMGPU_EVENT_NS", 0);
         for (int g = 0; g < GS_NDEV; g++) {
             sc_next_va[g] = 0x7f0000000000ULL - (uint64_t)(g + 1) * 0x40000000000ULL;
             sc_primary[g].gpu = g;
@@ -2289,6 +2292,14 @@ static CUresult event_record(CUevent e, CUstream s, unsigned int flags, int pt) 
     if (rc) return rc;
     if (flags & CU_EVENT_RECORD_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;   /* only meaningful in a capture */
     ev->at = engine_reach(x);   /* the engine reaches it after all work submitted before */
+    if (sc_event_ns) {          /* ... and the record holds the engine a while */
+        gs_gpu_t *g = hw(x->gpu);
+        gs_lock(&g->mu);
+        uint64_t tail = __atomic_load_n(&g->tail, __ATOMIC_ACQUIRE), t = (tail > ev->at ? tail : ev->at) + sc_event_ns;
+        __atomic_store_n(&g->tail, t, __ATOMIC_RELEASE);
+        gs_unlock(&g->mu);
+        __atomic_store_n(&x->done_at, t, __ATOMIC_RELEASE);
+    }
     ev->gpu = x->gpu;
     ev->valid = 1;
     __atomic_store_n(&ev->cap_id, 0, __ATOMIC_RELEASE);

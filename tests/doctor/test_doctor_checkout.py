@@ -55,3 +55,21 @@ def test_bench_script_runs_the_doctor_from_the_checkout(tmp_path, sim_dir):
     assert doc["library"]["source"] == "--lib"
     assert "limits hold" in (out / "doctor.txt").read_text()
     assert "== python" in (out / "system.txt").read_text()
+
+
+def test_gpu_machine_script_runs_the_doctor_and_the_nvml_backend(tmp_path, sim_dir):
+    out = tmp_path / "out"
+    env = doctor_env(tmp_path, OUT=str(out), PYTHON=sys.executable, DOCTOR_TIMEOUT="120",
+                     LD_LIBRARY_PATH=str(sim_dir))
+    env.pop("PYTHONPATH", None)
+    res = subprocess.run([str(ROOT / "bench" / "gpu" / "h100.sh"), "--driver-dir", str(sim_dir), "--quick",
+                          "--probe", "mem-alloc"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert [p["name"] for p in json.loads((out / "doctor.json").read_text())["probes"]] == ["mem-alloc"]
+    nvml = json.loads((out / "nvml_backend.json").read_text())
+    assert nvml["init_error"] is None
+    assert [g["name"] for g in nvml["gpus"]] and all(g["uuid"].startswith("GPU-") for g in nvml["gpus"])
+    assert nvml["health_events_1s"] == []
+    log = (out / "h100.log").read_text()
+    assert "nvml backend: exit 0" in log and "event timing: exit 0" in log
+    assert "gated pairs" in (out / "event_timing.txt").read_text()

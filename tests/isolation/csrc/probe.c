@@ -256,16 +256,17 @@ static const char *MIX_IMAGE =
     "attn lognormal 250us 0.6 phase 300ms 6\n"
     "big bimodal 300us 12ms 0.2\n"
     "tiny lognormal 30us 0.8\n"
-    "node lognormal 120us 1.0\n";
+    "node lognormal 120us 1.0\n"
+    "short fixed 20us\n";
 
 /* mix WORKLOAD SECONDS STREAMS: saturating launches of a workload over STREAMS streams */
 static int cmd_mix(const char *workload, double seconds, int nstreams) {
     setup(0);
     CUmodule m;
     CK(cuModuleLoadData(&m, MIX_IMAGE));
-    const char *names[] = {"gemm", "elem", "attn", "big", "tiny", "node", "work_1000"};
-    CUfunction fn[7];
-    for (int i = 0; i < 7; i++) CK(cuModuleGetFunction(&fn[i], m, names[i]));
+    const char *names[] = {"gemm", "elem", "attn", "big", "tiny", "node", "work_1000", "short"};
+    CUfunction fn[8];
+    for (int i = 0; i < 8; i++) CK(cuModuleGetFunction(&fn[i], m, names[i]));
     CUstream st[8];
     if (nstreams < 1) nstreams = 1;
     if (nstreams > 8) nstreams = 8;
@@ -294,6 +295,7 @@ static int cmd_mix(const char *workload, double seconds, int nstreams) {
         else if (!strcmp(workload, "varied")) f = r < 60 ? fn[0] : fn[1];
         else if (!strcmp(workload, "bursty")) f = r < 80 ? fn[2] : fn[4];
         else if (!strcmp(workload, "mixed")) f = r < 30 ? fn[3] : r < 70 ? fn[4] : fn[0];
+        else if (!strcmp(workload, "short")) f = fn[7];                    /* 20 us, always */
         else { fprintf(stderr, "unknown workload %s\n", workload); return 2; }
         CK(cuLaunchKernel(f, 100, 1, 1, 128, 1, 1, 0, s, NULL, NULL));
         launches++;
