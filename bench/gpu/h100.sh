@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The checks of a lent GPU machine, in one run: `vgpu doctor` (bench/gpu/doctor.sh), the device plugin's NVML
-# backend (bench/gpu/nvml_backend.py) and what a pair of CUDA events reads (bench/gpu/event_timing.c), from a
-# plain checkout, nothing installed.
+# backend (bench/gpu/nvml_backend.py), what a pair of CUDA events reads (bench/gpu/event_timing.c) and, where
+# PyTorch can be imported, tenants sharing the GPU (bench/gpu/tenants.py, about 100 s), from a plain checkout,
+# nothing installed.
 #
 # From the repository root:  OUT=/some/folder bench/gpu/h100.sh [doctor flags, e.g. --quick]
-# $OUT receives doctor.json, doctor.txt, system.txt (from doctor.sh), nvml_backend.json, event_timing.txt and
-# h100.log (this script's own lines). cuda.h is looked for in $CUDA_INCLUDE, /usr/local/cuda/include, then nvcc's folder.
+# $OUT receives doctor.json, doctor.txt, system.txt (from doctor.sh), nvml_backend.json, event_timing.txt,
+# tenants.json and h100.log (this script's own lines). cuda.h is looked for in $CUDA_INCLUDE, /usr/local/cuda/include, then nvcc's folder.
 # Exit status: the doctor's (0 limits hold, 1 a limit broken, 2 it could not start, 124 its timeout).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -37,5 +38,10 @@ echo "nvml backend: exit $?" | tee -a "$log"
 if gcc -O2 -I"$include" "$root/bench/gpu/event_timing.c" -ldl -o "$work/event_timing" 2>>"$log"; then
   timeout -k 5 120 "$work/event_timing" >"$out/event_timing.txt" 2>>"$log"
   echo "event timing: exit $?" | tee -a "$log"
+fi
+if "$python" -c "import torch" 2>/dev/null \
+    && make -s -C "$root/isolation" BUILD="$work/build" CUDA_INCLUDE="$include" >>"$log" 2>&1; then
+  timeout -k 5 300 "$python" "$root/bench/gpu/tenants.py" --lib "$work/build/libvgpu.so" >"$out/tenants.json" 2>>"$log"
+  echo "tenants: exit $?" | tee -a "$log"
 fi
 exit "$status"
