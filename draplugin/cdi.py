@@ -20,7 +20,10 @@ from vgpu.draplugin.files import write_atomic
 
 __all__ = ["CDI_VERSION", "CDIDevice", "CDISpecs", "cdi_device_name", "qualified_id"]
 
-CDI_VERSION = "0.6.0"
+CDI_VERSION = "0.5.0"
+"""The lowest spec version our specs need: device names start with the claim's UID, often a digit, which needs
+0.5.0 (cncf-tags/container-device-interface specs-go/version.go `requiresV050`); env and mounts without `type` need
+nothing later. Runtimes built with the CDI library v0.5.x (containerd 1.7 before 1.7.12) know no version past it."""
 _SPEC_PREFIX = CDI_KIND.replace("/", "-")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:-]")
 

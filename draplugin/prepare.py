@@ -169,8 +169,8 @@ class ClaimPreparer:
             cdi_name = cdi_device_name(uid, request)
             cdi_devices.append(CDIDevice(cdi_name, pin_limit_env(allocation.envs, grants), tuple(allocation.mounts)))
             for share, _ in shares:
-                devices.append(PreparedDevice((request,), share.pool, share.device, (qualified_id(cdi_name),),
-                                              share.share_id or None))
+                devices.append(PreparedDevice((base_request(request),), share.pool, share.device,
+                                              (qualified_id(cdi_name),), share.share_id or None))
         return PreparedClaim(uid, namespace, name, tuple(devices), tuple(cdi_devices), tuple(by_request))
 
     def _restore(self, prepared: PreparedClaim) -> None:
@@ -207,6 +207,15 @@ def pin_limit_env(envs: Mapping[str, str], grants: Sequence[DeviceGrant]) -> dic
     pinned.setdefault("VGPU_CONTEXT_OVERHEAD", "0")
     pinned.setdefault("VGPU_COUNT_MANAGED", "1")
     return pinned
+
+
+def base_request(request: str) -> str:
+    """The request a container names for an allocation result: a firstAvailable result `gpu/a100` is request `gpu`.
+    Kubelet gives a container the CDI devices whose request names contain its `resources.claims[].request` exactly
+    (kubernetes pkg/kubelet/cm/dra/claiminfo.go `cdiDevicesAsList`), and upstream's kubelet-plugin helper answers
+    with the parent request (kubernetes/dynamic-resource-allocation kubeletplugin/draplugin.go
+    `stripSubrequestNames`, resourceclaim.BaseRequestRef)."""
+    return request.split("/", 1)[0]
 
 
 def _key(request: str) -> str:

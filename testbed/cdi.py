@@ -5,7 +5,12 @@ any code of ours that writes specs. `CDIRegistry(dirs)` reads every `*.json` / `
 (in the order given, a later directory has the higher priority: `/etc/cdi` then `/var/run/cdi` by default) and
 resolves fully qualified device IDs `vendor/class=name`:
 
-* a spec is checked as the runtime does: a known `cdiVersion`, a valid `kind` (`vendor/class`), valid container
+* a spec is checked as the runtime does: a `cdiVersion` its CDI library knows (`known_versions`: all of today's,
+  or `CDI_0_5_VERSIONS` for a runtime built with CDI v0.5.x, which knows none past 0.5.0: `pkg/cdi/version.go` at
+  tag v0.5.4) and at least the version the spec's content requires (`specs-go/version.go` `requiredVersion`: 0.4.0
+  for a mount `type`, 0.5.0 for a device name starting with a digit or a device node `hostPath`, 0.6.0 for
+  annotations or a dot in the kind's class, 0.7.0 for `intelRdt` or `additionalGids`, 1.1.0 for `netDevices` or
+  RDT `schemata` / `enableMonitoring`), a valid `kind` (`vendor/class`), valid container
   edits (env entries `NAME=VALUE`, mounts with host and container paths, device nodes with a path, hooks with a
   known name and a path), at least one device, unique device names, each with non-empty edits. An invalid spec is
   left out (its error is kept and reported when one of its devices is asked for);
@@ -30,6 +35,7 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "CDI_0_5_VERSIONS",
     "DEFAULT_SPEC_DIRS",
     "CDIError",
     "CDIRegistry",
@@ -38,6 +44,7 @@ __all__ = [
     "Hook",
     "Mount",
     "parse_qualified_name",
+    "required_version",
 ]
 
 log = logging.getLogger(__name__)
@@ -45,6 +52,8 @@ log = logging.getLogger(__name__)
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 """The runtime's default spec directories, lowest priority first."""
 SPEC_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
+CDI_0_5_VERSIONS = SPEC_VERSIONS[:5]
+"""The spec versions a runtime built with the CDI library v0.5.x knows (tag v0.5.4, pkg/cdi/version.go)."""
 HOOK_NAMES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 _SEPARATORS_KIND = "_-."
 _SEPARATORS_DEVICE = "_-.:"
@@ -236,12 +245,40 @@ class Spec:
     devices: dict[str, ContainerEdits]
 
 
-def parse_spec(data: Any, path: Path, priority: int) -> Spec:
-    """Check a spec's content (already decoded) as a runtime does; CDIError naming what is wrong."""
+def required_version(data: dict[str, Any]) -> str:
+    """The lowest spec version the content needs (cncf-tags/container-device-interface specs-go/version.go,
+    `requiredVersion` and the `requiresV0x0` functions)."""
+    devices = [d for d in data.get("devices") or () if isinstance(d, dict)]
+    edits = [e for e in [data.get("containerEdits"), *(d.get("containerEdits") for d in devices)]
+             if isinstance(e, dict)]
+    _, _, kind_class = str(data.get("kind") or "").partition("/")
+    rdt = [e["intelRdt"] for e in edits if isinstance(e.get("intelRdt"), dict)]
+    if any(e.get("netDevices") for e in edits) or any(r.get("schemata") is not None or r.get("enableMonitoring")
+                                                       for r in rdt):
+        return "1.1.0"
+    if any(e.get("intelRdt") is not None or e.get("additionalGids") for e in edits):
+        return "0.7.0"
+    if data.get("annotations") or any(d.get("annotations") for d in devices) or "." in kind_class:
+        return "0.6.0"
+    if (any(str(d.get("name") or "")[:1].isdigit() for d in devices)
+            or any(isinstance(n, dict) and n.get("hostPath") for e in edits for n in e.get("deviceNodes") or ())):
+        return "0.5.0"
+    if any(isinstance(m, dict) and m.get("type") for e in edits for m in e.get("mounts") or ()):
+        return "0.4.0"
+    return "0.3.0"
+
+
+def parse_spec(data: Any, path: Path, priority: int, known_versions: Sequence[str] = SPEC_VERSIONS) -> Spec:
+    """Check a spec's content (already decoded) as a runtime whose CDI library knows `known_versions` does;
+    CDIError naming what is wrong."""
     if not isinstance(data, dict):
         raise CDIError(f"{path}: no spec data")
-    if data.get("cdiVersion") not in SPEC_VERSIONS:
+    version = str(data.get("cdiVersion") or "").removeprefix("v")
+    if version not in known_versions:
         raise CDIError(f"{path}: unsupported cdiVersion {data.get('cdiVersion')!r}")
+    needed = required_version(data)
+    if SPEC_VERSIONS.index(version) < SPEC_VERSIONS.index(needed):
+        raise CDIError(f"{path}: the spec version must be at least v{needed}")
     kind = data.get("kind")
     if not isinstance(kind, str):
         raise CDIError(f"{path}: kind is required")
@@ -273,8 +310,10 @@ def parse_spec(data: Any, path: Path, priority: int) -> Spec:
 class CDIRegistry:
     """The CDI specs of a set of directories, read again on each `refresh()` (see the module docstring)."""
 
-    def __init__(self, dirs: Sequence[str | Path] = DEFAULT_SPEC_DIRS) -> None:
+    def __init__(self, dirs: Sequence[str | Path] = DEFAULT_SPEC_DIRS,
+                 known_versions: Sequence[str] = SPEC_VERSIONS) -> None:
         self.dirs = [Path(d) for d in dirs]
+        self.known_versions = tuple(known_versions)
         self.devices: dict[str, tuple[Spec, ContainerEdits]] = {}  # qualified ID -> (spec, device edits)
         self.errors: dict[str, str] = {}  # spec path -> why it was left out
 
@@ -294,7 +333,7 @@ class CDIRegistry:
                 try:
                     text = path.read_text()
                     data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-                    spec = parse_spec(data, path, priority)
+                    spec = parse_spec(data, path, priority, self.known_versions)
                 except (OSError, ValueError, yaml.YAMLError, CDIError) as exc:
                     errors[str(path)] = str(exc)
                     log.info("event=cdi-spec-invalid path=%s error=%s", path, exc)

@@ -193,11 +193,13 @@ class PreparedDevice:
     share_id: str | None = None
 
     def serves(self, request: str) -> bool:
-        """Whether a container asking for `request` ("" = the whole claim) gets this device; a subrequest
-        `request/alternative` of firstAvailable serves its request."""
+        """Whether a container asking for `request` ("" = the whole claim) gets this device: a device without
+        request names serves every container of the claim, otherwise its names must hold `request` exactly
+        (kubernetes pkg/kubelet/cm/dra/claiminfo.go `cdiDevicesAsList`, `slices.Contains`); a driver that answers
+        `request/alternative` for a firstAvailable result serves no container."""
         if not request or not self.request_names:
             return True
-        return any(n == request or n.startswith(request + "/") for n in self.request_names)
+        return request in self.request_names
 
 
 @dataclass(slots=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu.testbed.cdi import CDIError, CDIRegistry, Mount, parse_qualified_name
+from vgpu.testbed.cdi import CDI_0_5_VERSIONS, CDIError, CDIRegistry, Mount, parse_qualified_name, required_version
 
 
 def _spec(kind: str = "example.com/gpu", devices: list | None = None, **edits: object) -> dict:
@@ -105,3 +105,36 @@ def test_specs_are_read_again_on_each_resolution(tmp_path):
         registry.resolve(["example.com/gpu=gpu0"])
     _write(tmp_path, "gpu.json", _spec())
     assert registry.resolve(["example.com/gpu=gpu0"]).env == ["GPU=0"]
+
+
+@pytest.mark.parametrize("spec,needed", [
+    (_spec(), "0.3.0"),
+    (_spec(mounts=[{"hostPath": "/x", "containerPath": "/y", "type": "bind"}]), "0.4.0"),
+    (_spec(devices=[{"name": "0abc", "containerEdits": {"env": ["A=1"]}}]), "0.5.0"),
+    (_spec(deviceNodes=[{"path": "/dev/x", "hostPath": "/dev/y"}]), "0.5.0"),
+    (dict(_spec(), annotations={"a": "b"}), "0.6.0"),
+    (_spec(kind="example.com/gpu.big"), "0.6.0"),
+    (_spec(additionalGids=[5]), "0.7.0"),
+    (_spec(netDevices=[{"hostInterfaceName": "eth1", "name": "net1"}]), "1.1.0"),
+])
+def test_the_version_a_spec_needs_follows_its_content(spec, needed):
+    # specs-go/version.go requiredVersion (cncf-tags/container-device-interface)
+    assert required_version(spec) == needed
+
+
+def test_a_spec_older_than_its_content_needs_is_refused(tmp_path):
+    digit = [{"name": "0abc", "containerEdits": {"env": ["A=1"]}}]
+    _write(tmp_path, "old.json", dict(_spec(devices=digit), cdiVersion="0.4.0"))
+    registry = CDIRegistry([tmp_path])
+    with pytest.raises(CDIError, match=r"must be at least v0\.5\.0"):
+        registry.resolve(["example.com/gpu=0abc"])
+    _write(tmp_path, "old.json", dict(_spec(devices=digit), cdiVersion="0.5.0"))
+    assert registry.resolve(["example.com/gpu=0abc"]).env == ["A=1"]
+
+
+def test_a_runtime_with_cdi_0_5_knows_no_version_past_0_5_0(tmp_path):
+    _write(tmp_path, "gpu.json", _spec())
+    with pytest.raises(CDIError, match="unsupported cdiVersion"):
+        CDIRegistry([tmp_path], known_versions=CDI_0_5_VERSIONS).resolve(["example.com/gpu=gpu0"])
+    _write(tmp_path, "gpu.json", dict(_spec(), cdiVersion="0.5.0"))
+    assert CDIRegistry([tmp_path], known_versions=CDI_0_5_VERSIONS).resolve(["example.com/gpu=gpu0"]).env == ["GPU=0"]

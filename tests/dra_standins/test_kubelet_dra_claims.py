@@ -107,3 +107,19 @@ def test_a_shared_claim_is_prepared_once_and_unprepared_after_its_last_pod(bed):
     assert plugin.unprepares == []  # s1 still uses it
     bed.core.delete_namespaced_pod("s1", "default", _preload_content=False)
     assert plugin.wait(lambda: plugin.unprepares == [[("default", claim["metadata"]["uid"], "shared")]])
+
+
+def test_request_names_are_matched_exactly(bed):
+    # kubelet hands a container the CDI devices whose request names contain its `request` exactly
+    # (pkg/kubelet/cm/dra/claiminfo.go cdiDevicesAsList): a driver answering the subrequest `gpu/big` of a
+    # firstAvailable result serves the containers that name the whole claim, not those that name `gpu`
+    claim = bed.create_claim("alt")
+    pod = bed.create_pod("alt", [env_container("named", [{"name": "c", "request": "gpu"}]),
+                                 env_container("whole", [{"name": "c"}])],
+                         [{"name": "c", "resourceClaimName": "alt"}])
+    bed.allocate(claim, pod, devices={"gpu/big": "gpu-0"})
+    bed.bind("alt")
+    bed.wait_phase("alt", ("Succeeded",))
+    named, whole = bed.container_env("alt", "named"), bed.container_env("alt", "whole")
+    assert whole[env_name("gpu/big")].endswith("/gpu-0")
+    assert env_name("gpu/big") not in named and "DRA_TEST_CLAIM" not in named

@@ -14,6 +14,7 @@ import pytest
 from dra_helpers import NODE, ROOT, DRABed, cdi_devices, result
 
 from vgpu.node.response import RESERVED_ENV_NAMES
+from vgpu.testbed.cdi import CDI_0_5_VERSIONS, CDIRegistry
 
 
 def _uuid(bed: DRABed, device: str) -> str:
@@ -53,7 +54,9 @@ def test_prepare_writes_a_cdi_spec_whose_ids_resolve(started: DRABed, version: s
     assert len(ids) == 1 and ids[0].startswith("vgpu-sharing.io/gpu=")
     spec = bed.cdi_spec(claim)
     assert spec["kind"] == "vgpu-sharing.io/gpu"
-    assert tuple(int(p) for p in spec["cdiVersion"].split(".")) >= (0, 6, 0)
+    # the lowest version names led by a digit need, which runtimes with the CDI library v0.5.x also read
+    assert spec["cdiVersion"] == "0.5.0"
+    assert set(CDIRegistry([bed.cdi], known_versions=CDI_0_5_VERSIONS).resolve(ids).env) >= {"CUDA_DEVICE_SM_LIMIT=30"}
     devices = cdi_devices(spec)
     assert set(devices) == set(ids)  # the returned ID resolves in the spec
     env, mounts = devices[ids[0]]["env"], devices[ids[0]]["mounts"]
@@ -123,6 +126,17 @@ def test_one_request_over_two_gpus_and_a_second_request(started: DRABed) -> None
     assert train["CUDA_DEVICE_SM_LIMIT"] == "0"  # no cores asked: no SM limit
     assert devices[eval_id]["env"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1024m"
     assert all(p.is_dir() for r in ("train", "eval") for p in _host_dirs(bed, claim, r))
+
+
+def test_a_first_available_result_is_answered_under_its_parent_request(started: DRABed) -> None:
+    # kube-scheduler writes `request: gpu/large` for the alternative it took; a container names `gpu`, and kubelet
+    # matches request names exactly
+    bed = started
+    claim = bed.claim("alt", [result("gpu-0", request="gpu/large", memory="4Gi", cores="20", share="q")])
+    answer = _answer(bed.prepare(claim), claim)
+    assert [(r, d) for r, _, d, _, _ in answer] == [(("gpu",), "gpu-0")]
+    env = cdi_devices(bed.cdi_spec(claim))[answer[0][3][0]]["env"]
+    assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_SM_LIMIT"]) == ("4096m", "20")
 
 
 def test_a_whole_device_without_consumed_capacity_gets_the_whole_card(started: DRABed) -> None:
