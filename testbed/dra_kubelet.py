@@ -389,7 +389,7 @@ class DRAManager:
     def _fetch(self, pod: Mapping[str, Any], name: str, must_own: bool) -> Obj:
         from kubernetes.client.exceptions import ApiException
 
-        from vgpu.kube.client import read_json
+        from vgpu.testbed.kubeclient import read_json
 
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid") or "")
@@ -578,7 +578,7 @@ def _results(claim: Mapping[str, Any]) -> list[Obj]:
 
 def _extended_resources(container: Mapping[str, Any]) -> set[str]:
     """Names the container asks for a non-zero amount of (requests, or limits, which default requests)."""
-    from vgpu.quantity import parse_quantity
+    from vgpu.testbed.kubemath import parse_quantity
 
     resources = container.get("resources") or {}
     asked: set[str] = set()

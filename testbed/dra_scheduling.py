@@ -107,7 +107,7 @@ class ResourceApi:
 
     @staticmethod
     def _json(resp: Any) -> Any:
-        from vgpu.kube.client import read_json
+        from vgpu.testbed.kubeclient import read_json
 
         return read_json(resp)
 

@@ -46,7 +46,7 @@ from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
 from vgpu.proto.podresources.v1 import api_pb2 as pr
 from vgpu.proto.podresources.v1 import api_pb2_grpc as pr_grpc
-from vgpu.quantity import parse_integer_quantity
+from vgpu.testbed.kubemath import QuantityError, parse_quantity
 
 __all__ = ["VERSION", "AdmissionError", "AdmittedContainer", "KubeletStandIn", "ResourceState"]
 
@@ -282,7 +282,10 @@ class KubeletStandIn:
         wanted = []
         for name, raw in limits.items():
             if name in self.resources:
-                count = parse_integer_quantity(raw)
+                exact = parse_quantity(raw)
+                if exact.denominator != 1:  # the API server allows only whole extended resources
+                    raise QuantityError(f"{name}: {raw!r} is not a whole number")
+                count = int(exact)
                 if count > 0:
                     wanted.append((name, count))
         return wanted

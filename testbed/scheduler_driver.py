@@ -66,13 +66,13 @@ import httpx
 import orjson
 import yaml
 
-from vgpu.errors import ConfigError
-from vgpu.requests import pod_resource_requests, resource_amount
 from vgpu.testbed.dra_allocator import AllocationError
 from vgpu.testbed.dra_scheduling import DraBindError, DynamicResources, PodDra
+from vgpu.testbed.kubemath import pod_requests, resource_amount
 
 __all__ = [
     "BUILTIN_CONFIG",
+    "ConfigError",
     "ExtenderConfig",
     "Profile",
     "SchedulerConfig",
@@ -122,6 +122,10 @@ extenders:
 
 
 # ------------------------------------------------------------------------------------------------ configuration
+
+class ConfigError(ValueError):
+    """A scheduler configuration the driver cannot use (kube-scheduler refuses to start on it)."""
+
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNIT = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -384,14 +388,14 @@ class _Api:
     def __init__(self, kubeconfig: str | None) -> None:
         from kubernetes import client as k8s
 
-        from vgpu.kube.client import make_api_client
+        from vgpu.testbed.kubeclient import api_client
 
-        self.client = make_api_client(kubeconfig, qps=500, burst=1000)
+        self.client = api_client(kubeconfig, pool_size=64)
         self.core: Any = k8s.CoreV1Api(self.client)  # raw JSON calls: the client's model types do not apply
 
     @staticmethod
     def _json(resp: Any) -> Any:
-        from vgpu.kube.client import read_json
+        from vgpu.testbed.kubeclient import read_json
 
         return read_json(resp)
 
@@ -768,13 +772,13 @@ class SchedulerDriver:
         return usage
 
     def _requests(self, pod: Obj) -> dict[str, Fraction]:
-        """pod_resource_requests, cached per pod uid (a pod's requests never change)."""
+        """kubemath.pod_requests, cached per pod uid (a pod's requests never change)."""
         uid = (pod.get("metadata") or {}).get("uid") or id(pod)
         found = self._request_cache.get(uid)
         if found is None:
             if len(self._request_cache) > 100000:
                 self._request_cache.clear()
-            found = self._request_cache[uid] = pod_resource_requests(pod)
+            found = self._request_cache[uid] = pod_requests(pod)
         return found
 
     def _in_tree_filter(self, pod: Obj, node: Obj, used: dict[str, Fraction]) -> list[str]:
@@ -816,7 +820,7 @@ class SchedulerDriver:
     def _in_tree_score(self, pod: Obj, node: Obj, used: dict[str, Fraction]) -> int:
         """NodeResourcesFit LeastAllocated on cpu and memory, 0..100."""
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        requests = pod_resource_requests(pod)
+        requests = self._requests(pod)
         scores = []
         for name in ("cpu", "memory"):
             have = resource_amount(name, allocatable.get(name, 0))

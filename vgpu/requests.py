@@ -134,24 +134,49 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, Fraction]:
 
 def pod_resource_requests(pod: Mapping[str, Any]) -> dict[str, Fraction]:
     """kube-scheduler's view of what a pod takes from its node, per resource (CPU in milli, the rest in its own
-    unit): the larger of the sum over its containers and each init container, plus the pod overhead. Values that do
-    not parse count as 0."""
+    unit), as k8s.io/component-helpers resource/helpers.go `PodRequests` computes it: the sum over its containers
+    and its sidecars (init containers with `restartPolicy: Always`, which keep running), or, if larger, what each
+    ordinary init container needs beside the sidecars started before it; pod-level requests
+    (`spec.resources.requests`, which the API server fills in where only pod-level limits were written) replace the
+    sum for CPU, memory and hugepages; then the pod overhead is added. Values that do not parse count as 0."""
     spec = pod.get("spec") or {}
     total: dict[str, Fraction] = {}
     for container in spec.get("containers") or ():
         if isinstance(container, Mapping):
-            for name, value in _container_requests(container).items():
-                total[name] = total.get(name, Fraction(0)) + value
+            _add(total, _container_requests(container))
+    sidecars: dict[str, Fraction] = {}
+    init_peak: dict[str, Fraction] = {}
     for container in spec.get("initContainers") or ():
-        if isinstance(container, Mapping):
-            for name, value in _container_requests(container).items():
-                if value > total.get(name, Fraction(0)):
-                    total[name] = value
+        if not isinstance(container, Mapping):
+            continue
+        own = _container_requests(container)
+        if container.get("restartPolicy") == "Always":
+            _add(total, own)
+            _add(sidecars, own)
+            during = sidecars
+        else:
+            during = dict(own)
+            _add(during, sidecars)
+        for name, value in during.items():
+            if value > init_peak.get(name, Fraction(0)):
+                init_peak[name] = value
+    for name, value in init_peak.items():
+        if value > total.get(name, Fraction(0)):
+            total[name] = value
+    pod_level = spec.get("resources")
+    if isinstance(pod_level, Mapping) and isinstance(pod_level.get("requests"), Mapping):
+        for name, raw in pod_level["requests"].items():
+            if name in ("cpu", "memory") or str(name).startswith("hugepages-"):
+                total[str(name)] = resource_amount(str(name), raw)
     overhead = spec.get("overhead")
     if isinstance(overhead, Mapping):
-        for name, raw in overhead.items():
-            total[str(name)] = total.get(str(name), Fraction(0)) + resource_amount(str(name), raw)
+        _add(total, {str(name): resource_amount(str(name), raw) for name, raw in overhead.items()})
     return total
+
+
+def _add(total: dict[str, Fraction], more: Mapping[str, Fraction]) -> None:
+    for name, value in more.items():
+        total[name] = total.get(name, Fraction(0)) + value
 
 
 def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:

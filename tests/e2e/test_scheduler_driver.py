@@ -19,11 +19,11 @@ from typing import Any
 import httpx
 import pytest
 
-from vgpu.errors import ConfigError
-from vgpu.requests import pod_resource_requests
 from vgpu.testbed.apiserver import ApiServerStandIn
+from vgpu.testbed.kubemath import pod_requests
 from vgpu.testbed.scheduler_driver import (
     BUILTIN_CONFIG,
+    ConfigError,
     SchedulerDriver,
     find_deploy_config,
     load_scheduler_config,
@@ -256,7 +256,7 @@ def test_other_scheduler_names_are_left_alone(env):
 
 def test_parsers():
     assert parse_duration("1m30s") == 90 and parse_duration("500ms") == 0.5 and parse_duration(None) == 0
-    requests = pod_resource_requests({"spec": {
+    requests = pod_requests({"spec": {
         "containers": [{"resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "1Gi"}}},
                        {"resources": {"requests": {"cpu": "1"}}}],
         "initContainers": [{"resources": {"requests": {"cpu": "2"}}}]}})
