@@ -2,9 +2,13 @@
 
 Pure functions over the node's published devices, their current usage and the pod's requests; the extender's
 /filter and the trace replay both call `fit`. Containers are placed in admission order and each one's choice counts
-for the next. A container with `count: n` takes n distinct GPUs of the node.
+for the next. A container with `count: n` takes n distinct GPUs of the node. Each container first takes the GPUs
+the order puts first; when a later container then fits nowhere, earlier ones try their other choices (depth
+first, in the order's order, as Kubernetes' structured DRA allocator backtracks), so a node is refused only when
+no choice at all places the pod (or the search has tried `SEARCH_BUDGET` choices).
 """
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -14,8 +18,11 @@ from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
 
 __all__ = [
-    "GPU_ORDERS", "FitResult", "GPUOrder", "GPUUsage", "Reason", "binpack_order", "fit", "grants_on", "spread_order",
+    "GPU_ORDERS", "SEARCH_BUDGET", "FitResult", "GPUOrder", "GPUUsage", "Reason", "binpack_order", "fit",
+    "grants_on", "spread_order",
 ]
+
+SEARCH_BUDGET = 20_000  # choices of GPUs for one container tried before a node is given up
 
 
 @dataclass(slots=True)
@@ -153,6 +160,50 @@ def grants_on(devices: Sequence[GPUDevice], requests: Sequence[ContainerRequest]
     )
 
 
+def _candidates(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request: ContainerRequest,
+                selectors: Selectors, type_ok: dict[str, bool]) -> list[int]:
+    return [i for i, device in enumerate(devices)
+            if _reject(device, usage[i], request, request.memory_on(device.memory), selectors,
+                       type_ok[device.type]) is None]
+
+
+def _charged(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request: ContainerRequest,
+             chosen: Sequence[int]) -> list[GPUUsage]:
+    """`usage` with the request charged on the chosen GPUs (new GPUUsage objects; the given ones are not changed)."""
+    after = list(usage)
+    for i in chosen:
+        used = after[i]
+        after[i] = taken = GPUUsage(used.shares, used.memory, used.cores)
+        taken.add(request.memory_on(devices[i].memory), request.cores)
+    return after
+
+
+def _search(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], requests: Sequence[ContainerRequest],
+            selectors: Selectors, type_ok: dict[str, bool], order: GPUOrder) -> list[tuple[int, ...]] | None:
+    """A placement of every request, trying each one's choices depth first in the order's order; None when there is
+    none or the budget ran out."""
+    budget = SEARCH_BUDGET
+
+    def place(k: int, tentative: list[GPUUsage]) -> list[tuple[int, ...]] | None:
+        nonlocal budget
+        if k == len(requests):
+            return []
+        request = requests[k]
+        candidates = _candidates(devices, tentative, request, selectors, type_ok)
+        if len(candidates) < request.count:
+            return None
+        for chosen in itertools.combinations(order(devices, tentative, request, candidates), request.count):
+            budget -= 1
+            if budget < 0:
+                return None
+            rest = place(k + 1, _charged(devices, tentative, request, chosen))
+            if rest is not None:
+                return [tuple(chosen), *rest]
+        return None
+
+    return place(0, list(usage))
+
+
 def fit(
     devices: Sequence[GPUDevice],
     usage: Sequence[GPUUsage],
@@ -196,15 +247,16 @@ def fit(
                 if why not in _STATIC:
                     static_ok += 1
         if len(candidates) < request.count:
+            found = _search(devices, usage, requests, selectors, type_ok, order) if placement else None
+            if found is not None:
+                placement = found
+                break
             return FitResult(
                 ok=False,
                 reason=_summary(request.container, request.count, len(devices), rejected),
                 unresolvable=static_ok < request.count,
             )
         chosen = order(devices, tentative, request, candidates)[: request.count]
-        for i in chosen:
-            used = tentative[i]
-            tentative[i] = taken = GPUUsage(used.shares, used.memory, used.cores)
-            taken.add(request.memory_on(devices[i].memory), request.cores)
+        tentative = _charged(devices, tentative, request, chosen)
         placement.append(tuple(chosen))
     return FitResult(ok=True, placement=tuple(placement), assignment=grants_on(devices, requests, placement))

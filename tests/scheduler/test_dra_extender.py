@@ -241,3 +241,20 @@ def test_bind_on_a_dra_node_carries_no_assignment(cluster, kube):
     wait_until(lambda: cluster.runtime.extender.lookup("default", "share"), what="pod seen")
     body = {"PodName": "share", "PodNamespace": "default", "PodUID": share["metadata"]["uid"], "Node": "n2"}
     assert "ResourceClaim" in cluster.post("/bind", body).json()["Error"]
+
+
+def test_a_claim_the_allocator_places_only_by_moving_an_earlier_request_passes(cluster, resource):
+    # n2: gpu-0 empty, gpu-1 with 15 GiB held. Request a (20 GiB) taking gpu-0 first leaves b (40 GiB) nowhere;
+    # Kubernetes' allocator backtracks (a on gpu-1, b on gpu-0), so the extender must not refuse n2
+    allocate(resource, "held2", "n2", "gpu-1", "15Gi", "0")
+    view_shows(cluster, {"n1": [(10240, 60), (0, 0)], "n2": [(0, 0), (15360, 0)]})
+    requests = [{"name": name, "exactly": {"deviceClassName": DEVICE_CLASS,
+                                           "capacity": {"requests": {"memory": memory, "cores": "0"}}}}
+                for name, memory in (("a", "20Gi"), ("b", "40Gi"))]
+    claim = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "two"},
+             "spec": {"devices": {"requests": requests}}}
+    read_json(resource.create_namespaced_resource_claim("default", claim, _preload_content=False))
+    pod = a_pod("p2", ["two"])
+    wait_until(lambda: cluster.runtime.dra.pod_requests(pod).requests, what="claim seen")
+    result = cluster.post("/filter", args(pod, ["n2"])).json()
+    assert result["NodeNames"] == ["n2"], result
