@@ -22,6 +22,9 @@ patch (merge, strategic-merge with `conditions` merged by `type`, JSON patch; 40
 metadata.resourceVersion), delete (immediate, as with gracePeriodSeconds=0; honours preconditions).
 
 Semantics copied from kube-apiserver where our code depends on them:
+  * a watch that allowed bookmarks gets a BOOKMARK (with the current resourceVersion, whatever its selector) once
+    it has had nothing for `bookmark_interval`, by default a minute as kube-apiserver's watch cache
+    (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go, `defaultBookmarkFrequency = time.Minute`);
   * one global, monotonically increasing resourceVersion (like an etcd revision);
   * pods are created with uid, creationTimestamp and status.phase=Pending (a client-supplied status is dropped),
     and a container's limits without requests are copied to its requests; a spec without containers, or whose
@@ -1153,7 +1156,7 @@ class ApiServerStandIn:
     """TEST INFRASTRUCTURE: the stand-in served from a thread of this process (`start()` / `stop()`)."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, data_path: str | os.PathLike[str] | None = None,
-                 history_size: int = 10000, watch_timeout: float = 1800.0, bookmark_interval: float = 5.0,
+                 history_size: int = 10000, watch_timeout: float = 1800.0, bookmark_interval: float = 60.0,
                  record_requests: bool = False) -> None:
         self.store = Store(data_path, history_size)
         self._server = _Server((host, port), self.store, watch_timeout, bookmark_interval, record_requests)
@@ -1309,7 +1312,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kubeconfig-out", default=None, help="write a kubeconfig for this server here")
     ap.add_argument("--history", type=int, default=10000, help="watch history window in changes (older: 410)")
     ap.add_argument("--watch-timeout", type=float, default=1800.0, help="default watch timeout in seconds")
-    ap.add_argument("--bookmark-interval", type=float, default=5.0, help="idle seconds between BOOKMARK events")
+    ap.add_argument("--bookmark-interval", type=float, default=60.0,
+                    help="idle seconds between BOOKMARK events (kube-apiserver: a minute)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -291,7 +291,7 @@ class LocalCluster:
         self.apiserver = Proc("apiserver", [
             sys.executable, "-m", "vgpu.testbed.apiserver", "--listen", f"127.0.0.1:{self.api_port}",
             "--data", str(self.workdir / "apiserver.json"), "--kubeconfig-out", self.kubeconfig,
-            "--history", "200000", "--bookmark-interval", "2"], self.logs / "apiserver.log")
+            "--history", "200000"], self.logs / "apiserver.log")
         self.extender = Proc("extender", _vgpu(
             "--log-level", log_level, "scheduler", "--kubeconfig", self.kubeconfig,
             "--listen", f"127.0.0.1:{self.extender_port}",

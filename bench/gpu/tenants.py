@@ -25,6 +25,7 @@ SCENARIOS = {          # name: (matrix size, the tenants' compute limits)
     "large 30+50": (4096, [30, 50]),
     "large 50+50": (4096, [50, 50]),
     "large 20+20+20": (4096, [20, 20, 20]),
+    "medium 30+50": (2048, [30, 50]),
     "small 30+50": (1024, [30, 50]),
 }
 

@@ -164,7 +164,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def run_round(tmp: Path) -> Round:
     """Run the round; the stand-in is left running (stop it with `.apiserver.stop()`)."""
-    apiserver = ApiServerStandIn(bookmark_interval=0.5, record_requests=True).start()
+    apiserver = ApiServerStandIn(record_requests=True).start()
     key = secrets.token_hex(32).encode()
     kubeconfigs = {sa: apiserver.write_kubeconfig(tmp / f"{sa}.kubeconfig", token)
                    for sa, token in TOKENS.items()}

@@ -381,7 +381,7 @@ def plugin_run():
     and prepares and unprepares one claim over gRPC on the sockets it made."""
     work = Path(tempfile.mkdtemp(prefix="dra-deploy-", dir="/tmp"))  # a unix socket path holds 107 bytes at most
     root = work / "host"  # the node's filesystem; the test's own files are beside it
-    apiserver = ApiServerStandIn(bookmark_interval=0.5, record_requests=True).start()
+    apiserver = ApiServerStandIn(record_requests=True).start()
     admin_api = make_api_client(apiserver.write_kubeconfig(work / "admin.kubeconfig", "admin"))
     plugin_kubeconfig = apiserver.write_kubeconfig(work / "plugin.kubeconfig", "dra-plugin-token")
     proc = None

@@ -32,7 +32,7 @@ class PluginBed:
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
-        self.apiserver = ApiServerStandIn(bookmark_interval=0.5).start()
+        self.apiserver = ApiServerStandIn().start()
         self.kubeconfig = self.apiserver.write_kubeconfig(tmp / "kubeconfig")
         self.api = make_api_client(self.kubeconfig)
         self.core = k8s.CoreV1Api(self.api)

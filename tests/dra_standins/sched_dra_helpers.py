@@ -172,7 +172,7 @@ def exactly(klass: str, name: str = "gpu", **fields: Any) -> dict:
 @pytest.fixture
 def cluster(tmp_path: Any) -> Iterator[Cluster]:
     """The API-server stand-in (in-process) with the Cluster helpers; each test starts the driver itself."""
-    api = ApiServerStandIn(bookmark_interval=0.5).start()
+    api = ApiServerStandIn().start()
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
     env = Cluster(api, str(kubeconfig))
     yield env

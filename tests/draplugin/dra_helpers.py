@@ -71,7 +71,7 @@ class DRABed:
 
     def __init__(self) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="dra-", dir="/tmp"))
-        self.apiserver = ApiServerStandIn(bookmark_interval=0.5).start()
+        self.apiserver = ApiServerStandIn().start()
         self.kubeconfig = self.apiserver.write_kubeconfig(self.tmp / "kubeconfig")
         self.api = make_api_client(self.kubeconfig)
         self.core = k8s.CoreV1Api(self.api)

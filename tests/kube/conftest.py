@@ -20,7 +20,7 @@ from vgpu.testbed.apiserver import ApiServerProcess, ApiServerStandIn
 
 @pytest.fixture
 def apiserver(tmp_path) -> Iterator[ApiServerStandIn]:
-    srv = ApiServerStandIn(bookmark_interval=0.5).start()
+    srv = ApiServerStandIn().start()
     srv.write_kubeconfig(tmp_path / "kubeconfig")
     yield srv
     srv.stop()
@@ -35,7 +35,7 @@ def api(apiserver: ApiServerStandIn) -> Iterator[k8s.ApiClient]:
 
 @pytest.fixture
 def apiserver_process(tmp_path) -> Iterator[ApiServerProcess]:
-    proc = ApiServerProcess(tmp_path / "apiserver", extra_args=["--bookmark-interval", "0.5"]).start()
+    proc = ApiServerProcess(tmp_path / "apiserver").start()
     yield proc
     proc.kill()
 

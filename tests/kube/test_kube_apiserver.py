@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from vgpu.kube.client import read_json
+from vgpu.kube.client import make_api_client, read_json
 from vgpu.testbed.apiserver import ApiServerStandIn, Store
 
 MERGE = "application/merge-patch+json"
@@ -345,3 +345,23 @@ def test_limits_without_requests_are_copied_to_requests(api):
         "limits": {"volcano.sh/vgpu-number": "1", "cpu": "1"}, "requests": {"cpu": "500m"}}}]}}
     created = read_json(core.create_namespaced_pod("default", body, _preload_content=False))
     assert created["spec"]["containers"][0]["resources"]["requests"] == {"cpu": "500m", "volcano.sh/vgpu-number": "1"}
+
+
+def test_bookmarks_come_once_a_minute_by_default_and_reach_filtered_watches(tmp_path):
+    # kube-apiserver's watch cache: defaultBookmarkFrequency = time.Minute (cacher.go); a bookmark carries the
+    # current resourceVersion whatever the watch's selector. 0.5 s here only so that the test sees one quickly.
+    assert ApiServerStandIn()._server.bookmark_interval == 60.0
+    srv = ApiServerStandIn(bookmark_interval=0.5).start()
+    try:
+        api = make_api_client(srv.write_kubeconfig(tmp_path / "kubeconfig"))
+        core = k8s.CoreV1Api(api)
+        other = create_pod(core, "elsewhere", node="n2")
+        resp = core.list_pod_for_all_namespaces(watch=True, resource_version=other["metadata"]["resourceVersion"],
+                                                field_selector="spec.nodeName=n1", allow_watch_bookmarks=True,
+                                                timeout_seconds=2, _preload_content=False)
+        events = watch_lines(resp)
+        assert events and {e["type"] for e in events} == {"BOOKMARK"}
+        assert events[0]["object"]["metadata"]["resourceVersion"] == other["metadata"]["resourceVersion"]
+        api.close()
+    finally:
+        srv.stop()

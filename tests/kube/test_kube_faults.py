@@ -15,6 +15,7 @@ from vgpu.kube import WatchCache, bind_pod, make_api_client
 from vgpu.kube.client import read_json
 from vgpu.kube.errors import ApiError
 from vgpu.kube.patch import patch_pod_metadata
+from vgpu.testbed.apiserver import ApiServerStandIn
 
 
 def _pod(name: str) -> dict:
@@ -91,6 +92,57 @@ def test_a_silent_watch_is_noticed_and_resumed(apiserver, api):
             time.sleep(0.05)
         assert "default/late" in cache
         assert cache.stalls >= 1 and cache.relists == lists
+    finally:
+        cache.stop()
+
+
+def _on(name: str, node: str) -> dict:
+    pod = _pod(name)
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+def test_a_node_filtered_watch_is_not_reopened_while_other_nodes_pods_change(tmp_path):
+    """kube-apiserver sends a watcher a BOOKMARK about once a minute (cacher.go defaultBookmarkFrequency), and the
+    stand-in here does the same; a watch of one node's pods is silent while other nodes' pods change, which moves
+    the collection's resourceVersion. That silence is not a stall: the watch stays open, and this node's next pod
+    still arrives on it."""
+    server = ApiServerStandIn(bookmark_interval=60.0).start()
+    api = make_api_client(server.write_kubeconfig(tmp_path / "kubeconfig"))
+    core = k8s.CoreV1Api(api)
+    cache = WatchCache(api, "pods", field_selector="spec.nodeName=n1", progress_interval=0.3).start()
+    try:
+        assert cache.wait_synced(10)
+        watches = cache.watches
+        for i in range(12):  # 6 s of other nodes' pods: about twenty progress checks find the watch behind
+            read_json(core.create_namespaced_pod("default", _on(f"other-{i}", "n2"), _preload_content=False))
+            time.sleep(0.5)
+        read_json(core.create_namespaced_pod("default", _on("mine", "n1"), _preload_content=False))
+        deadline = time.monotonic() + 10
+        while "default/mine" not in cache and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "default/mine" in cache
+        assert (cache.stalls, cache.watches) == (0, watches)
+    finally:
+        cache.stop()
+        api.close()
+        server.stop()
+
+
+def test_a_filtered_watch_silent_past_the_bookmark_cadence_is_resumed(apiserver, api):
+    """A node-filtered watch that stalls (nothing, not even bookmarks) while its node gets a pod is resumed once
+    silent for `stall_after` (150 s by default; 2 s here to keep the test short) with the collection moved on."""
+    apiserver.faults.set([{"action": "stall", "method": "GET", "watch": True, "path": "/pods", "seconds": 120,
+                           "times": 1}])
+    cache = WatchCache(api, "pods", field_selector="spec.nodeName=n1", progress_interval=0.3,
+                       stall_after=2.0).start()
+    try:
+        assert cache.wait_synced(10)
+        read_json(k8s.CoreV1Api(api).create_namespaced_pod("default", _on("late", "n1"), _preload_content=False))
+        deadline = time.monotonic() + 15
+        while "default/late" not in cache and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "default/late" in cache and cache.stalls >= 1
     finally:
         cache.stop()
 

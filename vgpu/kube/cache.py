@@ -11,7 +11,12 @@ A watch can also go silent without ending (a proxy or an API server that stops d
 (`progress_interval`, default 5 s) notices it: while the open watch has delivered nothing, not even a bookmark, it
 asks the API server for the collection's current resourceVersion (a list of one object); when that is newer than
 what the watch delivered at two checks in a row, the watch is closed and resumed from its last resourceVersion
-(a 410 then relists). A change the watch missed is so seen within about two intervals.
+(a 410 then relists). A change an unfiltered watch missed is so seen within about two intervals. A watch with a
+field or label selector is different: the list's resourceVersion is the whole cluster's, which moves whenever any
+object changes, while such a watch rightly delivers nothing for objects it does not select. It is judged on
+bookmarks instead: kube-apiserver's watch cache sends each watcher a BOOKMARK about once a minute
+(staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go, `defaultBookmarkFrequency`), so such a watch counts as
+stalled only once it has been silent for `stall_after` (default 150 s) while the collection moved on.
 
 Handlers run in order on the cache thread: on_add(obj), on_update(old, new), on_delete(obj). They must be quick
 and must not mutate the dicts they receive (the cache shares them). A handler that raises is logged and skipped.
@@ -86,7 +91,8 @@ class WatchCache:
                  label_selector: str | None = None, namespace: str | None = None,
                  on_add: AddHandler | None = None, on_update: UpdateHandler | None = None,
                  on_delete: DeleteHandler | None = None, watch_timeout: int = 300,
-                 backoff: Backoff | None = None, name: str | None = None, progress_interval: float = 5.0) -> None:
+                 backoff: Backoff | None = None, name: str | None = None, progress_interval: float = 5.0,
+                 stall_after: float = 150.0) -> None:
         if kind not in KINDS:
             raise ValueError(f"WatchCache kind must be one of {', '.join(KINDS)}, not {kind!r}")
         if kind not in NAMESPACED and namespace:
@@ -97,6 +103,8 @@ class WatchCache:
         self.namespace = namespace
         self.watch_timeout = watch_timeout
         self.progress_interval = progress_interval  # 0: no progress check
+        # the silence after which a filtered watch that is behind counts as stalled (see the module docstring)
+        self.stall_after = stall_after if field_selector or label_selector else 0.0
         self.name = name or f"watch-{kind}" + (f"[{field_selector}]" if field_selector else "")
         self._core = k8s.CoreV1Api(api_client)
         self._resource = k8s.ResourceV1Api(api_client)
@@ -304,7 +312,8 @@ class WatchCache:
         suspect: float | None = None  # when the watch was first found behind
         while not self._stop.wait(self.progress_interval):
             resp = self._resp
-            if resp is None or time.monotonic() - self._last_event < self.progress_interval:
+            silent = time.monotonic() - self._last_event
+            if resp is None or silent < self.progress_interval or silent < self.stall_after:
                 suspect = None
                 continue
             try:
