@@ -21,6 +21,7 @@ from vgpu.draplugin.server import DRAServers, HealthService
 from vgpu.draplugin.slices import SlicePublisher
 from vgpu.isolation.build import paths as isolation_paths
 from vgpu.kube.client import make_api_client
+from vgpu.kube.events import EventRecorder
 from vgpu.node.backends import BackendUnavailable, GPUBackend, make_backend
 from vgpu.node.host import HostFiles
 
@@ -38,6 +39,7 @@ class DRAPluginRuntime:
         self.backend = backend or make_backend(config.backend_settings())
         self.servers: DRAServers | None = None
         self.publisher: SlicePublisher | None = None
+        self.events: EventRecorder | None = None
         self._stopping = threading.Event()
         self._health_thread: threading.Thread | None = None
 
@@ -61,7 +63,8 @@ class DRAPluginRuntime:
                                  Checkpoint(config.checkpoint_path), config.isolation_fail_open)
         log.info("event=start node=%s gpus=%d backend=%s prepared_claims=%d", config.node_name, len(gpus),
                  config.backend, len(preparer.prepared))
-        self.publisher = SlicePublisher(api, config.node_name, health.healthy).start()
+        self.events = EventRecorder(api, "vgpu-dra-plugin", host=config.node_name)
+        self.publisher = SlicePublisher(api, config.node_name, health.healthy, self.events).start()
         # kubelet deletes the slices of a driver it does not know (at its start, or once the plugin was gone for a
         # while): each registration republishes
         self.servers = DRAServers(preparer, config.dra_socket, config.registration_socket, self.publisher.wake,
@@ -87,6 +90,8 @@ class DRAPluginRuntime:
             self.servers.stop()
         if self.publisher is not None:
             self.publisher.stop()
+        if self.events is not None:
+            self.events.close()
         if self._health_thread is not None:
             self._health_thread.join(5)
         self.backend.close()

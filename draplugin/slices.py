@@ -8,9 +8,14 @@ multiple allocations. The slice is owned by the Node object, so it goes when the
 
 `SlicePublisher` writes the slice at start, after every `wake()` (a health change, a registration with kubelet)
 and every minute, with pool.generation one above the slice it replaces; a slice that is current (quantities
-compared by value, as the API server may rewrite them in canonical form) is not rewritten. API errors are logged
-and retried with backoff; the plugin keeps serving meanwhile. Slices of our driver for this node under another
-name are deleted.
+compared by value, as the API server may rewrite them in canonical form) is not rewritten, nor is one that still
+holds what the API server made of our last write of the same devices: an API server without the
+DRAConsumableCapacity feature gate (off by default in Kubernetes 1.34 and 1.35) drops `allowMultipleAllocations` and
+the capacities' `requestPolicy` from what it stores (kubernetes pkg/registry/resource/resourceslice/strategy.go,
+dropDisabledFields), and the slice must not be rewritten at every resync for that. The publisher says so once, with
+a WARNING log line and a Warning Event on the Node: without those fields every GPU is an exclusive device (one
+claim each). API errors are logged and retried with backoff; the plugin keeps serving meanwhile. Slices of our
+driver for this node under another name are deleted.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from kubernetes import client as k8s
 from vgpu.dra import CAPACITY_CORES, CAPACITY_MEMORY, DRIVER, device_name
 from vgpu.kube.client import read_json, read_object
 from vgpu.kube.errors import ApiError, NotFoundError, translate
+from vgpu.kube.events import EventRecorder
 from vgpu.node.backends import GPUInfo
 from vgpu.quantity import parse_quantity
 
@@ -109,13 +115,17 @@ def _quantities(value: Any) -> Any:
 class SlicePublisher:
     """Keeps this node's slice equal to the healthy GPUs; one thread, woken by `wake()`."""
 
-    def __init__(self, api: k8s.ApiClient, node: str, healthy_gpus: Callable[[], list[GPUInfo]]) -> None:
+    def __init__(self, api: k8s.ApiClient, node: str, healthy_gpus: Callable[[], list[GPUInfo]],
+                 events: EventRecorder | None = None) -> None:
         self.resource = k8s.ResourceV1Api(api)
         self.core = k8s.CoreV1Api(api)
         self.node = node
         self.name = slice_name(node)
         self.healthy_gpus = healthy_gpus
         self.generation = 0  # of the slice last written or found current
+        self.events = events
+        self.sharing_dropped = False  # the API server dropped allowMultipleAllocations (DRAConsumableCapacity off)
+        self._last_write: tuple[Any, Any] | None = None  # (devices we wrote, devices the server kept), comparable
         self._changed = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -164,7 +174,10 @@ class SlicePublisher:
         if current is not None:
             spec = current.get("spec") or {}
             found = int((spec.get("pool") or {}).get("generation") or 0)
-            same = (_comparable(spec.get("devices") or []) == _comparable(devices)
+            kept = _comparable(spec.get("devices") or [])
+            wanted = _comparable(devices)
+            as_written = self._last_write is not None and self._last_write == (wanted, kept)
+            same = ((kept == wanted or as_written)
                     and spec.get("nodeName") == self.node
                     and (current.get("metadata") or {}).get("ownerReferences") == owner)
             if same:
@@ -185,17 +198,37 @@ class SlicePublisher:
             body["metadata"]["ownerReferences"] = owner
         try:
             if current is None:
-                read_json(self.resource.create_resource_slice(body, _preload_content=False, _request_timeout=_TIMEOUT))
+                stored = read_json(self.resource.create_resource_slice(body, _preload_content=False,
+                                                                       _request_timeout=_TIMEOUT))
             else:
                 body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                read_json(self.resource.replace_resource_slice(self.name, body, _preload_content=False,
-                                                               _request_timeout=_TIMEOUT))
+                stored = read_json(self.resource.replace_resource_slice(self.name, body, _preload_content=False,
+                                                                        _request_timeout=_TIMEOUT))
         except Exception as exc:
             raise translate(exc, f"write ResourceSlice {self.name}") from None
+        kept_devices = ((stored.get("spec") or {}).get("devices") or []) if isinstance(stored, dict) else []
+        self._last_write = (_comparable(devices), _comparable(kept_devices))
+        self._notice_dropped_sharing(devices, kept_devices if isinstance(kept_devices, list) else [],
+                                     str(owner[0]["uid"]) if owner else "")
         self.generation = generation
         log.info("event=slice_published slice=%s generation=%d devices=%s", self.name, generation,
                  ",".join(d["name"] for d in devices) or "none")
         self._delete_others()
+
+    def _notice_dropped_sharing(self, wrote: list[dict[str, Any]], kept: list[Any], node_uid: str) -> None:
+        """Say once that the API server dropped allowMultipleAllocations from the devices we wrote."""
+        shared = {d["name"] for d in wrote if d.get("allowMultipleAllocations")}
+        still = {d.get("name") for d in kept if isinstance(d, dict) and d.get("allowMultipleAllocations")}
+        if self.sharing_dropped or not shared or shared <= still:
+            return
+        self.sharing_dropped = True
+        message = ("the API server dropped allowMultipleAllocations from this node's ResourceSlice: the "
+                   "DRAConsumableCapacity feature gate is off, so each GPU goes to one claim at a time (no sharing); "
+                   "enable the gate on kube-apiserver, kube-scheduler and kubelet to share GPUs")
+        log.warning("event=consumable_capacity_off slice=%s: %s", self.name, message)
+        if self.events is not None:
+            self.events.warning({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node, "uid": node_uid}},
+                                "DRAConsumableCapacityOff", message, kind="Node")
 
     def _read_slice(self) -> dict[str, Any] | None:
         try:

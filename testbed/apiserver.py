@@ -22,6 +22,10 @@ patch (merge, strategic-merge with `conditions` merged by `type`, JSON patch; 40
 metadata.resourceVersion), delete (immediate, as with gracePeriodSeconds=0; honours preconditions).
 
 Semantics copied from kube-apiserver where our code depends on them:
+  * with the DRAConsumableCapacity feature gate off (`consumable_capacity=False`, `--feature-gates
+    DRAConsumableCapacity=false`; off by default in Kubernetes 1.34 and 1.35), a ResourceSlice is stored without its
+    devices' `allowMultipleAllocations` and its capacities' `requestPolicy`, silently (kubernetes
+    pkg/registry/resource/resourceslice/strategy.go, dropDisabledFields);
   * a watch that allowed bookmarks gets a BOOKMARK (with the current resourceVersion, whatever its selector) once
     it has had nothing for `bookmark_interval`, by default a minute as kube-apiserver's watch cache
     (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go, `defaultBookmarkFrequency = time.Minute`);
@@ -204,6 +208,17 @@ def _page(items: list[Obj], limit: str | None, token: str | None) -> tuple[list[
         return items[start:], ""
     page = items[start:start + size]
     return page, str(start + size) if start + size < len(items) else ""
+
+
+def _drop_consumable_capacity(spec: Any) -> None:
+    """What kube-apiserver drops from a ResourceSlice with the DRAConsumableCapacity gate off."""
+    for device in (spec.get("devices") or ()) if isinstance(spec, dict) else ():
+        if not isinstance(device, dict):
+            continue
+        device.pop("allowMultipleAllocations", None)
+        for entry in (device.get("capacity") or {}).values() if isinstance(device.get("capacity"), dict) else ():
+            if isinstance(entry, dict):
+                entry.pop("requestPolicy", None)
 
 
 def _default_requests(spec: Any) -> None:
@@ -445,6 +460,7 @@ class Store:
         self.watch_epoch = 0  # bumped by compact(drop_watches=True) to end every open watch with 410
         self.delivering = threading.Event()  # cleared by ApiServerStandIn.hold_watches(): changes wait to be sent
         self.delivering.set()
+        self.consumable_capacity = True  # the DRAConsumableCapacity feature gate
         self._data = Path(data_path) if data_path else None
         self._journal: Any = None
         self._journal_entries = 0
@@ -607,6 +623,8 @@ class Store:
                 _default_requests(obj["spec"])
             elif res.kind == "ResourceClaim":
                 obj.pop("status", None)  # the allocation is written through the status subresource only
+            elif res.kind == "ResourceSlice" and not self.consumable_capacity:
+                _drop_consumable_capacity(obj.get("spec"))
             _check_resource_api(res, meta["name"], lambda: resourceapi.check_create(res.kind, obj))
             return self._commit(res, "ADDED", obj, None)
 
@@ -629,6 +647,8 @@ class Store:
             else:
                 new.pop("status", None)
         new["metadata"]["resourceVersion"] = m_old.get("resourceVersion")
+        if res.kind == "ResourceSlice" and not self.consumable_capacity:
+            _drop_consumable_capacity(new.get("spec"))
         if new == old:
             return old
         if subresource is None:
@@ -1157,8 +1177,9 @@ class ApiServerStandIn:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, data_path: str | os.PathLike[str] | None = None,
                  history_size: int = 10000, watch_timeout: float = 1800.0, bookmark_interval: float = 60.0,
-                 record_requests: bool = False) -> None:
+                 record_requests: bool = False, consumable_capacity: bool = True) -> None:
         self.store = Store(data_path, history_size)
+        self.store.consumable_capacity = consumable_capacity
         self._server = _Server((host, port), self.store, watch_timeout, bookmark_interval, record_requests)
         self._thread: threading.Thread | None = None
         self.kubeconfig: str | None = None  # set by write_kubeconfig()
@@ -1314,13 +1335,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--watch-timeout", type=float, default=1800.0, help="default watch timeout in seconds")
     ap.add_argument("--bookmark-interval", type=float, default=60.0,
                     help="idle seconds between BOOKMARK events (kube-apiserver: a minute)")
+    ap.add_argument("--feature-gates", default="",
+                    help="NAME=true|false,... as kube-apiserver's; known: DRAConsumableCapacity (default true)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
     host, _, port = args.listen.rpartition(":")
+    gates = {k.strip(): v.strip().lower() == "true"
+             for k, _, v in (g.partition("=") for g in args.feature_gates.split(",") if g.strip())}
     try:
         srv = ApiServerStandIn(host or "127.0.0.1", int(port), args.data, args.history, args.watch_timeout,
-                               args.bookmark_interval)
+                               args.bookmark_interval, consumable_capacity=gates.get("DRAConsumableCapacity", True))
     except (OSError, ValueError) as exc:
         print(f"apiserver stand-in: cannot start: {exc}", file=sys.stderr)
         return 2

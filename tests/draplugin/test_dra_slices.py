@@ -224,3 +224,20 @@ def test_health_streams_beyond_a_few_are_refused(bed: DRABed) -> None:
             channel.close()
     assert set(codes) == {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, codes
     assert 1 <= codes.count(grpc.StatusCode.OK) <= 4, codes
+
+
+def test_an_api_server_without_consumable_capacity_is_noticed_once_and_not_fought(bed: DRABed) -> None:
+    # kube-apiserver with DRAConsumableCapacity off (the 1.34 / 1.35 default) stores the slice without
+    # allowMultipleAllocations and requestPolicy (resourceslice strategy dropDisabledFields)
+    bed.apiserver.store.consumable_capacity = False
+    bed.start(gpus="2xT4")
+    stored = bed.read_slice()
+    assert all("allowMultipleAllocations" not in d for d in stored["spec"]["devices"])
+    eventually(lambda: "event=consumable_capacity_off" in bed.log(), what="the warning")
+    events = eventually(lambda: [e for e in read_json(bed.core.list_event_for_all_namespaces(
+        _preload_content=False))["items"] if e.get("reason") == "DRAConsumableCapacityOff"], what="the Node event")
+    assert events[0]["involvedObject"]["kind"] == "Node" and events[0]["involvedObject"]["name"] == NODE
+    bed.notify(True)  # a registration republishes: the slice the server kept is what we wrote, not rewritten
+    eventually(lambda: bed.log().count("event=slice_current") >= 1, what="the slice found current")
+    assert bed.read_slice()["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
+    assert bed.log().count("event=consumable_capacity_off") == 1
