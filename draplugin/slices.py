@@ -2,9 +2,13 @@
 
 One slice per node, `<node>-gpu.vgpu-sharing.io`, pool = the node's name, one device per healthy GPU with the
 attributes `uuid`, `model`, `index`, `memory` (MiB) and, where the backend knows it,
-`resource.kubernetes.io/numaNode`, and the consumable capacities `memory` (the whole card by default, any whole
-number of MiB) and `cores` (0..100 percent, 0 by default: no compute reservation, no SM limit). Devices allow
-multiple allocations. The slice is owned by the Node object, so it goes when the node goes.
+`resource.kubernetes.io/numaNode`; beside them, under the names NVIDIA's DRA driver gives them (so a selector
+written for it needs only the domain changed): `type` ("gpu"), `productName`, and where known `architecture`,
+`cudaComputeCapability`, `driverVersion`, `cudaDriverVersion` (versions as semantic versions) and the standard
+`resource.kubernetes.io/pciBusID` and `resource.kubernetes.io/pcieRoot`; and the consumable capacities `memory`
+(the whole card by default, any whole number of MiB) and `cores` (0..100 percent, 0 by default: no compute
+reservation, no SM limit). Devices allow multiple allocations. The slice is owned by the Node object, so it goes
+when the node goes.
 
 `SlicePublisher` writes the slice at start, after every `wake()` (a health change, a registration with kubelet)
 and every minute, with pool.generation one above the slice it replaces; a slice that is current (quantities
@@ -34,11 +38,14 @@ from vgpu.kube.events import EventRecorder
 from vgpu.node.backends import GPUInfo
 from vgpu.quantity import parse_quantity
 
-__all__ = ["NUMA_ATTRIBUTE", "SlicePublisher", "slice_devices_for", "slice_name", "slice_spec"]
+__all__ = ["NUMA_ATTRIBUTE", "PCIE_ROOT_ATTRIBUTE", "PCI_BUS_ATTRIBUTE", "SlicePublisher", "nvidia_attributes",
+           "slice_devices_for", "slice_name", "slice_spec"]
 
 log = logging.getLogger(__name__)
 
 NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+PCI_BUS_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
+PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 30.0
 _RESYNC_SECONDS = 60.0  # a slice deleted or changed by someone else is restored within this time
 _TIMEOUT = 10.0  # seconds per API request
@@ -47,6 +54,32 @@ _TIMEOUT = 10.0  # seconds per API request
 def slice_name(node: str) -> str:
     """The name of the node's slice."""
     return f"{node}-{DRIVER}"
+
+
+def _semver(version: str) -> str | None:
+    """"580.159.04" as a semantic version ("580.159.4"), "13.0" as "13.0.0"; None when it is not numbers."""
+    parts = version.split(".")
+    if not version or len(parts) > 3 or not all(p.isdigit() for p in parts):
+        return None
+    return ".".join(str(int(p)) for p in [*parts, "0", "0"][:3])
+
+
+def nvidia_attributes(gpu: GPUInfo) -> dict[str, Any]:
+    """The attributes NVIDIA's DRA driver publishes for a whole GPU (NVIDIA/k8s-dra-driver-gpu, the GPU kubelet
+    plugin's device attributes), with the values this GPU's backend knows."""
+    found: dict[str, Any] = {"type": {"string": "gpu"}, "productName": {"string": gpu.name}}
+    if gpu.architecture:
+        found["architecture"] = {"string": gpu.architecture}
+    for name, raw in (("cudaComputeCapability", gpu.compute_capability), ("driverVersion", gpu.driver_version),
+                      ("cudaDriverVersion", gpu.cuda_driver_version)):
+        version = _semver(raw)
+        if version is not None:
+            found[name] = {"version": version}
+    if gpu.pci_bus_id:
+        found[PCI_BUS_ATTRIBUTE] = {"string": gpu.pci_bus_id}
+    if gpu.pcie_root:
+        found[PCIE_ROOT_ATTRIBUTE] = {"string": gpu.pcie_root}
+    return found
 
 
 def _device(gpu: GPUInfo) -> dict[str, Any]:
@@ -59,6 +92,7 @@ def _device(gpu: GPUInfo) -> dict[str, Any]:
     }
     if gpu.numa is not None and gpu.numa >= 0:
         attributes[NUMA_ATTRIBUTE] = {"int": gpu.numa}
+    attributes.update(nvidia_attributes(gpu))
     return {
         "name": device_name(gpu.nvml_index),
         "attributes": attributes,

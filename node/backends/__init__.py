@@ -31,6 +31,12 @@ class GPUInfo:
     numa: int | None = None
     index: int | None = None  # NVML enumeration index (None: same as minor)
     mig_enabled: bool = False
+    architecture: str = ""  # "Hopper"; "" where unknown (so for every field below)
+    compute_capability: str = ""  # "9.0"
+    driver_version: str = ""  # "580.159.04", as NVML reports it
+    cuda_driver_version: str = ""  # "13.0"
+    pci_bus_id: str = ""  # "0000:00:06.0"
+    pcie_root: str = ""  # "pci0000:00", the PCIe root complex the GPU hangs off
 
     @property
     def nvml_index(self) -> int:

@@ -21,13 +21,24 @@ from typing import Any
 
 from vgpu.node.backends import GPUInfo, GPUReading, HealthEvent
 
-__all__ = ["NVMLBackend", "find_nvml_library"]
+__all__ = ["ARCHITECTURES", "NVMLBackend", "find_nvml_library", "pcie_root"]
 
 log = logging.getLogger(__name__)
 
 NVML_LIBRARY = "libnvidia-ml.so.1"
 _LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib", "lib64",
                  "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "lib")
+
+
+# nvml.h NVML_DEVICE_ARCH_*, named as NVIDIA's DRA driver publishes its `architecture` attribute
+ARCHITECTURES = {2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere", 8: "Ada Lovelace",
+                 9: "Hopper", 10: "Blackwell"}
+
+
+def pcie_root(bus_id: str, sysfs: str = "/sys") -> str:
+    """The PCIe root complex of a PCI device ("pci0000:00"), from where its sysfs entry resolves; "" if unknown."""
+    real = os.path.realpath(os.path.join(sysfs, "bus", "pci", "devices", bus_id))
+    return next((part for part in real.split(os.sep) if part.startswith("pci")), "")
 
 
 def find_nvml_library(driver_root: str) -> str | None:
@@ -85,6 +96,7 @@ class NVMLBackend:
         except Exception as exc:
             log.warning("event=nvml_count_failed error=%s", exc)
             return []
+        drivers = self._driver_versions()
         for index in range(count):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
@@ -107,11 +119,47 @@ class NVMLBackend:
                 except Exception:
                     mig = False
                 gpus.append(GPUInfo(uuid=uid, name=name, memory_mib=memory, minor=minor, numa=numa, index=index,
-                                    mig_enabled=mig))
+                                    mig_enabled=mig, **self._facts(handle), **drivers))
             except Exception as exc:
                 log.warning("event=nvml_device_failed index=%d error=%s", index, exc)
         gpus.sort(key=lambda g: g.minor)
         return gpus
+
+    def _driver_versions(self) -> dict[str, str]:
+        """The driver's and its CUDA's versions ("" where NVML does not say)."""
+        nv = self._nvml
+        found = {"driver_version": "", "cuda_driver_version": ""}
+        try:
+            found["driver_version"] = self._text(nv.nvmlSystemGetDriverVersion())
+        except Exception as exc:
+            log.debug("event=nvml_driver_version_unknown error=%s", exc)
+        try:
+            cuda = int(nv.nvmlSystemGetCudaDriverVersion())
+            found["cuda_driver_version"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        except Exception as exc:
+            log.debug("event=nvml_cuda_version_unknown error=%s", exc)
+        return found
+
+    def _facts(self, handle: Any) -> dict[str, str]:
+        """Architecture, compute capability and PCI position of one GPU ("" for what NVML does not say)."""
+        nv = self._nvml
+        facts = {"architecture": "", "compute_capability": "", "pci_bus_id": "", "pcie_root": ""}
+        try:
+            facts["architecture"] = ARCHITECTURES.get(int(nv.nvmlDeviceGetArchitecture(handle)), "")
+        except Exception as exc:
+            log.debug("event=nvml_architecture_unknown error=%s", exc)
+        try:
+            major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
+            facts["compute_capability"] = f"{int(major)}.{int(minor)}"
+        except Exception as exc:
+            log.debug("event=nvml_capability_unknown error=%s", exc)
+        try:
+            pci = nv.nvmlDeviceGetPciInfo(handle)
+            facts["pci_bus_id"] = f"{int(pci.domain):04x}:{int(pci.bus):02x}:{int(pci.device):02x}.0"
+            facts["pcie_root"] = pcie_root(facts["pci_bus_id"])
+        except Exception as exc:
+            log.debug("event=nvml_pci_unknown error=%s", exc)
+        return facts
 
     def _register_events(self) -> None:
         nv = self._nvml

@@ -45,6 +45,13 @@ MODELS: dict[str, tuple[str, int]] = {
     "L40S": ("NVIDIA L40S", 46068),
     "RTX4090": ("NVIDIA GeForce RTX 4090", 24564),
 }
+# short model name -> (architecture, CUDA compute capability), as NVML reports them for that card
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "A100-40GB": ("Ampere", "8.0"), "A100-80GB": ("Ampere", "8.0"), "H100-80GB": ("Hopper", "9.0"),
+    "H200": ("Hopper", "9.0"), "V100-16GB": ("Volta", "7.0"), "V100-32GB": ("Volta", "7.0"), "T4": ("Turing", "7.5"),
+    "A10": ("Ampere", "8.6"), "A30": ("Ampere", "8.0"), "L4": ("Ada Lovelace", "8.9"),
+    "L40S": ("Ada Lovelace", "8.9"), "RTX4090": ("Ada Lovelace", "8.9"),
+}
 _NAMESPACE = uuidlib.UUID("6f1d7a52-3c1e-4f7b-9a55-0e2b8f6d9c41")
 _ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+?)(\+mig)?$")
 
@@ -107,11 +114,13 @@ class SimBackend:
         gpus: list[GPUInfo] = []
         for model, count, mig in parse_sim_spec_full(spec):
             name, memory = MODELS[model]
+            architecture, capability = ARCHITECTURES.get(model, ("", ""))
             for _ in range(count):
                 index = len(gpus)
                 uid = uuidlib.uuid5(_NAMESPACE, f"{node_name}/{index}")
                 gpus.append(GPUInfo(uuid=f"GPU-{uid}", name=name, memory_mib=memory, minor=index, numa=None,
-                                    index=index, mig_enabled=mig))
+                                    index=index, mig_enabled=mig, architecture=architecture,
+                                    compute_capability=capability))
         return cls(gpus, control_file=control_file, ignored_xids=ignored_xids)
 
     def devices(self) -> list[GPUInfo]:

@@ -5,6 +5,7 @@ usage in the metrics."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -121,3 +122,20 @@ def test_memory_in_use_shows_in_the_metrics(cluster, tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_nvml_backend_reads_what_nvidia_attributes_need(tmp_path):
+    # in a process of its own: pynvml finds libnvidia-ml.so.1 through LD_LIBRARY_PATH at load
+    sim = ensure_sim_built()
+    env = {**os.environ, "LD_LIBRARY_PATH": str(sim.sim_dir), "SIMGPU_DEVICES": DEVICES,
+           "SIMGPU_STATE": str(tmp_path / "node.state")}
+    code = ("import json; from vgpu.node.backends.nvml import NVMLBackend; b = NVMLBackend(); "
+            "print(json.dumps([[g.compute_capability, g.driver_version, g.cuda_driver_version, g.pci_bus_id] "
+            "for g in b.devices()])); b.close()")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert len(found) == 2
+    for capability, driver, cuda, bus in found:
+        assert (capability, driver, cuda) == ("8.0", "580.95.05", "13.0")
+        assert len(bus) == 12 and bus[4] == ":" and bus.endswith(".0")

@@ -33,6 +33,9 @@ def test_slice_content(bed: DRABed) -> None:
         assert attributes["index"].int == index
         assert attributes["memory"].int == 40960
         assert "resource.kubernetes.io/numaNode" not in attributes  # the sim backend does not know it
+        # NVIDIA's DRA driver's names beside ours: a selector written for it needs only the domain changed
+        assert (attributes["type"].string, attributes["productName"].string) == ("gpu", "NVIDIA A100-PCIE-40GB")
+        assert (attributes["architecture"].string, attributes["cudaComputeCapability"].version) == ("Ampere", "8.0.0")
         memory, cores = device.capacity["memory"], device.capacity["cores"]
         assert memory.value == "40960Mi"
         assert memory.request_policy.default == "40960Mi"
@@ -154,6 +157,23 @@ def test_a_known_numa_node_is_published_as_the_standard_attribute() -> None:
     assert "resource.kubernetes.io/numaNode" not in first["attributes"]
     assert second["attributes"]["resource.kubernetes.io/numaNode"] == {"int": 1}
     assert second["capacity"]["memory"]["value"] == "23034Mi"
+
+
+def test_nvidia_attribute_names_and_versions() -> None:
+    from vgpu.draplugin.slices import nvidia_attributes
+    from vgpu.node.backends import GPUInfo
+
+    gpu = GPUInfo("GPU-a", "NVIDIA H100 80GB HBM3", 81559, minor=0, architecture="Hopper", compute_capability="9.0",
+                  driver_version="580.159.04", cuda_driver_version="13.0", pci_bus_id="0000:00:06.0",
+                  pcie_root="pci0000:00")
+    assert nvidia_attributes(gpu) == {
+        "type": {"string": "gpu"}, "productName": {"string": "NVIDIA H100 80GB HBM3"},
+        "architecture": {"string": "Hopper"}, "cudaComputeCapability": {"version": "9.0.0"},
+        "driverVersion": {"version": "580.159.4"}, "cudaDriverVersion": {"version": "13.0.0"},
+        "resource.kubernetes.io/pciBusID": {"string": "0000:00:06.0"},
+        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:00"}}
+    unknown = nvidia_attributes(GPUInfo("GPU-b", "Sim", 100, minor=0, driver_version="r580"))
+    assert set(unknown) == {"type", "productName"}  # nothing invented where the backend does not know
 
 
 def test_the_health_stream_reports_every_device_then_each_change(bed: DRABed) -> None:
