@@ -18,6 +18,13 @@ from vgpu.kube.patch import patch_pod_metadata
 from vgpu.testbed.apiserver import ApiServerStandIn
 
 
+def _wait_for(cache: WatchCache, key: str, timeout: float) -> None:
+    """Wait up to `timeout` seconds for `key` to be in the cache (the caller asserts it)."""
+    deadline = time.monotonic() + timeout
+    while key not in cache and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _pod(name: str) -> dict:
     return {"metadata": {"name": name, "namespace": "default"}, "spec": {"containers": [{"name": "c"}]}}
 
@@ -87,9 +94,7 @@ def test_a_silent_watch_is_noticed_and_resumed(apiserver, api):
         assert cache.wait_synced(10)
         lists = cache.relists
         read_json(k8s.CoreV1Api(api).create_namespaced_pod("default", _pod("late"), _preload_content=False))
-        deadline = time.monotonic() + 10
-        while "default/late" not in cache and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for(cache, "default/late", 10)
         assert "default/late" in cache
         assert cache.stalls >= 1 and cache.relists == lists
     finally:
@@ -118,9 +123,7 @@ def test_a_node_filtered_watch_is_not_reopened_while_other_nodes_pods_change(tmp
             read_json(core.create_namespaced_pod("default", _on(f"other-{i}", "n2"), _preload_content=False))
             time.sleep(0.5)
         read_json(core.create_namespaced_pod("default", _on("mine", "n1"), _preload_content=False))
-        deadline = time.monotonic() + 10
-        while "default/mine" not in cache and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for(cache, "default/mine", 10)
         assert "default/mine" in cache
         assert (cache.stalls, cache.watches) == (0, watches)
     finally:
@@ -139,9 +142,7 @@ def test_a_filtered_watch_silent_past_the_bookmark_cadence_is_resumed(apiserver,
     try:
         assert cache.wait_synced(10)
         read_json(k8s.CoreV1Api(api).create_namespaced_pod("default", _on("late", "n1"), _preload_content=False))
-        deadline = time.monotonic() + 15
-        while "default/late" not in cache and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for(cache, "default/late", 15)
         assert "default/late" in cache and cache.stalls >= 1
     finally:
         cache.stop()
@@ -157,9 +158,7 @@ def test_a_410_on_resume_relists(apiserver, api):
     try:
         assert cache.wait_synced(10)
         read_json(k8s.CoreV1Api(api).create_namespaced_pod("default", _pod("after"), _preload_content=False))
-        deadline = time.monotonic() + 10
-        while "default/after" not in cache and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for(cache, "default/after", 10)
         assert "default/after" in cache and cache.relists >= 2
     finally:
         cache.stop()
