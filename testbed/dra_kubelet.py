@@ -104,6 +104,7 @@ class DRAPlugins:
         self._by_name: dict[str, list[DriverRegistration]] = {}  # newest last
         self.registrations = 0  # successful registrations so far
         self.on_registered: list[Callable[[str], None]] = []
+        self.on_gone: list[Callable[[str], None]] = []  # a driver's last registration went
 
     def validate_plugin(self, name: str, endpoint: str, versions: list[str]) -> None:
         """ValueError unless the plugin names itself and its endpoint and offers a version we speak."""
@@ -144,10 +145,14 @@ class DRAPlugins:
             for old in [r for r in stack if r.socket == socket]:
                 stack.remove(old)
                 old.channel.close()
-            if not stack:
+            gone = not stack
+            if gone:
                 self._by_name.pop(name, None)
             self.cond.notify_all()
         log.info("event=dra-driver-deregistered driver=%s socket=%s", name, socket)
+        if gone:
+            for callback in self.on_gone:
+                callback(name)
 
     def get(self, name: str) -> DriverRegistration | None:
         """The registration in use for a driver, or None."""
@@ -598,13 +603,87 @@ def _rpc_error(exc: grpc.RpcError) -> str:
     return f"{code.name if code else 'error'}: {details}"
 
 
+class SliceWiper:
+    """What kubelet does to the ResourceSlices of its node (kubernetes pkg/kubelet/cm/dra/plugin/
+    dra_plugin_manager.go, `wipeResourceSlices`): at its start it deletes every driver's slices of the node, and
+    when a driver's last plugin deregisters it deletes that driver's slices after a delay (30 s: time for a
+    replacement plugin to come back), which a new registration of the driver cancels."""
+
+    def __init__(self, api_client: Any, node_name: str, delay: float = 30.0) -> None:
+        from kubernetes import client as k8s
+
+        self.resource: Any = k8s.ResourceV1Api(api_client)
+        self.node_name = node_name
+        self.delay = delay
+        self._timers: dict[str, threading.Timer] = {}
+        self._lock = threading.Lock()
+
+    def wipe(self, driver: str = "") -> int:
+        """Delete the node's slices (of `driver` only, when given); how many went."""
+        from vgpu.testbed.kubeclient import read_json
+
+        listed = read_json(self.resource.list_resource_slice(field_selector=f"spec.nodeName={self.node_name}",
+                                                             _preload_content=False)) or {}
+        gone = 0
+        for item in listed.get("items") or ():
+            if driver and (item.get("spec") or {}).get("driver") != driver:
+                continue
+            try:
+                self.resource.delete_resource_slice(item["metadata"]["name"], _preload_content=False)
+                gone += 1
+            except Exception as exc:  # already gone, or the API server is away: kubelet retries, we log
+                log.info("event=dra-slice-wipe-failed slice=%s error=%s", item["metadata"]["name"], exc)
+        log.info("event=dra-slices-wiped node=%s driver=%s count=%d", self.node_name, driver or "*", gone)
+        return gone
+
+    def driver_gone(self, driver: str) -> None:
+        """Schedule the driver's wipe."""
+        timer = threading.Timer(self.delay, self._wipe_later, (driver,))
+        timer.daemon = True
+        with self._lock:
+            old = self._timers.pop(driver, None)
+            self._timers[driver] = timer
+        if old is not None:
+            old.cancel()
+        timer.start()
+
+    def driver_back(self, driver: str) -> None:
+        """A registration of the driver cancels its pending wipe."""
+        with self._lock:
+            timer = self._timers.pop(driver, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _wipe_later(self, driver: str) -> None:
+        with self._lock:
+            if driver not in self._timers:
+                return
+            del self._timers[driver]
+        try:
+            self.wipe(driver)
+        except Exception as exc:
+            log.info("event=dra-slice-wipe-failed driver=%s error=%s", driver, exc)
+
+    def stop(self) -> None:
+        with self._lock:
+            timers, self._timers = list(self._timers.values()), {}
+        for timer in timers:
+            timer.cancel()
+
+
 class DRAKubelet:
-    """The DRA side of one node's kubelet: plugin watcher, registered drivers, claim manager, CDI registry."""
+    """The DRA side of one node's kubelet: plugin watcher, registered drivers, claim manager, CDI registry, and
+    (given the node's name) the wiping of its ResourceSlices."""
 
     def __init__(self, registry_dir: str | Path, cdi_dirs: Iterable[str | Path], api_client: Any,
                  state_file: Path | None = None, rpc_timeout: float = 10.0, unprepare_attempts: int = 5,
-                 retry_delay: float = 0.2, watch_interval: float = 0.1) -> None:
+                 retry_delay: float = 0.2, watch_interval: float = 0.1, node_name: str | None = None,
+                 wipe_delay: float = 30.0) -> None:
         self.plugins = DRAPlugins()
+        self.wiper = SliceWiper(api_client, node_name, wipe_delay) if node_name else None
+        if self.wiper is not None:
+            self.plugins.on_registered.append(self.wiper.driver_back)
+            self.plugins.on_gone.append(self.wiper.driver_gone)
         self.watcher = PluginWatcher(registry_dir, {PLUGIN_TYPE: self.plugins}, interval=watch_interval)
         self.cdi = CDIRegistry(list(cdi_dirs))
         self.manager = DRAManager(api_client, self.plugins, self.cdi, state_file=state_file, rpc_timeout=rpc_timeout,
@@ -614,6 +693,11 @@ class DRAKubelet:
         """Start watching for plugins and the unprepare worker."""
         for directory in self.cdi.dirs:
             directory.mkdir(parents=True, exist_ok=True)
+        if self.wiper is not None:  # before any plugin registers: their republishing follows the wipe
+            try:
+                self.wiper.wipe()
+            except Exception as exc:
+                log.warning("event=dra-slice-wipe-failed node=%s error=%s", self.wiper.node_name, exc)
         self.manager.start()
         self.watcher.start()
         return self
@@ -621,6 +705,8 @@ class DRAKubelet:
     def stop(self) -> None:
         """Stop watching, stop the worker, close plugin connections."""
         self.watcher.stop()
+        if self.wiper is not None:
+            self.wiper.stop()
         self.manager.stop()
         self.plugins.close()
 

@@ -651,7 +651,7 @@ class NodeAgent:
         self.kubelet = KubeletStandIn(kubelet_dir, on_admitted=self._on_admitted)
         registry = Path(plugins_registry) if plugins_registry else Path(kubelet_dir).parent / "plugins_registry"
         self.dra = DRAKubelet(registry, cdi_dirs or [str(Path(workdir) / "cdi")], self.api_client,
-                              state_file=Path(workdir) / "dra_manager_state.json")
+                              state_file=Path(workdir) / "dra_manager_state.json", node_name=node_name)
         self.dra_retry = dra_retry
         self.dra_waiting: dict[str, dict[str, ContainerAllocation]] = {}  # pod uid -> allocations, prepare failed
         self.dra_errors: dict[str, str] = {}  # pod uid -> last preparation error

@@ -6,11 +6,12 @@ back."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from kubelet_dra_helpers import DRIVER, KIND, NodeBed, env_container, env_name
+from kubelet_dra_helpers import DRIVER, KIND, NODE, NodeBed, env_container, env_name
 
 
 @pytest.fixture
@@ -256,3 +257,45 @@ def test_a_dead_socket_is_rejected_after_a_few_attempts_and_a_plugin_taking_its_
     plugin = bed.plugin().start()  # unlinks the dead socket and serves on the same path
     assert plugin.wait(lambda: plugin.statuses == [(True, "")])
     assert bed.wait_driver() and path not in watcher.rejected
+
+
+def _slice(bed: NodeBed, name: str, driver: str, node: str) -> None:
+    bed.resource.create_resource_slice({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                                        "metadata": {"name": name},
+                                        "spec": {"driver": driver, "nodeName": node, "devices": [],
+                                                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}})
+
+
+def _slices(bed: NodeBed) -> set[str]:
+    return {s.metadata.name for s in bed.resource.list_resource_slice().items}
+
+
+def test_kubelet_wipes_its_nodes_slices_at_start(bed):
+    # pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go wipeResourceSlices: every driver's slices of the node, at once
+    _slice(bed, "mine-a", DRIVER, NODE)
+    _slice(bed, "mine-b", "other.example.com", NODE)
+    _slice(bed, "theirs", DRIVER, "node-b")
+    bed.restart_agent()
+    assert _slices(bed) == {"theirs"}
+
+
+def test_a_driver_gone_for_the_delay_loses_its_slices_and_one_back_in_time_keeps_them(bed):
+    # the same function, for a driver whose last plugin deregistered: after a delay (30 s; 0.5 s here so that the
+    # test is short) that a new registration cancels
+    bed.agent.dra.wiper.delay = 0.5
+    _slice(bed, "driver-slice", DRIVER, NODE)
+    _slice(bed, "other-driver", "other.example.com", NODE)
+    first = bed.plugin().start()
+    assert bed.wait_driver()
+    first.stop()
+    assert bed.wait_driver(present=False)
+    bed.plugin().start()  # back within the delay
+    assert bed.wait_driver()
+    time.sleep(1.5)
+    assert _slices(bed) == {"driver-slice", "other-driver"}
+    bed.plugins[-1].stop()
+    assert bed.wait_driver(present=False)
+    deadline = time.monotonic() + 10
+    while "driver-slice" in _slices(bed) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _slices(bed) == {"other-driver"}
