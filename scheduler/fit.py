@@ -167,15 +167,14 @@ def _candidates(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request
                        type_ok[device.type]) is None]
 
 
-def _charged(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request: ContainerRequest,
-             chosen: Sequence[int]) -> list[GPUUsage]:
-    """`usage` with the request charged on the chosen GPUs (new GPUUsage objects; the given ones are not changed)."""
-    after = list(usage)
+def _charge(devices: Sequence[GPUDevice], tentative: list[GPUUsage], request: ContainerRequest,
+            chosen: Sequence[int]) -> None:
+    """Charge the request on the chosen GPUs of `tentative` (a private list): the chosen entries are replaced by new
+    GPUUsage objects, so the objects the caller passed in are never changed."""
     for i in chosen:
-        used = after[i]
-        after[i] = taken = GPUUsage(used.shares, used.memory, used.cores)
+        used = tentative[i]
+        tentative[i] = taken = GPUUsage(used.shares, used.memory, used.cores)
         taken.add(request.memory_on(devices[i].memory), request.cores)
-    return after
 
 
 def _search(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], requests: Sequence[ContainerRequest],
@@ -196,7 +195,9 @@ def _search(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], requests: S
             budget -= 1
             if budget < 0:
                 return None
-            rest = place(k + 1, _charged(devices, tentative, request, chosen))
+            after = list(tentative)
+            _charge(devices, after, request, chosen)
+            rest = place(k + 1, after)
             if rest is not None:
                 return [tuple(chosen), *rest]
         return None
@@ -257,6 +258,6 @@ def fit(
                 unresolvable=static_ok < request.count,
             )
         chosen = order(devices, tentative, request, candidates)[: request.count]
-        tentative = _charged(devices, tentative, request, chosen)
+        _charge(devices, tentative, request, chosen)
         placement.append(tuple(chosen))
     return FitResult(ok=True, placement=tuple(placement), assignment=grants_on(devices, requests, placement))
