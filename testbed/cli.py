@@ -55,9 +55,6 @@ def register(subparsers: Any) -> None:
                    help="keep state and logs here (an empty or previous demo directory; default: a temporary one)")
     p.add_argument("--keep-workdir", action="store_true",
                    help="keep the temporary directory (deleted after a successful run otherwise)")
-    p.add_argument("--backend", choices=("sim", "nvml"), default="sim",
-                   help="how the device plugins see the GPUs: sim (their own simulated backend) or nvml (NVML, "
-                        "the simulated libnvidia-ml.so.1 over the nodes' simulated GPUs)")
     p.set_defaults(func=_run)
 
 

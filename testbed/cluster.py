@@ -4,7 +4,9 @@ Shared by `vgpu demo` and tests/e2e. `LocalCluster` starts, each as its own proc
 `<workdir>/logs/`:
   * the API-server stand-in (`python -m vgpu.testbed.apiserver`, persistent, so it can be killed and restarted);
   * per node: a kubelet stand-in that runs admitted pods as local processes (`python -m vgpu.testbed.podrunner`),
-    and our real device plugin (`vgpu device-plugin --backend sim`) registered with it over unix sockets;
+    and our real device plugin (`vgpu device-plugin --backend nvml`) registered with it over unix sockets. A node's
+    GPUs are the test bed's own description (testbed/machine.py): the plugin finds them through the simulated
+    libnvidia-ml.so.1, as it finds real ones through NVML, and the pod runner gives containers the same GPUs;
   * our real extender (`vgpu scheduler`) and the kube-scheduler stand-in (`python -m vgpu.testbed.scheduler_driver`)
     reading deploy/'s KubeSchedulerConfiguration.
 Each piece can be killed (SIGKILL to its process group), stopped and restarted on the same ports and paths, which
@@ -34,7 +36,9 @@ from typing import Any
 import httpx
 import orjson
 
-__all__ = ["LocalCluster", "NodeProcs", "Proc", "free_port", "memory_factor_for", "port_or_free"]
+from vgpu.testbed.machine import MachineGPU, machine
+
+__all__ = ["LocalCluster", "NodeProcs", "Proc", "free_port", "isolation_paths", "memory_factor_for", "port_or_free"]
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +92,21 @@ def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
             return free_port(host)
 
 
+def isolation_paths() -> tuple[Path, Path]:
+    """(libvgpu.so, directory of the simulated libcuda.so.1 / libnvidia-ml.so.1), building them if needed; raises
+    vgpu.isolation.build.BuildError when they cannot be built."""
+    from vgpu.isolation.build import ensure_built
+    from vgpu.testbed.build import ensure_sim_built
+
+    return ensure_built().libvgpu, ensure_sim_built().sim_dir
+
+
 def memory_factor_for(gpus: str) -> int:
     """The smallest power-of-two MiB per memory unit that keeps a node with `gpus` within kubelet's budget."""
     from vgpu.deviceplugin.config import MEMORY_ENTRY_BUDGET
-    from vgpu.node.backends.sim import MODELS, parse_sim_spec
+    from vgpu.testbed.machine import total_memory_mib
 
-    total = sum(MODELS[model][1] * count for model, count in parse_sim_spec(gpus))
+    total = total_memory_mib(gpus)
     factor = 1
     while total // factor > MEMORY_ENTRY_BUDGET:
         factor *= 2
@@ -217,11 +230,11 @@ class NodeProcs:
     dir: Path
     kubelet_dir: Path
     hook_path: Path
-    sim_control: Path
     metrics_port: int
     kubelet: Proc | None = None
     plugin: Proc | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    gpus: list[MachineGPU] = field(default_factory=list)  # the node's GPUs, as the test bed describes the node
     plugins_registry: Path | None = None  # where DRA plugins register with the node's kubelet stand-in
     cdi_dir: Path | None = None  # CDI specs the node's kubelet stand-in resolves DRA devices against
 
@@ -234,7 +247,7 @@ class LocalCluster:
                  node_cpu: str = "64", node_memory: str = "256Gi", log_level: str = "INFO",
                  scheduler_args: Iterable[str] = (), plugin_args: Iterable[str] = (),
                  unschedulable_flush: float = 5.0, memory_factor: int | None = None,
-                 resource_mode: str = "mib", backend: str = "sim", cgroup_root: str | None = None,
+                 resource_mode: str = "mib", cgroup_root: str | None = None,
                  dra: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
         self.dra = dra
@@ -268,7 +281,7 @@ class LocalCluster:
             ndir = self.workdir / name
             port = first_metrics if i == 0 and first_metrics else free_port()
             self.nodes.append(NodeProcs(name=name, dir=ndir, kubelet_dir=ndir / "device-plugins",
-                                        hook_path=ndir / "hook", sim_control=ndir / "sim-control",
+                                        hook_path=ndir / "hook",
                                         metrics_port=port, plugins_registry=ndir / "plugins_registry",
                                         cdi_dir=ndir / "cdi"))
         per_node = [gpus] * nodes if isinstance(gpus, str) else list(gpus)
@@ -302,24 +315,24 @@ class LocalCluster:
                        "--unschedulable-flush", str(unschedulable_flush), "--log-level", log_level]
         driver_args += ["--config", self.scheduler_config] if self.scheduler_config else ["--builtin-config"]
         self.driver = Proc("scheduler-driver", driver_args, self.logs / "scheduler-driver.log")
-        # backend "nvml": the plugin reads the node's GPUs through NVML, the simulated libnvidia-ml.so.1 over the
-        # same simulated GPUs the node's pods use; with a cgroup root each container runs in a cgroup of its own
-        self.backend = backend
+        # the plugins read each node's GPUs through NVML, the simulated libnvidia-ml.so.1 over the test bed's
+        # description of the node, which the node's pods get too; with a cgroup root each container runs in a
+        # cgroup of its own
         for node, node_gpus in zip(self.nodes, per_node):
             node.extra["gpus"] = node_gpus
+            node.gpus = machine(node_gpus, node.name)
             cgroup_args = ["--cgroup-root", f"{cgroup_root}/{node.name}"] if cgroup_root else []
             if cgroup_root:
                 Path(cgroup_root, node.name).mkdir(parents=True, exist_ok=True)
             node.kubelet = Proc(f"kubelet-{node.name}", [
                 sys.executable, "-m", "vgpu.testbed.podrunner", "--node-name", node.name,
                 "--kubelet-dir", str(node.kubelet_dir), "--kubeconfig", self.kubeconfig, "--workdir", str(node.dir),
-                "--trace", str(self.trace), "--memory-factor", str(self.memory_factor), "--cpu", node_cpu,
+                "--trace", str(self.trace), "--gpus", node_gpus, "--sim-dir", str(isolation_paths()[1]),
+                "--cpu", node_cpu,
                 "--memory", node_memory, "--log-level", log_level, *cgroup_args,
                 "--plugins-registry", str(node.plugins_registry), "--cdi-dir", str(node.cdi_dir)],
                 self.logs / f"kubelet-{node.name}.log")
-            source = ["--backend", "sim", "--sim-gpus", node_gpus, *self._sim_control_args(node)]
-            if backend == "nvml":
-                source = ["--backend", "nvml", *cgroup_args]
+            source = ["--backend", "nvml", *cgroup_args]
             if dra:
                 node.plugin = self._dra_plugin(node, source, log_level)
                 continue
@@ -329,7 +342,7 @@ class LocalCluster:
                 "--lock-dir", str(node.dir / "vgpulock"), "--kubeconfig", self.kubeconfig,
                 "--metrics-listen", f"0.0.0.0:{node.metrics_port}",
                 *mode_args, *self.plugin_args), self.logs / f"device-plugin-{node.name}.log",
-                env=self.nvml_env(node) if backend == "nvml" else None)
+                env=self.nvml_env(node))
         self._http = httpx.Client(base_url=self.url, timeout=10)
         self._core: Any = None
 
@@ -342,12 +355,7 @@ class LocalCluster:
             "--plugins-dir", str(node.dir / "plugins"), "--registry-dir", str(node.plugins_registry),
             "--cdi-dir", str(node.cdi_dir), "--hook-path", str(node.hook_path),
             "--lock-dir", str(node.dir / "vgpulock"), "--kubeconfig", self.kubeconfig, *self.plugin_args),
-            self.logs / f"dra-plugin-{node.name}.log")
-
-    def _sim_control_args(self, node: NodeProcs) -> list[str]:
-        from vgpu.testbed import compat
-
-        return compat.sim_control_args(node.sim_control)
+            self.logs / f"dra-plugin-{node.name}.log", env=self.nvml_env(node))
 
     @property
     def core(self) -> Any:
@@ -456,7 +464,6 @@ class LocalCluster:
         node.dir.mkdir(parents=True, exist_ok=True)
         node.kubelet_dir.mkdir(parents=True, exist_ok=True)
         node.hook_path.mkdir(parents=True, exist_ok=True)
-        node.sim_control.touch()
         self.ensure_node_object(node)
 
     def start_node(self, node: NodeProcs, timeout: float = 60.0) -> None:
@@ -601,39 +608,29 @@ class LocalCluster:
         self.stop()
 
     def nvml_env(self, node: NodeProcs) -> dict[str, str]:
-        """The environment under which a process sees `node`'s GPUs through the simulated libnvidia-ml.so.1: the
-        GPUs the sim backend would report (same names, memory and UUIDs) and the node's simulated GPU state."""
-        from vgpu.node.backends.sim import SimBackend
+        """The environment under which a process sees all of `node`'s GPUs through the simulated
+        libnvidia-ml.so.1: the test bed's description of the node and the node's simulated GPU state."""
         from vgpu.testbed.build import ensure_sim_built
-        from vgpu.testbed.podrunner import sim_devices_env
+        from vgpu.testbed.machine import simgpu_env
 
-        gpus = SimBackend.from_spec(node.extra["gpus"], node_name=node.name).devices()
-        inventory = {g.uuid: (g.name, g.memory_mib) for g in gpus}
-        env = sim_devices_env([g.uuid for g in gpus], inventory, node.dir / "simgpu")
+        env = simgpu_env(node.gpus, node.dir / "simgpu")
         env["LD_LIBRARY_PATH"] = str(ensure_sim_built().sim_dir)
         return env
 
     # -- fault injection
     def inject_gpu_fault(self, node: NodeProcs, gpu: int | str, command: str = "xid", code: int = 79) -> None:
-        """Inject an Xid, a lost GPU or its recovery (`gpu`: index or UUID): through the sim backend's control file,
-        or with backend nvml through the simulated NVML of the node."""
-        if self.backend == "nvml":
-            import ctypes
+        """Through the node's simulated NVML: an Xid event (`xid`), the GPU falling off the bus (`lost`) or coming
+        back (`recover`); `gpu` is an NVML index or a UUID."""
+        import ctypes
 
-            from vgpu.node.backends.sim import SimBackend
-            from vgpu.testbed.build import ensure_sim_built
+        from vgpu.testbed.build import ensure_sim_built
 
-            uuids = [g.uuid for g in SimBackend.from_spec(node.extra["gpus"], node_name=node.name).devices()]
-            uuid = uuids[int(gpu)] if isinstance(gpu, int) or str(gpu).isdigit() else str(gpu)
-            os.environ["SIMGPU_STATE"] = self.nvml_env(node)["SIMGPU_STATE"]
-            nvml = ctypes.CDLL(str(ensure_sim_built().sim_libnvml))
-            nvml.simgpu_fault.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint]
-            if nvml.simgpu_fault(uuid.encode(), command.encode(), code):
-                raise RuntimeError(f"simulated NVML: no GPU {uuid} on {node.name}")
-            return
-        line = f"xid {gpu} {code}\n" if command == "xid" else f"{command} {gpu}\n"
-        with open(node.sim_control, "a") as handle:
-            handle.write(line)
+        uuid = node.gpus[int(gpu)].uuid if isinstance(gpu, int) or str(gpu).isdigit() else str(gpu)
+        os.environ["SIMGPU_STATE"] = self.nvml_env(node)["SIMGPU_STATE"]
+        nvml = ctypes.CDLL(str(ensure_sim_built().sim_libnvml))
+        nvml.simgpu_fault.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_uint]
+        if nvml.simgpu_fault(uuid.encode(), command.encode(), code):
+            raise RuntimeError(f"simulated NVML: no GPU {uuid} on {node.name}")
 
     def dra_status(self, node: NodeProcs) -> dict[str, Any]:
         """What the node's kubelet stand-in reports of DRA (`<node dir>/dra-status.json`): registered drivers,

@@ -444,14 +444,13 @@ def evaluate(snap: Snapshot, submitted: list[dict], running_ok: bool = False) ->
 
 def run_demo(args: argparse.Namespace) -> int:
     """Start the cluster, submit the pods, show the table (or the summary), stop everything; the exit status."""
-    from vgpu.node.backends.sim import parse_sim_spec
-    from vgpu.testbed.cluster import LocalCluster
-    from vgpu.testbed.podrunner import isolation_paths
+    from vgpu.testbed.cluster import LocalCluster, isolation_paths
+    from vgpu.testbed.machine import MachineSpecError, parse_machine_spec
 
     try:  # bad input fails before anything starts
-        parse_sim_spec(args.gpus)
-    except ConfigError as exc:
-        raise ConfigError(f"--gpus {args.gpus}: {str(exc).removeprefix('sim_gpus: ')}") from None
+        parse_machine_spec(args.gpus)
+    except MachineSpecError as exc:
+        raise ConfigError(f"--gpus {args.gpus}: {exc}") from None
     given_pods = load_pods_file(args.pods) if args.pods else None
     isolation_paths()  # builds libvgpu.so and the simulated driver now, or fails with BuildError
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="vgpu-demo-"))
@@ -464,8 +463,7 @@ def run_demo(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     out = sys.stdout
     interactive = not args.headless and out.isatty()
-    cluster = LocalCluster(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO",
-                           backend=getattr(args, "backend", "sim"))
+    cluster = LocalCluster(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO")
     stopping = {"signal": 0}
 
     def on_signal(signum: int, _frame: Any) -> None:

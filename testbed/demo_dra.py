@@ -172,9 +172,8 @@ def _smallest_card(slices: list[dict[str, Any]]) -> tuple[int, int]:
 
 def run_dra_demo(args: argparse.Namespace) -> int:
     """Start the cluster in DRA mode, run the samples, print the summary; the exit status."""
-    from vgpu.node.backends.sim import parse_sim_spec
-    from vgpu.testbed.cluster import LocalCluster
-    from vgpu.testbed.podrunner import isolation_paths
+    from vgpu.testbed.cluster import LocalCluster, isolation_paths
+    from vgpu.testbed.machine import MachineSpecError, parse_machine_spec
 
     if args.pods:
         print("vgpu demo: --pods is not supported with --dra (the DRA samples create their own claims)",
@@ -183,16 +182,15 @@ def run_dra_demo(args: argparse.Namespace) -> int:
     nodes = args.nodes or DEFAULT_NODES
     gpus = args.gpus or DEFAULT_GPUS
     try:  # bad input fails before anything starts
-        parse_sim_spec(gpus)
-    except ConfigError as exc:
-        raise ConfigError(f"--gpus {gpus}: {str(exc).removeprefix('sim_gpus: ')}") from None
+        parse_machine_spec(gpus)
+    except MachineSpecError as exc:
+        raise ConfigError(f"--gpus {gpus}: {exc}") from None
     isolation_paths()
     classes = device_classes()
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="vgpu-demo-dra-"))
     workdir.mkdir(parents=True, exist_ok=True)
     out = sys.stdout
-    cluster = LocalCluster(workdir, nodes=nodes, gpus=gpus, log_level="INFO", dra=True,
-                           backend=getattr(args, "backend", "sim"))
+    cluster = LocalCluster(workdir, nodes=nodes, gpus=gpus, log_level="INFO", dra=True)
     status = 1
     old_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:

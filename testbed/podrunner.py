@@ -16,9 +16,12 @@ process sees through its environment instead, faithfully to what the container w
     installs it) and put in `LD_PRELOAD`. No such mount (the plugin omits it when the container sets
     CUDA_DISABLE_CONTROL) means no preload, as in a real container. A read-only mount whose host file is missing
     fails the container's start (StartError), as a container runtime refuses to bind-mount it;
-  * the GPU: `NVIDIA_VISIBLE_DEVICES` selects, from the node's published inventory, the simulated devices the
-    process's `libcuda.so.1` (testbed/build/simgpu, first in `LD_LIBRARY_PATH`) exposes, in that order and
-    under the UUIDs the device plugin advertised (NVML and cuDeviceGetUuid report them).
+  * the GPU: the node's GPUs are the test bed's own description of it (testbed/machine.py, from `--gpus`), never
+    what a plugin published. `NVIDIA_VISIBLE_DEVICES` selects which of them the process's `libcuda.so.1` and
+    `libnvidia-ml.so.1` (testbed/build/simgpu, first in `LD_LIBRARY_PATH`) expose, each with its UUID and PCI bus
+    number on the node, as the NVIDIA container runtime exposes the named devices whatever order they are listed
+    in: NVML then enumerates them by bus and CUDA in its own order (`CUDA_DEVICE_ORDER`). A UUID the node does not
+    have fails the container's start, as nvidia-container-cli refuses an unknown device.
     Processes on one node share one simulated state file (`<workdir>/simgpu/node.state`, GPUs keyed by UUID), so
     they contend for a GPU's memory and kernel timeline as processes on one real GPU do;
   * with a cgroup root (`--cgroup-root`, a directory of a cgroup v2 hierarchy), each container runs in its own
@@ -49,13 +52,14 @@ from typing import Any
 
 import orjson
 
+from vgpu.testbed.kubeclient import api_client, read_json
+from vgpu.testbed.machine import MachineGPU, UnknownDevice, machine, simgpu_env, visible
+
 __all__ = [
     "ContainerAllocation",
     "PodRunner",
     "handed_out",
-    "isolation_paths",
     "map_to_host",
-    "sim_devices_env",
     "translate_env",
 ]
 
@@ -64,10 +68,6 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 # SM counts of the simulated models (what NVML would report); unknown cards get 80.
-_SM_COUNTS = {"A100": 108, "H100": 132, "H200": 132, "V100": 80, "T4": 40, "A10": 72, "A30": 56, "L4": 58,
-              "L40S": 142, "4090": 128}
-
-
 @dataclass(slots=True)
 class ContainerAllocation:
     """What kubelet got from the device plugins for one container: envs and mounts (host/container paths)."""
@@ -114,15 +114,6 @@ def handed_out(alloc: ContainerAllocation) -> dict[str, Any]:
     return {"gpus": gpus, "memory_mib": memory, "cores": int(cores) if cores.isdigit() else 0}
 
 
-def isolation_paths() -> tuple[Path, Path]:
-    """(libvgpu.so, directory of the simulated libcuda.so.1 / libnvidia-ml.so.1), building them if needed; raises
-    vgpu.isolation.build.BuildError when they cannot be built."""
-    from vgpu.isolation.build import ensure_built
-    from vgpu.testbed.build import ensure_sim_built
-
-    return ensure_built().libvgpu, ensure_sim_built().sim_dir
-
-
 def map_to_host(path: str, mounts: Sequence[tuple[str, str, bool]]) -> str | None:
     """The host path of a container path through the longest matching mount, or None."""
     best: tuple[str, str] | None = None
@@ -135,22 +126,6 @@ def map_to_host(path: str, mounts: Sequence[tuple[str, str, bool]]) -> str | Non
     if best is None:
         return None
     return best[1].rstrip("/") + path[len(best[0]):] if path != best[0] else best[1]
-
-
-def sim_devices_env(visible: Sequence[str], inventory: Mapping[str, tuple[str, int]], state_dir: Path,
-                    memory_factor: int = 1) -> dict[str, str]:
-    """SIMGPU_DEVICES / SIMGPU_STATE for a process that sees the GPUs `visible` (UUIDs, in order); the simulated
-    driver reports each device under its UUID, as NVML does for the GPU the plugin advertised."""
-    specs = []
-    for uuid in visible:
-        name, memory_units = inventory.get(uuid, (f"Sim-{uuid[-6:]}", 16384))
-        sms = next((n for key, n in _SM_COUNTS.items() if key in name), 80)
-        specs.append(f"{name.replace(',', ' ').replace(':', ' ')}:{memory_units * memory_factor}:{sms}:{uuid}")
-    state_dir.mkdir(parents=True, exist_ok=True)
-    env = {"SIMGPU_STATE": str(state_dir / "node.state")}  # one per node: the simulator keys GPUs by UUID
-    if specs:
-        env["SIMGPU_DEVICES"] = ",".join(specs)
-    return env
 
 
 def _downward(pod: Obj, path: str) -> str:
@@ -167,9 +142,10 @@ def _downward(pod: Obj, path: str) -> str:
 
 
 def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, sim_dir: Path | None,
-                  inventory: Mapping[str, tuple[str, int]], state_dir: Path, memory_factor: int = 1) -> dict[str, str]:
-    """The environment of the local process standing for `container` (see the module docstring); raises
-    FileNotFoundError for a read-only mount whose host file is missing, as a container runtime refuses it."""
+                  gpus: Sequence[MachineGPU], state_dir: Path) -> dict[str, str]:
+    """The environment of the local process standing for `container` on a node with `gpus` (see the module
+    docstring); raises FileNotFoundError for a read-only mount whose host file is missing, as a container runtime
+    refuses it, and UnknownDevice for a GPU the node does not have."""
     for cpath, hpath, read_only in alloc.mounts:
         if read_only and hpath and not Path(hpath).exists():
             raise FileNotFoundError(f"mount {cpath}: host path {hpath} does not exist")
@@ -204,8 +180,8 @@ def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, sim_dir:
     if sim_dir is not None:
         env["LD_LIBRARY_PATH"] = str(sim_dir) + (os.pathsep + env["LD_LIBRARY_PATH"]
                                                  if env.get("LD_LIBRARY_PATH") else "")
-    visible = [u for u in (env.get("NVIDIA_VISIBLE_DEVICES") or "").split(",") if u and u not in ("all", "none")]
-    env.update(sim_devices_env(visible, inventory, state_dir, memory_factor))
+    names = [u.strip() for u in (env.get("NVIDIA_VISIBLE_DEVICES") or "").split(",") if u.strip()]
+    env.update(simgpu_env(visible(gpus, names), state_dir))
     return env
 
 
@@ -239,8 +215,9 @@ class PodRunner:
     """Runs admitted pods of one node as local processes and reports their phase to the API server."""
 
     def __init__(self, node_name: str, workdir: str | os.PathLike[str], kubeconfig: str | None = None,
-                 api: Any = None, memory_factor: int = 1, trace: str | None = None,
-                 on_exit: Callable[[Obj, str], None] | None = None, cgroup_root: str | None = None) -> None:
+                 api: Any = None, gpus: Sequence[MachineGPU] = (), trace: str | None = None,
+                 on_exit: Callable[[Obj, str], None] | None = None, cgroup_root: str | None = None,
+                 sim_dir: str | os.PathLike[str] | None = None) -> None:
         self.node_name = node_name
         self.cgroup_root = Path(cgroup_root) if cgroup_root else None
         self.workdir = Path(workdir)
@@ -249,25 +226,21 @@ class PodRunner:
         self.state_dir = self.workdir / "simgpu"
         self.pod_state_dir = self.workdir / "pods"
         self.pod_state_dir.mkdir(parents=True, exist_ok=True)
-        self.memory_factor = memory_factor
+        self.gpus = list(gpus)  # the node's GPUs, as the test bed describes the node
         self._kubeconfig = kubeconfig
         self._api = api
-        _, self.sim_dir = isolation_paths()
+        self.sim_dir = Path(sim_dir) if sim_dir else None  # the node's (simulated) libcuda.so.1, libnvidia-ml.so.1
         self.pods: dict[str, _Running] = {}
         self.lock = threading.Lock()
         self.on_exit = on_exit
         self._trace = open(trace, "ab", buffering=0) if trace else None  # noqa: SIM115 - closed in close()
-        self._inventory: dict[str, tuple[str, int]] = {}
-        self._inventory_at = 0.0
 
     # -- API access
     def _core(self) -> Any:
         if self._api is None:
             from kubernetes import client as k8s
 
-            from vgpu.kube.client import make_api_client
-
-            self._api = k8s.CoreV1Api(make_api_client(self._kubeconfig, qps=200, burst=400))
+            self._api = k8s.CoreV1Api(api_client(self._kubeconfig, pool_size=32))
         return self._api
 
     def _patch_status(self, pod: Obj, status: Obj) -> None:
@@ -283,50 +256,6 @@ class PodRunner:
                     return
                 time.sleep(min(2.0, 0.1 * (attempt + 1)))
         log.warning("pod status not written pod=%s/%s", meta.get("namespace"), meta.get("name"))
-
-    def inventory(self, refresh: bool = False) -> dict[str, tuple[str, int]]:
-        """UUID -> (NVML name, memory units) from this node's published inventory annotation."""
-        if refresh or not self._inventory or time.monotonic() - self._inventory_at > 10:
-            from vgpu import keys
-            from vgpu.inventory import decode_volcano
-            from vgpu.kube.client import read_json
-
-            try:
-                node = read_json(self._core().read_node(self.node_name, _preload_content=False))
-                value = ((node.get("metadata") or {}).get("annotations") or {}).get(keys.NODE_REGISTER)
-                if value is None:  # DRA mode: the node's GPUs are in its ResourceSlices
-                    self._inventory = self._slice_inventory()
-                else:
-                    devices = decode_volcano(value)
-                    self._inventory = {d.uuid: (d.type.removeprefix("NVIDIA-"), d.memory) for d in devices}
-                self._inventory_at = time.monotonic()
-            except Exception as exc:
-                log.info("node inventory unreadable node=%s error=%s", self.node_name, exc)
-        return self._inventory
-
-    def _slice_inventory(self) -> dict[str, tuple[str, int]]:
-        """UUID -> (model, MiB) of the devices this node's ResourceSlices publish with a `uuid` attribute and a
-        `memory` capacity (the DRA plugin's view of the node's GPUs)."""
-        from kubernetes import client as k8s
-
-        from vgpu.kube.client import read_json
-        from vgpu.quantity import parse_quantity
-
-        resource = k8s.ResourceV1Api(self._core().api_client)
-        slices = read_json(resource.list_resource_slice(_preload_content=False)).get("items") or []
-        found: dict[str, tuple[str, int]] = {}
-        for item in slices:
-            spec = item.get("spec") or {}
-            if spec.get("nodeName") != self.node_name:
-                continue
-            for device in spec.get("devices") or ():
-                attributes = device.get("attributes") or {}
-                uuid = (attributes.get("uuid") or {}).get("string")
-                memory = ((device.get("capacity") or {}).get("memory") or {}).get("value")
-                if uuid and memory is not None:
-                    model = str((attributes.get("model") or {}).get("string") or f"Sim-{uuid[-6:]}")
-                    found[uuid] = (model, int(parse_quantity(memory) // (1 << 20)))
-        return found
 
     def _record(self, **fields: Any) -> None:
         if self._trace is not None:
@@ -351,8 +280,7 @@ class PodRunner:
         return self.pod_state_dir / f"{uid}_{container}.exit"
 
     def _spawn(self, pod: Obj, container: Obj, alloc: ContainerAllocation) -> subprocess.Popen[bytes]:
-        env = translate_env(pod, container, alloc, self.sim_dir, self.inventory(), self.state_dir,
-                            self.memory_factor)
+        env = translate_env(pod, container, alloc, self.sim_dir, self.gpus, self.state_dir)
         meta = pod.get("metadata") or {}
         log_path = self.logs / f"{meta.get('namespace') or 'default'}_{meta.get('name')}_{container.get('name')}.log"
         for _cpath, hpath, read_only in alloc.mounts:
@@ -463,7 +391,7 @@ class PodRunner:
                 return
             try:
                 proc = self._spawn(pod, ctr, allocations.get(name) or ContainerAllocation())
-            except OSError as exc:
+            except (OSError, UnknownDevice) as exc:
                 running.init_statuses[name] = _terminated(name, ctr, 128, "StartError", str(exc), start_time)
                 ok = False
                 break
@@ -485,7 +413,7 @@ class PodRunner:
             name = ctr.get("name")
             try:
                 proc = self._spawn(pod, ctr, allocations.get(name) or ContainerAllocation())
-            except OSError as exc:
+            except (OSError, UnknownDevice) as exc:
                 running.statuses[name] = _terminated(name, ctr, 128, "StartError", str(exc), _now())
                 continue
             running.procs[name] = proc
@@ -631,23 +559,23 @@ class NodeAgent:
 
     def __init__(self, node_name: str, kubelet_dir: str | os.PathLike[str], workdir: str | os.PathLike[str],
                  kubeconfig: str | None, cpu: str = "64", memory: str = "256Gi", max_pods: str = "250",
-                 trace: str | None = None, admit_grace: float = 10.0, memory_factor: int = 1,
+                 trace: str | None = None, admit_grace: float = 10.0, gpus: Sequence[MachineGPU] = (),
                  cgroup_root: str | None = None, plugins_registry: str | None = None,
-                 cdi_dirs: Sequence[str] | None = None, dra_retry: float = 1.0) -> None:
+                 cdi_dirs: Sequence[str] | None = None, dra_retry: float = 1.0,
+                 sim_dir: str | os.PathLike[str] | None = None) -> None:
         from kubernetes import client as k8s
 
-        from vgpu.kube.cache import WatchCache
-        from vgpu.kube.client import make_api_client
         from vgpu.testbed.dra_kubelet import DRAKubelet
+        from vgpu.testbed.informer import PodInformer
         from vgpu.testbed.kubelet import KubeletStandIn
 
         self.node_name = node_name
         self.base = {"cpu": cpu, "memory": memory, "pods": max_pods}
         self.admit_grace = admit_grace
-        self.api_client = make_api_client(kubeconfig, qps=500, burst=1000)
+        self.api_client = api_client(kubeconfig, pool_size=32)
         self.core: Any = k8s.CoreV1Api(self.api_client)  # raw JSON calls: the client's model types do not apply
         self.runner = PodRunner(node_name, workdir, api=self.core, trace=trace, on_exit=self._on_exit,
-                                memory_factor=memory_factor, cgroup_root=cgroup_root)
+                                gpus=gpus, cgroup_root=cgroup_root, sim_dir=sim_dir)
         self.kubelet = KubeletStandIn(kubelet_dir, on_admitted=self._on_admitted)
         registry = Path(plugins_registry) if plugins_registry else Path(kubelet_dir).parent / "plugins_registry"
         self.dra = DRAKubelet(registry, cdi_dirs or [str(Path(workdir) / "cdi")], self.api_client,
@@ -656,9 +584,9 @@ class NodeAgent:
         self.dra_waiting: dict[str, dict[str, ContainerAllocation]] = {}  # pod uid -> allocations, prepare failed
         self.dra_errors: dict[str, str] = {}  # pod uid -> last preparation error
         self._dra_status = b""
-        self.cache = WatchCache(self.api_client, "pods", field_selector=f"spec.nodeName={node_name}",
-                                on_add=self._on_pod, on_update=lambda _old, new: self._on_pod(new),
-                                on_delete=self._on_delete, name=f"kubelet-pods[{node_name}]")
+        self.cache = PodInformer(self.api_client, f"spec.nodeName={node_name}", on_add=self._on_pod,
+                                 on_update=lambda _old, new: self._on_pod(new), on_delete=self._on_delete,
+                                 name=f"kubelet-pods[{node_name}]")
         self.queue: queue.Queue[str | None] = queue.Queue()
         self.handled: set[str] = set()
         self.lock = threading.Lock()
@@ -696,8 +624,6 @@ class NodeAgent:
 
     # -- node object and status
     def _ensure_node(self) -> None:
-        from vgpu.kube.client import read_json
-
         try:
             node = read_json(self.core.read_node(self.node_name, _preload_content=False))
             capacity = (node.get("status") or {}).get("capacity") or {}
@@ -973,7 +899,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kubeconfig", required=True)
     ap.add_argument("--workdir", required=True, help="pod logs, simulated GPU state and pod state files")
     ap.add_argument("--trace", default=None, help="append admission / running / finished events (JSON lines)")
-    ap.add_argument("--memory-factor", type=int, default=1, help="MiB per memory unit of the node inventory")
+    ap.add_argument("--gpus", default="",
+                    help="the node's GPUs as the test bed describes them (testbed/machine.py), e.g. 4xA100-40GB")
+    ap.add_argument("--sim-dir", default=None,
+                    help="directory of the simulated libcuda.so.1 and libnvidia-ml.so.1 the node's containers load")
     ap.add_argument("--cpu", default="64")
     ap.add_argument("--memory", default="256Gi")
     ap.add_argument("--max-pods", default="250")
@@ -992,8 +921,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     agent = NodeAgent(args.node_name, args.kubelet_dir, args.workdir, args.kubeconfig, cpu=args.cpu,
                       memory=args.memory, max_pods=args.max_pods, trace=args.trace, admit_grace=args.admit_grace,
-                      memory_factor=args.memory_factor, cgroup_root=args.cgroup_root,
-                      plugins_registry=args.plugins_registry, cdi_dirs=args.cdi_dir)
+                      gpus=machine(args.gpus, args.node_name) if args.gpus else (), cgroup_root=args.cgroup_root,
+                      plugins_registry=args.plugins_registry, cdi_dirs=args.cdi_dir, sim_dir=args.sim_dir)
     try:
         agent.start()
     except RuntimeError as exc:

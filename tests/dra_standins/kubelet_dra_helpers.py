@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,8 @@ from vgpu.proto.dra.v1 import api_pb2_grpc as dra_grpc
 from vgpu.proto.pluginregistration.v1 import api_pb2 as reg
 from vgpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from vgpu.testbed.apiserver import ApiServerStandIn
+from vgpu.testbed.build import ensure_sim_built
+from vgpu.testbed.machine import MachineGPU
 from vgpu.testbed.podrunner import NodeAgent
 
 NODE = "node-dra"
@@ -192,8 +194,9 @@ class _Registration(reg_grpc.RegistrationServicer):
 class NodeBed:
     """The API server, one node agent with DRA, and helpers for claims and pods."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, gpus: Sequence[MachineGPU] = ()) -> None:
         self.tmp = tmp
+        self.gpus = list(gpus)  # the node's GPUs, as the test bed describes the node
         self.apiserver = ApiServerStandIn().start()
         self.kubeconfig = self.apiserver.write_kubeconfig(tmp / "kubeconfig")
         self.api = make_api_client(self.kubeconfig)
@@ -209,7 +212,7 @@ class NodeBed:
 
     def _agent(self) -> NodeAgent:
         return NodeAgent(NODE, self.kubelet_root / "device-plugins", self.workdir, self.kubeconfig,
-                         dra_retry=0.2).start()
+                         dra_retry=0.2, gpus=self.gpus, sim_dir=ensure_sim_built().sim_dir).start()
 
     def restart_agent(self) -> None:
         """Stop the node agent (its pods' processes die with it) and start a new one on the same directories."""

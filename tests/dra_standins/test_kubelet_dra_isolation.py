@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from kubelet_dra_helpers import NodeBed
 
-from vgpu.testbed.podrunner import isolation_paths
+from vgpu.testbed.cluster import isolation_paths
+from vgpu.testbed.machine import MachineGPU
 from vgpu.testbed.workload import MARKER
 
 UUID = "GPU-0d2c3b1a-dra0-4e5f-8a9b-000000000001"
@@ -19,7 +20,7 @@ UUID = "GPU-0d2c3b1a-dra0-4e5f-8a9b-000000000001"
 
 @pytest.fixture
 def bed(tmp_path: Path) -> Iterator[NodeBed]:
-    b = NodeBed(tmp_path)
+    b = NodeBed(tmp_path, gpus=[MachineGPU(0, UUID, "NVIDIA A100-PCIE-40GB", 40960, 108, 0x17)])
     try:
         yield b
     finally:

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vgpu.testbed.cluster import LocalCluster
-from vgpu.testbed.podrunner import isolation_paths
+from vgpu.testbed.cluster import LocalCluster, isolation_paths
 
 
 @pytest.fixture(scope="session")

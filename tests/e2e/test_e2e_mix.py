@@ -187,3 +187,21 @@ def test_pods_arriving_together_on_one_gpu_are_all_admitted(cluster, request):
     done = _done(cluster, ns, ["twin-a", "twin-b", "twin-c"])
     failed = {n: p["status"].get("message") for n, p in done.items() if phase(p) != "Succeeded"}
     assert not failed, failed
+
+
+def test_a_t4_and_an_a100_in_one_container_each_get_their_own_limit(cluster, request):
+    """node-1's T4s sit on lower PCI buses than its A100s, so NVML lists a T4 first while CUDA, fastest first,
+    numbers the A100 first: the container sees both GPUs as the node has them, not in grant order, and each gets
+    the limit granted for it (50 % of each card)."""
+    request.node._e2e_cluster = cluster
+    t4, a100 = (next(d for d in inventories(cluster)["node-1"] if kind in d.type) for kind in ("T4", "A100"))
+    ns = "mix-order"
+    cluster.create_pod(pod("pair", [container("main", WORKLOAD + ["--mib", "1000", "--kernels", "2"], number=2,
+                                              percent=50, cores=10)],
+                           namespace=ns, annotations={keys.USE_GPU_UUID: f"{t4.uuid},{a100.uuid}"}))
+    done = _done(cluster, ns, ["pair"])["pair"]
+    assert phase(done) == "Succeeded", done.get("status")
+    report = reports(cluster)[(ns, "pair", "main")]
+    assert report["nvml_uuids"] == [t4.uuid, a100.uuid]  # NVML: bus order
+    assert [d["uuid"] for d in report["devices"]] == [a100.uuid, t4.uuid]  # CUDA: the A100 (more SMs) first
+    assert [d["total_mib"] for d in report["devices"]] == [81920 // 2, 15360 // 2]

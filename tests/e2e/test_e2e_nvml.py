@@ -56,7 +56,7 @@ def cluster(make_cluster, cgroup_root):
     plugin_args = ["--register-interval", "2", "--xid-recovery-seconds", "1", "--disable-control-namespaces", "bypass"]
     if cgroup_root is not None:
         plugin_args += ["--driver-memory-limits", "auto"]
-    return make_cluster(nodes=1, gpus="2xT4", backend="nvml", plugin_args=plugin_args,
+    return make_cluster(nodes=1, gpus="2xT4", plugin_args=plugin_args,
                         cgroup_root=str(cgroup_root) if cgroup_root else None)
 
 

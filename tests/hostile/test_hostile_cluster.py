@@ -17,8 +17,7 @@ from e2e_helpers import TERMINAL, WORKLOAD, container, inventories, phase, pod, 
 
 from vgpu import grants, keys
 from vgpu.kube.patch import patch_pod_metadata
-from vgpu.testbed.cluster import LocalCluster
-from vgpu.testbed.podrunner import isolation_paths
+from vgpu.testbed.cluster import LocalCluster, isolation_paths
 
 NS = "tenant"
 

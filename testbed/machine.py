@@ -1,0 +1,154 @@
+"""TEST INFRASTRUCTURE: the test bed's own description of a node's GPUs: the "hardware" of a simulated node.
+
+A node is described by a spec such as `4xA100-40GB` or `1xT4,1xA100-40GB` (`+mig` after a model: MIG mode on).
+From it the test bed, and nothing of the product, decides what each GPU is: its NVML name, memory, SM count,
+PCI bus number and UUID. The simulated libnvidia-ml.so.1 and libcuda.so.1 (testbed/simgpu) are configured from this
+description (`SIMGPU_DEVICES`), the device plugin and the DRA plugin discover the GPUs through that NVML as they do
+on a real node, and the pod runner gives each container the GPUs its `NVIDIA_VISIBLE_DEVICES` names, as the NVIDIA
+container runtime does, with the bus numbers they have on the node, so CUDA inside numbers them in its own order
+(`CUDA_DEVICE_ORDER`), not in grant order. A UUID the node does not have fails the container's start, as
+nvidia-container-cli refuses an unknown device.
+
+Model facts (NVIDIA's product names as NVML reports them, memory as NVML reports it in MiB, SM counts) come from
+NVIDIA's data sheets and `nvidia-smi -q` output published for each card; the H100's memory is the figure read on
+an H100 80GB HBM3 (driver 580) for this project. Bus numbers follow the spec's order (one bus per GPU, from 0x17 in
+steps of 0x20, a spacing common on servers), so NVML's index order is the spec's order.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid as uuidlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["MODELS", "MachineGPU", "MachineSpecError", "UnknownDevice", "machine", "parse_machine_spec",
+           "simgpu_env", "total_memory_mib", "visible"]
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """One card as NVML describes it."""
+
+    nvml_name: str
+    memory_mib: int
+    sms: int
+
+
+# short name (the spec's vocabulary) -> the card
+MODELS: dict[str, Model] = {
+    "A100-40GB": Model("NVIDIA A100-PCIE-40GB", 40960, 108),
+    "A100-80GB": Model("NVIDIA A100-SXM4-80GB", 81920, 108),
+    "H100-80GB": Model("NVIDIA H100 80GB HBM3", 81559, 132),
+    "H200": Model("NVIDIA H200", 143771, 132),
+    "V100-16GB": Model("Tesla V100-SXM2-16GB", 16160, 80),
+    "V100-32GB": Model("Tesla V100-SXM2-32GB", 32768, 80),
+    "T4": Model("Tesla T4", 15360, 40),
+    "A10": Model("NVIDIA A10", 23028, 72),
+    "A30": Model("NVIDIA A30", 24576, 56),
+    "L4": Model("NVIDIA L4", 23034, 58),
+    "L40S": Model("NVIDIA L40S", 46068, 142),
+    "RTX4090": Model("NVIDIA GeForce RTX 4090", 24564, 128),
+}
+
+_ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+?)(\+mig)?$")
+_UUID_NAMESPACE = uuidlib.UUID("0b6c3f8e-2d4a-5e71-9c08-7a1f3b5d9e24")  # the test bed's; any fixed UUID would do
+_FIRST_BUS, _BUS_STEP = 0x17, 0x20
+
+
+class MachineSpecError(ValueError):
+    """A node spec the test bed cannot build."""
+
+
+class UnknownDevice(LookupError):
+    """A container was given a GPU UUID its node does not have."""
+
+
+@dataclass(frozen=True, slots=True)
+class MachineGPU:
+    """One GPU of a simulated node."""
+
+    index: int  # NVML's index (bus order)
+    uuid: str
+    name: str
+    memory_mib: int
+    sms: int
+    bus: int
+    mig: bool = False
+
+    def simgpu_entry(self) -> str:
+        """This GPU as one `SIMGPU_DEVICES` item (`NAME:MIB:SMS:UUID:FLAGS`)."""
+        flags = [f"bus{self.bus:#x}"] + (["mig"] if self.mig else [])
+        name = self.name.replace(",", " ").replace(":", " ")
+        return f"{name}:{self.memory_mib}:{self.sms}:{self.uuid}:{'+'.join(flags)}"
+
+
+def parse_machine_spec(spec: str) -> list[tuple[Model, int, bool]]:
+    """`4xA100-40GB,1xT4+mig` -> [(model, count, mig), ...]; raises MachineSpecError naming the bad entry."""
+    out = []
+    for raw in spec.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        match = _ENTRY.match(entry)
+        if match is None:
+            raise MachineSpecError(f"{entry!r} is not of the form <count>x<model>")
+        short = next((name for name in MODELS if name.lower() == match[2].lower()), None)
+        if short is None:
+            raise MachineSpecError(f"unknown model {match[2]!r}; known: {', '.join(MODELS)}")
+        count = int(match[1]) if match[1] else 1
+        if not 1 <= count <= 64:
+            raise MachineSpecError(f"count {count} in {entry!r} is outside 1..64")
+        out.append((MODELS[short], count, bool(match[3])))
+    if not out:
+        raise MachineSpecError("no GPUs in the spec")
+    return out
+
+
+def machine(spec: str, node_name: str) -> list[MachineGPU]:
+    """The GPUs of node `node_name` built from `spec`, in NVML (bus) order; UUIDs are stable per node and index."""
+    gpus: list[MachineGPU] = []
+    for model, count, mig in parse_machine_spec(spec):
+        for _ in range(count):
+            index = len(gpus)
+            uid = uuidlib.uuid5(_UUID_NAMESPACE, f"{node_name}#{index}")
+            gpus.append(MachineGPU(index=index, uuid=f"GPU-{uid}", name=model.nvml_name, memory_mib=model.memory_mib,
+                                   sms=model.sms, bus=_FIRST_BUS + _BUS_STEP * index, mig=mig))
+    return gpus
+
+
+def total_memory_mib(spec: str) -> int:
+    """All of a node's GPU memory, MiB."""
+    return sum(model.memory_mib * count for model, count, _ in parse_machine_spec(spec))
+
+
+def simgpu_env(gpus: Sequence[MachineGPU], state_dir: Path) -> dict[str, str]:
+    """SIMGPU_DEVICES / SIMGPU_STATE for a process that sees `gpus` (one state file per node: the simulator keys
+    GPUs by UUID, so every process of the node shares each GPU's memory and timeline)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    env = {"SIMGPU_STATE": str(state_dir / "node.state")}
+    if gpus:
+        env["SIMGPU_DEVICES"] = ",".join(g.simgpu_entry() for g in gpus)
+    return env
+
+
+def visible(gpus: Iterable[MachineGPU], names: Sequence[str]) -> list[MachineGPU]:
+    """The node's GPUs a container gets for `NVIDIA_VISIBLE_DEVICES` entries `names` (UUIDs or NVML indices; `all`
+    for every GPU), in the node's order, as the NVIDIA container runtime exposes device nodes; raises
+    UnknownDevice for an entry the node does not have."""
+    table = list(gpus)
+    by_uuid: Mapping[str, MachineGPU] = {g.uuid: g for g in table}
+    if any(n == "all" for n in names):
+        return table
+    chosen: dict[int, MachineGPU] = {}
+    for name in names:
+        if name in ("", "none", "void"):
+            continue
+        gpu = by_uuid.get(name)
+        if gpu is None and name.isdigit() and int(name) < len(table):
+            gpu = table[int(name)]
+        if gpu is None:
+            raise UnknownDevice(f"unknown device {name!r} on this node")
+        chosen[gpu.index] = gpu
+    return [chosen[i] for i in sorted(chosen)]
