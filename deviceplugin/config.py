@@ -123,7 +123,7 @@ class PluginConfig(BaseModel):
         description="schedulers whose pods may get GPUs on this node (the pod's spec.schedulerName)",
     )
     grant_key_file: str | None = Field(
-        None, description="file with the key the scheduler signs assignments with; unset = no signatures checked"
+        None, description="file with the scheduler's public grant key(s), PEM; unset = no signatures checked"
     )
     accept_unsigned_grants: bool = Field(
         False, description="with a key, also serve pods whose assignment is not signed (mixed schedulers)"
@@ -277,7 +277,7 @@ OPTIONS: tuple[Option, ...] = (
            "schedulers whose pods may get GPUs here (comma list of spec.schedulerName values)",
            default="vgpu-scheduler"),
     Option("grant_key_file", "--grant-key-file", "GRANT_KEY_FILE", "flags.vgpu.grantKeyFile", "path",
-           "file with the key the scheduler signs assignments with (the Secret both mount)",
+           "file with the public key(s) of the key the scheduler signs assignments with (PEM; no private key)",
            default="none: assignments are not signed"),
     Option("accept_unsigned_grants", "--accept-unsigned-grants", "ACCEPT_UNSIGNED_GRANTS",
            "flags.vgpu.acceptUnsignedGrants", "bool",

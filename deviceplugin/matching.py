@@ -141,7 +141,7 @@ class GrantRules:
 
     scheduler_names: frozenset[str]
     card_memory: Mapping[str, int]
-    key: bytes | None = None
+    key: grants.GrantKey | None = None
     accept_unsigned: bool = False
     disable_control_namespaces: frozenset[str] = frozenset()
 

@@ -83,7 +83,8 @@ class DevicePluginRuntime:
                 )
         factor = resolve_memory_factor(config, [g.memory_mib for g in gpus]) if config.resource_mode == "devices" \
             else 1
-        key = read_key(config.grant_key_file, "--grant-key-file") if config.grant_key_file else None
+        key = read_key(config.grant_key_file, "--grant-key-file", private_allowed=False) \
+            if config.grant_key_file else None
         sharing = config.sharing_for(factor)
         log.info("event=start node=%s gpus=%d resource_mode=%s factor=%d backend=%s", config.node_name, len(gpus),
                  config.resource_mode, factor, config.backend)

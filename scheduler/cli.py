@@ -23,8 +23,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
     p.add_argument("--tls-key-file", help="the certificate's private key (PEM)")
     p.add_argument("--tls-client-ca-file", help="require client certificates signed by this CA (PEM)")
-    p.add_argument("--grant-key-file", help="sign assignments with the key in this file (shared with the device "
-                                            "plugins)")
+    p.add_argument("--grant-key-file", help="sign assignments with the Ed25519 private key in this PEM file (the "
+                                            "device plugins hold its public key); public keys after it are "
+                                            "accepted too (a rotation)")
     p.add_argument("--scheduler-names", type=lambda s: [n.strip() for n in s.split(",") if n.strip()],
                    help="comma list of the spec.schedulerName values of the pods placed and charged "
                         "(default vgpu-scheduler)")

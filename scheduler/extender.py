@@ -129,7 +129,7 @@ class Extender:
         ready: Callable[[], str] | None = None,
         clock: Callable[[], float] = time.time,
         scheduler_names: frozenset[str] = frozenset({SCHEDULER_NAME}),
-        grant_key: bytes | None = None,
+        grant_key: grants.GrantKey | None = None,
         claims: ClaimPlacement = NO_CLAIMS,
     ) -> None:
         if mode not in MODES:

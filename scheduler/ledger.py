@@ -93,7 +93,7 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
 
 
-def _signed(key: bytes, pod: Mapping[str, Any], node: str, ids: str) -> bool:
+def _signed(key: grants.GrantKey, pod: Mapping[str, Any], node: str, ids: str) -> bool:
     """Whether the pod's assignment carries the scheduler's signature for this pod and node."""
     meta = pod.get("metadata") or {}
     signature = (meta.get("annotations") or {}).get(grants.SIGNATURE)
@@ -137,7 +137,7 @@ class Ledger:
         assume_ttl: float = 30.0,
         bound_ttl: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
-        grant_key: bytes | None = None,
+        grant_key: grants.GrantKey | None = None,
     ) -> None:
         self.config = config or SharingConfig()
         self.grant_key = grant_key  # with a key, a claim whose signature fails keeps the ledger's own record

@@ -47,6 +47,9 @@ class SchedulerRuntime:
             if api_client is None else api_client
         names = frozenset(config.scheduler_names)
         key = read_key(config.grant_key_file, "--grant-key-file") if config.grant_key_file else None
+        if key is not None and not key.can_sign:
+            raise ConfigError(f"--grant-key-file {config.grant_key_file}: holds only public keys; the scheduler signs "
+                              f"with the Ed25519 private key (or a shared secret)")
         self.ledger = Ledger(config.sharing, scheduler_names=names, assume_ttl=config.assume_ttl_seconds,
                              bound_ttl=config.bound_ttl_seconds, grant_key=key)
         self.metrics = SchedulerMetrics(self.ledger)

@@ -2,10 +2,11 @@
 stand-in, each with a kubeconfig of its own bearer token so that the stand-in's record tells who called what.
 
 What kubelet would do for a container is done here: volumes are laid out under a root directory (ConfigMaps of
-deploy/, the Secret vgpu-grant-key with a fresh key, empty directories for hostPath and emptyDir), every
-absolute path in the command and the environment is moved under that root, $(VAR) references are expanded and
-the downward API is answered. The device plugin runs the simulated DaemonSet's container with the kubelet
-stand-in; the extender runs the Deployment's `extender` container with --leader-elect.
+deploy/, the Secret vgpu-grant-key and the ConfigMap vgpu-grant-public-keys with a fresh Ed25519 pair, empty
+directories for hostPath and emptyDir), every absolute path in the command and the environment is moved under that
+root, $(VAR) references are expanded and the downward API is answered. The device plugin runs the simulated
+DaemonSet's container with the kubelet stand-in; the extender runs the Deployment's `extender` container with
+--leader-elect.
 
 The round: the device plugin publishes its node; a pod is created while the extender's watches are held back, so
 /filter reads it from the API; /bind places it with a signed assignment and the kubelet stand-in admits it (the
@@ -18,20 +19,22 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import orjson
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from deploy_helpers import ROOT, find
 from kubernetes import client as k8s
 
+from vgpu import grants
 from vgpu.kube.client import make_api_client, read_json
 from vgpu.testbed.apiserver import ApiServerStandIn, RecordedRequest
 from vgpu.testbed.cluster import free_port
@@ -54,11 +57,32 @@ def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> 
     raise AssertionError(f"timed out waiting for {what}")
 
 
+class KeyFiles(NamedTuple):
+    """A grant key pair as the admin creates it (docs/install.md): the PEM files behind the Secret and the ConfigMap."""
+
+    private_pem: bytes
+    public_pem: bytes
+
+    @classmethod
+    def generate(cls) -> KeyFiles:
+        private = Ed25519PrivateKey.generate()
+        return cls(private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                         serialization.NoEncryption()),
+                   private.public_key().public_bytes(serialization.Encoding.PEM,
+                                                     serialization.PublicFormat.SubjectPublicKeyInfo))
+
+    def signer(self, tmp: Path) -> grants.GrantKey:
+        """The scheduler's key, read as the extender reads its file."""
+        path = tmp / "grant.key"
+        path.write_bytes(self.private_pem)
+        return grants.read_key(path, "--grant-key-file")
+
+
 class Container:
     """One container of a workload of deploy/, made runnable here: its volumes under `root`, its command and
     environment with paths moved under `root`."""
 
-    def __init__(self, kind: str, name: str, container: str, root: Path, key: bytes) -> None:
+    def __init__(self, kind: str, name: str, container: str, root: Path, key: KeyFiles) -> None:
         pod = find(kind, name)["spec"]["template"]["spec"]
         (self.spec,) = [c for c in pod["containers"] if c["name"] == container]
         self.service_account = pod["serviceAccountName"]
@@ -71,16 +95,20 @@ class Container:
         """Where a path of the container's filesystem is here."""
         return self.root / container_path.lstrip("/")
 
-    def _lay_out(self, volume: dict[str, Any], target: Path, key: bytes) -> None:
+    def _lay_out(self, volume: dict[str, Any], target: Path, key: KeyFiles) -> None:
         target.mkdir(parents=True, exist_ok=True)
-        if "configMap" in volume:
+        if "configMap" in volume and volume["configMap"]["name"] == "vgpu-grant-public-keys":
+            for item in volume["configMap"]["items"]:
+                assert item["key"] == "keys.pem", "the ConfigMap vgpu-grant-public-keys has one key, `keys.pem`"
+                (target / item["path"]).write_bytes(key.public_pem)
+        elif "configMap" in volume:
             data = find("ConfigMap", volume["configMap"]["name"])["data"]
             for item in volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]:
                 (target / item["path"]).write_text(data[item["key"]])
         elif "secret" in volume and volume["secret"]["secretName"] == "vgpu-grant-key":
             for item in volume["secret"]["items"]:
                 assert item["key"] == "key", "the Secret vgpu-grant-key has one key, `key`"
-                (target / item["path"]).write_bytes(key)
+                (target / item["path"]).write_bytes(key.private_pem)
 
     def _moved(self, value: str) -> str:
         flag, eq, path = value.rpartition("=")
@@ -114,7 +142,7 @@ class Round:
     """What a scheduling round left behind, for the RBAC and admission checks."""
 
     apiserver: ApiServerStandIn
-    key: bytes
+    key: grants.GrantKey  # the scheduler's (signs; the nodes' public key checks)
     bound: dict[str, Any]  # the placed pod right after /bind, before the device plugin patched it
     admitted: dict[str, Any]  # the same pod after the device plugin answered Allocate
 
@@ -165,7 +193,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def run_round(tmp: Path) -> Round:
     """Run the round; the stand-in is left running (stop it with `.apiserver.stop()`)."""
     apiserver = ApiServerStandIn(record_requests=True).start()
-    key = secrets.token_hex(32).encode()
+    key = KeyFiles.generate()
     kubeconfigs = {sa: apiserver.write_kubeconfig(tmp / f"{sa}.kubeconfig", token)
                    for sa, token in TOKENS.items()}
     admin = _Api(apiserver.write_kubeconfig(tmp / "admin.kubeconfig", ADMIN))
@@ -255,4 +283,4 @@ def run_round(tmp: Path) -> Round:
             _stop(proc)
         kubelet.stop()
         admin.api.close()
-    return Round(apiserver, key, bound, admitted)
+    return Round(apiserver, key.signer(tmp), bound, admitted)

@@ -61,17 +61,22 @@ def flag(args: list[str], name: str) -> str | None:
     return values[0] if values else None
 
 
-def mounted_secret_file(kind: str, name: str, container: str, path: str) -> tuple[str, str]:
-    """(Secret name, key) of the file at `path` in a workload's container, which must come from a Secret volume
-    mounted read-only there."""
+def mounted_file(kind: str, name: str, container: str, path: str) -> tuple[str, str, str]:
+    """(source kind, name, key) of the file at `path` in a workload's container: a Secret or ConfigMap volume
+    mounted read-only there, e.g. ("Secret", "vgpu-grant-key", "key")."""
     pod = find(kind, name)["spec"]["template"]["spec"]
     (c,) = [c for c in pod["containers"] if c["name"] == container]
     directory, file = path.rsplit("/", 1)
     (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == directory]
     assert mount.get("readOnly") is True, mount
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    items = {i["path"]: i["key"] for i in volume["secret"].get("items", ())}
-    return volume["secret"]["secretName"], items.get(file, file)
+    if "secret" in volume:
+        source, source_name = "Secret", volume["secret"]["secretName"]
+        items = volume["secret"].get("items", ())
+    else:
+        source, source_name = "ConfigMap", volume["configMap"]["name"]
+        items = volume["configMap"].get("items", ())
+    return source, source_name, {i["path"]: i["key"] for i in items}.get(file, file)
 
 
 def assert_valid_kubernetes(manifest: Manifest, version: str) -> None:

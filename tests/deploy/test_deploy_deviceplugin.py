@@ -5,7 +5,7 @@ toleration, no privilege, metrics on :9394."""
 
 import pytest
 import yaml
-from deploy_helpers import find, flag, mounted_secret_file
+from deploy_helpers import find, flag, mounted_file
 
 DAEMONSETS = {"vgpu-device-plugin": ("true", "nvml"), "vgpu-device-plugin-sim": ("sim", "sim")}
 NODE_LABEL = "vgpu-sharing/device-plugin"
@@ -111,7 +111,9 @@ def test_metrics_on_9394_reachable_on_the_node(name):
 @pytest.mark.parametrize("name", sorted(DAEMONSETS))
 def test_checks_the_extenders_signature_for_the_profiles_pods(name):
     env = {e["name"]: e.get("value") for e in plugin(name)["env"]}
-    assert mounted_secret_file("DaemonSet", name, "device-plugin", env["GRANT_KEY_FILE"]) == ("vgpu-grant-key", "key")
+    # the public key only: a node cannot sign
+    assert mounted_file("DaemonSet", name, "device-plugin", env["GRANT_KEY_FILE"]) == (
+        "ConfigMap", "vgpu-grant-public-keys", "keys.pem")
     config = yaml.safe_load(find("ConfigMap", "vgpu-scheduler-config")["data"]["config.yaml"])
     assert env["SCHEDULER_NAMES"].split(",") == [p["schedulerName"] for p in config["profiles"]]
     assert "ACCEPT_UNSIGNED_GRANTS" not in env and "DISABLE_CONTROL_NAMESPACES" not in env  # opt-ins, off

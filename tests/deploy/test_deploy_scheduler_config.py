@@ -6,7 +6,7 @@ import re
 
 import pytest
 import yaml
-from deploy_helpers import NAMESPACE, find, flag, mounted_secret_file
+from deploy_helpers import NAMESPACE, find, flag, mounted_file
 
 from vgpu.resources import SCHEDULER_NAME, ResourceNames, SharingConfig
 
@@ -118,8 +118,8 @@ def test_extender_sidecar_serves_the_url_kube_scheduler_calls():
 
 def test_extender_signs_places_only_the_profiles_pods_and_elects_a_leader():
     command = container("extender")["command"]
-    assert mounted_secret_file("Deployment", "vgpu-scheduler", "extender", flag(command, "grant-key-file")) == (
-        "vgpu-grant-key", "key")
+    assert mounted_file("Deployment", "vgpu-scheduler", "extender", flag(command, "grant-key-file")) == (
+        "Secret", "vgpu-grant-key", "key")
     assert flag(command, "scheduler-names").split(",") == [p["schedulerName"] for p in scheduler_config()["profiles"]]
     assert "--leader-elect" in command
     assert flag(command, "lease-namespace") == NAMESPACE

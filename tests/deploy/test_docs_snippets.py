@@ -115,7 +115,8 @@ def test_key_settings_are_in_parsed_snippets():
 def test_install_guide_uses_our_names():
     text = (DOCS / "install.md").read_text()
     for needle in ("kubectl apply -k deploy/", "vgpu-sharing/device-plugin=true", "schedulerName: vgpu-scheduler",
-                   ":9394/metrics", "create secret generic vgpu-grant-key --from-literal=key="):
+                   ":9394/metrics", "create secret generic vgpu-grant-key --from-file=key=grant.key",
+                   "create configmap vgpu-grant-public-keys --from-file=keys.pem=grant.pub"):
         assert needle in text, needle
 
 
@@ -166,11 +167,13 @@ def test_options_page_config_example_uses_the_documented_keys():
 
 
 def test_readmes_short_install_creates_the_grant_key_before_applying_the_manifests():
-    """The components mount the Secret `vgpu-grant-key`: without it they wait in ContainerCreating."""
+    """The components mount the Secret `vgpu-grant-key` and the ConfigMap `vgpu-grant-public-keys`: without them
+    they wait in ContainerCreating."""
     text = (DEPLOY.parent / "README.md").read_text()
     install = text[text.index("## Install on a real cluster"):]
-    assert "create secret generic vgpu-grant-key" in install
-    assert install.index("create secret generic vgpu-grant-key") < install.index("kubectl apply -k deploy/")
+    for step in ("create secret generic vgpu-grant-key", "create configmap vgpu-grant-public-keys"):
+        assert step in install
+        assert install.index(step) < install.index("kubectl apply -k deploy/")
 
 
 def test_readme_says_the_step_the_demos_over_limit_pod_allocates_in():

@@ -8,11 +8,12 @@ sign. Each attack ends refused or harmless while well-behaved pods run.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from e2e_helpers import TERMINAL, WORKLOAD, container, inventories, phase, pod, reports, scheduled_condition, wait_until
 
 from vgpu import grants, keys
@@ -26,11 +27,15 @@ NS = "tenant"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     isolation_paths()  # a failed C build fails the module
     workdir = tmp_path_factory.mktemp("hostile-cluster")
-    key = workdir / "grant-key"
-    key.write_text(secrets.token_hex(32))
-    signing = ["--grant-key-file", str(key)]
+    # the deployed key layout: the extender holds the Ed25519 private key, the plugins only its public key
+    private = Ed25519PrivateKey.generate()
+    (workdir / "grant.key").write_bytes(private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    (workdir / "grant.pub").write_bytes(private.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
     c = LocalCluster(workdir, nodes=2, gpus="2xA100-40GB", metrics_port=0, scheduler_metrics_port=0,
-                     scheduler_args=signing, plugin_args=signing)
+                     scheduler_args=["--grant-key-file", str(workdir / "grant.key")],
+                     plugin_args=["--grant-key-file", str(workdir / "grant.pub")])
     c.start()
     try:
         yield c
@@ -76,7 +81,7 @@ def test_a_well_behaved_pod_runs_with_a_signed_grant(cluster):
     done = _finished(cluster, "honest")
     assert phase(done) == "Succeeded", done.get("status")
     annotations = done["metadata"]["annotations"]
-    assert annotations[grants.SIGNATURE].startswith("v1:")
+    assert annotations[grants.SIGNATURE].startswith("v2:")  # Ed25519
 
 
 @pytest.mark.parametrize("scheduler, signed", [(None, False), ("vgpu-scheduler", False),

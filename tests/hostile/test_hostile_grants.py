@@ -8,10 +8,12 @@ them; a refusal ends kubelet's admission with the plugin's reason.
 
 from __future__ import annotations
 
-import secrets
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from dp_helpers import NODE, PluginBed, gpu_container
 
 from vgpu import grants, keys
@@ -133,15 +135,14 @@ def test_cuda_disable_control_in_an_allowed_namespace_is_parsed_strictly(node, v
 
 
 class TestSignedGrants:
-    """The scheduler signs each assignment with a key it shares with the plugins (the vgpu-grant-key Secret)."""
+    """The scheduler signs each assignment with its Ed25519 private key (the vgpu-grant-key Secret); the plugins
+    hold only the public key (the vgpu-grant-public-keys ConfigMap)."""
 
     @pytest.fixture
     def key(self, tmp_path):
-        path = tmp_path / "grant-key"
-        path.write_text(secrets.token_hex(32))
-        return path
+        return _pair(tmp_path)
 
-    def _signed(self, node: PluginBed, name: str, uuid: str, key: bytes) -> dict[str, Any]:
+    def _signed(self, node: PluginBed, name: str, uuid: str, key: grants.GrantKey) -> dict[str, Any]:
         """A pod as our scheduler leaves it: created, then its assignment signed for its UID (what /bind does)."""
         from vgpu.kube.patch import patch_pod_metadata
 
@@ -153,7 +154,7 @@ class TestSignedGrants:
 
     def test_an_unsigned_assignment_is_refused(self, node, key):
         """Within its spec and of our scheduler, but not signed: refused."""
-        node.start_plugin("1xT4", "--grant-key-file", str(key))
+        node.start_plugin("1xT4", "--grant-key-file", str(key.public))
         (a,) = node.wait_inventory()
         pod = _make(node, "unsigned", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:")
         _refused(node, pod, "no scheduler signature")
@@ -161,9 +162,9 @@ class TestSignedGrants:
     def test_a_signature_copied_from_another_pod_is_refused(self, node, key):
         """A placed pod's signature, copied onto a pod with the same assignment: refused, since it signs the pod's
         UID too; the signed original is served (the positive control)."""
-        node.start_plugin("1xT4", "--grant-key-file", str(key))
+        node.start_plugin("1xT4", "--grant-key-file", str(key.public))
         (a,) = node.wait_inventory()
-        original = self._signed(node, "original", a, key.read_bytes().strip())
+        original = self._signed(node, "original", a, key.signer)
         (admitted,) = node.kubelet.admit(original)
         assert _limits(admitted) == {"CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_SM_LIMIT_0": "10",
                                     "CUDA_DEVICE_SM_LIMIT": "10"}
@@ -175,9 +176,9 @@ class TestSignedGrants:
         """The tenant raises devices-to-allocate of a signed pod: refused."""
         from vgpu.kube.patch import patch_pod_metadata
 
-        node.start_plugin("1xT4", "--grant-key-file", str(key))
+        node.start_plugin("1xT4", "--grant-key-file", str(key.public))
         (a,) = node.wait_inventory()
-        self._signed(node, "edited", a, key.read_bytes().strip())
+        self._signed(node, "edited", a, key.signer)
         patch_pod_metadata(node.api, "default", "edited",
                            annotations={keys.DEVICES_TO_ALLOCATE: f"{a},NVIDIA,1000,90:"})
         _refused(node, node.pod("edited"), "not the signed assignment")
@@ -185,7 +186,7 @@ class TestSignedGrants:
     def test_unsigned_grants_within_the_spec_pass_only_when_allowed(self, node, key):
         """--accept-unsigned-grants (clusters that mix in a scheduler that does not sign) serves an unsigned grant
         within the spec, and still refuses one beyond it."""
-        node.start_plugin("1xT4", "--grant-key-file", str(key), "--accept-unsigned-grants")
+        node.start_plugin("1xT4", "--grant-key-file", str(key.public), "--accept-unsigned-grants")
         (a,) = node.wait_inventory()
         fair = _make(node, "fair", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:")
         (admitted,) = node.kubelet.admit(fair)
@@ -193,3 +194,39 @@ class TestSignedGrants:
                                     "CUDA_DEVICE_SM_LIMIT": "10"}
         greedy = _make(node, "greedy", [gpu_container("main", 1, 1, 1)], f"{a},NVIDIA,{T4_UNITS},100:")
         _refused(node, greedy, "the spec allows 1")
+
+    def test_a_key_of_a_node_cannot_sign(self, node, key, tmp_path):
+        """What a compromised node holds is the public key, which signs nothing; a key pair of its own (or any key
+        but the scheduler's) makes signatures the plugin refuses, on its node as on any other."""
+        node.start_plugin("1xT4", "--grant-key-file", str(key.public))
+        (a,) = node.wait_inventory()
+        node_key = grants.read_key(key.public, "--grant-key-file", private_allowed=False)
+        with pytest.raises(ValueError, match="cannot sign"):
+            node_key.sign("uid", NODE, f"{a},NVIDIA,1000,10:")
+        forged = self._signed(node, "forged", a, _pair(tmp_path / "attacker").signer)
+        _refused(node, forged, "signature does not match")
+
+    def test_a_plugin_given_the_private_key_refuses_to_start(self, node, key):
+        """A node must hold only the public key: a plugin pointed at the signing key stops with one clear line."""
+        node.start_plugin("1xT4", "--grant-key-file", str(key.private), wait=False)
+        assert node.proc is not None and node.proc.wait(30) != 0
+        assert "holds a private key; a node needs only the scheduler's public key" in node.log()
+
+
+class _KeyPair(NamedTuple):
+    signer: grants.GrantKey  # the scheduler's
+    private: Path  # its PEM file (the Secret vgpu-grant-key)
+    public: Path  # the public key's PEM file (the ConfigMap vgpu-grant-public-keys)
+
+
+def _pair(directory: Path) -> _KeyPair:
+    """A fresh Ed25519 pair written as PEM files, as `openssl genpkey` / `openssl pkey -pubout` write them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    private_key = Ed25519PrivateKey.generate()
+    private = directory / "grant.key"
+    private.write_bytes(private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()))
+    public = directory / "grant.pub"
+    public.write_bytes(private_key.public_key().public_bytes(serialization.Encoding.PEM,
+                                                             serialization.PublicFormat.SubjectPublicKeyInfo))
+    return _KeyPair(grants.read_key(private, "--grant-key-file"), private, public)

@@ -1,5 +1,6 @@
 """The usage ledger: node inventory states, incremental pod accounting, reservations and their TTL."""
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sched_builders import container, gpu, node, pod
 
 from vgpu import grants, keys
@@ -179,7 +180,7 @@ def test_preempt_keeps_nodes_where_victims_free_enough():
 def test_with_a_grant_key_an_unsigned_claim_leaves_the_ledgers_record_in_place():
     """A bound pod moves its signed claim to another GPU of its node: the signature no longer verifies, the charge
     stays where the signed claim put it, and the claim is reported."""
-    key = b"k" * 32
+    key = grants.GrantKey(private=Ed25519PrivateKey.generate())
     ledger = Ledger(grant_key=key)
     reported: list[list[str]] = []
     ledger.grant_listeners.append(lambda pod_obj, problems: reported.append(problems))
