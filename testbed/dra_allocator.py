@@ -22,6 +22,17 @@ and with which devices:
     while what allocated claims consumed plus this stays within the capacity and the amount obeys the policy.
     A device that allows multiple allocations gets a fresh `shareID` and `consumedCapacity` in the result.
 
+Kubernetes version (`kubernetes_version`, (major, minor), 1.34 to 1.36, default 1.36): with DRAConsumableCapacity
+on, 1.34 and 1.35 run upstream's `internal/experimental` allocator, 1.36 its `internal/incubating` one, and they
+differ in how one ExactCount request picks its devices:
+
+  * 1.34, 1.35: every pick of a request scans all candidates again; a device that allows multiple allocations is
+    never marked in use by an allocation in flight, so one request with `count: 2` may take the same shared
+    device twice (two results, two shareIDs, its capacity consumed twice);
+  * 1.36: the next pick of the same request only looks at candidates after the previous pick (combinations
+    instead of permutations, kubernetes/kubernetes#133678), so one request takes distinct devices; other
+    requests and claims still start from the first candidate and may share a device with it.
+
 A broken class or claim (CEL that does not compile, fails at run time or is not boolean, unknown capacity spelled
 twice, an invalid pool) raises AllocationError: upstream aborts the scheduling attempt with that error.
 """
@@ -38,12 +49,16 @@ from fractions import Fraction
 from typing import Any
 
 __all__ = [
+    "DEFAULT_KUBERNETES_VERSION",
+    "SUPPORTED_KUBERNETES_VERSIONS",
     "AllocatedState",
     "AllocationError",
     "Allocator",
+    "KubernetesVersion",
     "Quantity",
     "SelectorCache",
     "node_selector_matches",
+    "parse_kubernetes_version",
     "parse_quantity",
 ]
 
@@ -51,6 +66,28 @@ Obj = dict[str, Any]
 DeviceId = tuple[str, str, str]  # driver, pool, device
 
 ALLOCATION_RESULTS_MAX_SIZE = 32  # resource.k8s.io/v1 AllocationResultsMaxSize
+
+KubernetesVersion = tuple[int, int]  # (major, minor)
+SUPPORTED_KUBERNETES_VERSIONS: tuple[KubernetesVersion, ...] = ((1, 34), (1, 35), (1, 36))
+DEFAULT_KUBERNETES_VERSION: KubernetesVersion = SUPPORTED_KUBERNETES_VERSIONS[-1]
+# since this minor, the picks of one request are combinations of distinct devices (see the module docstring)
+_DISTINCT_PICKS_SINCE: KubernetesVersion = (1, 36)
+
+
+def parse_kubernetes_version(text: str | KubernetesVersion) -> KubernetesVersion:
+    """(major, minor) of "1.35", "v1.35", "1.35.2" (the patch level is ignored) or of a pair, checked against the
+    versions this stand-in models; ValueError otherwise."""
+    if isinstance(text, tuple):
+        version = (int(text[0]), int(text[1])) if len(text) == 2 else (0, 0)
+    else:
+        match = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.\d+)?", str(text).strip())
+        if match is None:
+            raise ValueError(f"Kubernetes version {text!r}: expected MAJOR.MINOR, e.g. 1.36")
+        version = (int(match.group(1)), int(match.group(2)))
+    if version not in SUPPORTED_KUBERNETES_VERSIONS:
+        known = ", ".join(f"{major}.{minor}" for major, minor in SUPPORTED_KUBERNETES_VERSIONS)
+        raise ValueError(f"Kubernetes version {text!r}: the allocator stand-in models {known}")
+    return version
 
 
 class AllocationError(Exception):
@@ -450,12 +487,15 @@ class Allocator:
     """One allocation attempt for the unallocated claims of a pod, against the cluster's slices and usage."""
 
     def __init__(self, claims: list[Obj], state: AllocatedState, classes: dict[str, Obj], slices: list[Obj],
-                 selectors: SelectorCache) -> None:
+                 selectors: SelectorCache, kubernetes_version: KubernetesVersion = DEFAULT_KUBERNETES_VERSION) -> None:
         self.claims = claims
         self.state = state
         self.classes = classes
         self.slices = slices
         self.selectors = selectors
+        self.kubernetes_version = parse_kubernetes_version(kubernetes_version)
+        # 1.36+: a request's next pick starts after its previous one, so one request never repeats a device
+        self.distinct_picks = self.kubernetes_version >= _DISTINCT_PICKS_SINCE
 
     # -- per node
     def allocate(self, node: Obj) -> list[Obj] | None:
@@ -609,7 +649,10 @@ class _Run:
             out.append(allocation)
         return out
 
-    def _allocate(self, ci: int, ri: int, di: int, alternative: int = -1) -> bool:
+    def _allocate(self, ci: int, ri: int, di: int, alternative: int = -1, start: int = 0) -> bool:
+        """Pick device `di` of request `ri` (alternative `alternative`) of claim `ci`, then everything after it.
+        `start` is the first candidate position (over all pools, slices and devices) this pick may use: 0 except
+        for the next pick of the same request with distinct_picks (1.36+)."""
         if ci >= len(self.owner.claims):
             return True
         if ri >= len(self.requests[ci]):
@@ -633,16 +676,19 @@ class _Run:
                 return True
             undo()
             return False
+        position = -1
         for pool in self.pools:
             if pool.invalid:
                 raise AllocationError(f"pool {pool.name} is invalid: {pool.invalid}")
             for cand in self._candidates_of(pool):
-                if self._in_use(cand.id) or not self._selectable(req, cand):
+                position += 1
+                if position < start or self._in_use(cand.id) or not self._selectable(req, cand):
                     continue
                 undo = self._take(req, cand)
                 if undo is None:
                     continue
-                if self._allocate(ci, ri, di + 1, alternative):
+                after = position + 1 if self.owner.distinct_picks else 0
+                if self._allocate(ci, ri, di + 1, alternative, after):
                     return True
                 undo()
         return False

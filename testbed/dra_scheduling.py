@@ -45,10 +45,13 @@ import orjson
 
 from vgpu.testbed.claim_controller import DELETE_PROTECTION_FINALIZER, ClaimController
 from vgpu.testbed.dra_allocator import (
+    DEFAULT_KUBERNETES_VERSION,
     AllocatedState,
     Allocator,
+    KubernetesVersion,
     SelectorCache,
     node_selector_matches,
+    parse_kubernetes_version,
     parse_quantity,
 )
 
@@ -235,10 +238,13 @@ class PodDra:
 # ------------------------------------------------------------------------------------------------ the plugin
 
 class DynamicResources:
-    """Caches of DeviceClasses, ResourceSlices and ResourceClaims, and the plugin's extension points."""
+    """Caches of DeviceClasses, ResourceSlices and ResourceClaims, and the plugin's extension points.
+    `kubernetes_version` picks the allocator behaviour of that kube-scheduler release (dra_allocator.Allocator)."""
 
     def __init__(self, api_client: Any, on_change: Callable[[str], None],
-                 pod_lookup: Callable[[str, str], Obj | None]) -> None:
+                 pod_lookup: Callable[[str, str], Obj | None],
+                 kubernetes_version: KubernetesVersion = DEFAULT_KUBERNETES_VERSION) -> None:
+        self.kubernetes_version = parse_kubernetes_version(kubernetes_version)
         self.api = ResourceApi(api_client)
         self.on_change = on_change
         self.lock = threading.Lock()
@@ -476,7 +482,8 @@ class DynamicResources:
         to_allocate = dra.to_allocate + ([ext_claim] if ext_claim is not None else [])
         results: list[Obj] = []
         if to_allocate:
-            allocator = Allocator(to_allocate, dra.state, dra.classes, dra.slices, self.selectors)
+            allocator = Allocator(to_allocate, dra.state, dra.classes, dra.slices, self.selectors,
+                                  self.kubernetes_version)
             found = allocator.allocate(node)
             if found is None:
                 return CANNOT_ALLOCATE

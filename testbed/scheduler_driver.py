@@ -28,7 +28,8 @@ DRA (`resource.k8s.io/v1`): testbed/dra_scheduling.py adds kube-scheduler's Dyna
 for their claims, the in-tree filters are followed by structured-parameters allocation per node, PreBind writes the
 allocations and reservations before the binding; extended resources served by DRA skip the in-tree fit on nodes
 that do not advertise them) and kube-controller-manager's resourceclaim controller (claims from templates, release
-when pods end); `--no-dra` leaves claims alone.
+when pods end); `--no-dra` leaves claims alone. `--kubernetes-version 1.35` (1.34 to 1.36, default 1.36) makes
+the structured allocator answer as that release's does (see testbed/dra_allocator.py).
 A failed cycle records a `FailedScheduling` event and the `PodScheduled=False` condition with the reasons
 ("0/3 nodes are available: 3 insufficient memory.") and puts the pod back with backoff (1 s doubling to 10 s, as
 kube-scheduler's podInitialBackoffSeconds / podMaxBackoffSeconds); unschedulable pods are retried when a node or
@@ -36,7 +37,8 @@ a pod changes in a way that may free room, and at the latest after `unschedulabl
 extender is bounded by its `httpTimeout` (default 5 s). Scheduling cycles are serial, bindings run concurrently.
 
 Run: `python -m vgpu.testbed.scheduler_driver --config deploy/scheduler/configmap.yaml --kubeconfig K
-[--extender-url http://127.0.0.1:PORT] [--trace FILE]`; it prints `ready` on stdout once its caches are synced.
+[--extender-url http://127.0.0.1:PORT] [--trace FILE] [--kubernetes-version 1.36]`; it prints `ready` on stdout
+once its caches are synced.
 With `--trace`, one JSON line per bound pod records the timing (used by bench/bench_e2e.py).
 """
 
@@ -66,7 +68,12 @@ import httpx
 import orjson
 import yaml
 
-from vgpu.testbed.dra_allocator import AllocationError
+from vgpu.testbed.dra_allocator import (
+    DEFAULT_KUBERNETES_VERSION,
+    AllocationError,
+    KubernetesVersion,
+    parse_kubernetes_version,
+)
 from vgpu.testbed.dra_scheduling import DraBindError, DynamicResources, PodDra
 from vgpu.testbed.kubemath import pod_requests, resource_amount
 
@@ -488,11 +495,13 @@ class SchedulerDriver:
 
     def __init__(self, config: SchedulerConfig, kubeconfig: str | None, trace: str | None = None,
                  unschedulable_flush: float = 30.0, bind_workers: int = 16, seed: int | None = None,
-                 api: Any = None, dra: bool = True) -> None:
+                 api: Any = None, dra: bool = True,
+                 kubernetes_version: KubernetesVersion = DEFAULT_KUBERNETES_VERSION) -> None:
         self.config = config
+        self.kubernetes_version = parse_kubernetes_version(kubernetes_version)
         self.api = api if api is not None else _Api(kubeconfig)
         # DRA (testbed/dra_scheduling.py): the DynamicResources plugin and the resourceclaim controller
-        self.dra = DynamicResources(self.api.client, self._dra_changed, self._cached_pod) \
+        self.dra = DynamicResources(self.api.client, self._dra_changed, self._cached_pod, self.kubernetes_version) \
             if dra and hasattr(self.api, "client") else None
         self.names = config.scheduler_names
         self.unschedulable_flush = unschedulable_flush
@@ -1102,6 +1111,14 @@ class SchedulerDriver:
             return {key: state.last_message for key, state in self.queue_state.items() if state.last_message}
 
 
+def _kubernetes_version(text: str) -> KubernetesVersion:
+    """argparse type of --kubernetes-version."""
+    try:
+        return parse_kubernetes_version(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line entry: schedule until SIGTERM / SIGINT."""
     ap = argparse.ArgumentParser(prog="python -m vgpu.testbed.scheduler_driver",
@@ -1115,6 +1132,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds after which unschedulable pods are retried without a cluster event")
     ap.add_argument("--builtin-config", action="store_true", help="use the built-in copy (driver tests only)")
     ap.add_argument("--no-dra", action="store_true", help="leave ResourceClaims alone (no DynamicResources plugin)")
+    ap.add_argument("--kubernetes-version", type=_kubernetes_version, metavar="MAJOR.MINOR",
+                    default=".".join(str(part) for part in DEFAULT_KUBERNETES_VERSION),
+                    help="answer DRA allocation as this kube-scheduler release does (1.34, 1.35 or 1.36; default "
+                         "%(default)s)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -1136,7 +1157,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     driver = SchedulerDriver(config, args.kubeconfig, trace=args.trace, unschedulable_flush=args.unschedulable_flush,
-                             dra=not args.no_dra)
+                             dra=not args.no_dra, kubernetes_version=args.kubernetes_version)
     try:
         driver.start()
     except RuntimeError as exc:

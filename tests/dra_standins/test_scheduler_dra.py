@@ -1,14 +1,20 @@
 """The kube-scheduler stand-in's DRA side (DynamicResources plugin + resourceclaim controller) against the API-server
 stand-in over HTTP: structured-parameters allocation (first fit, backtracking, selectors, constraints, consumable
 capacity with requestPolicy rounding), claims from templates, the extended-resource claim (KEP-5004), PreBind's
-writes, FailedScheduling texts, and release of claims when pods end."""
+writes, FailedScheduling texts, release of claims when pods end, and the allocator release chosen with
+`kubernetes_version` / `--kubernetes-version`."""
 
 from __future__ import annotations
 
-import pytest
-from sched_dra_helpers import DRIVER, MEMORY_POLICY, Cluster, cluster, device, exactly, wait
+from typing import Any
 
+import pytest
+from sched_dra_helpers import CONFIG, DRIVER, MEMORY_POLICY, Cluster, cluster, device, exactly, wait
+
+from vgpu.testbed import scheduler_driver
 from vgpu.testbed.claim_controller import generate_name
+from vgpu.testbed.dra_allocator import parse_kubernetes_version
+from vgpu.testbed.scheduler_driver import SchedulerDriver, parse_scheduler_config
 
 __all__ = ["cluster"]  # the fixture, imported from the helpers
 
@@ -138,6 +144,55 @@ def test_count_two_with_match_attribute_backtracks(cluster: Cluster) -> None:
     cluster.pod("p", [{"name": "gpu", "resourceClaimName": "pair"}])
     cluster.bound("p")
     assert [r["device"] for r in _results(cluster.get_claim("pair"))] == ["gpu-1", "gpu-2"]
+
+
+@pytest.mark.parametrize("version", ["1.35", "1.36"])
+def test_count_two_on_one_shared_device_follows_the_chosen_release(cluster: Cluster, version: str) -> None:
+    """SchedulerDriver(kubernetes_version=...) reaches the allocator: one request with count 2 and a single shared
+    device binds on 1.35 (the device twice: k8s.io/dynamic-resource-allocation v0.35.0
+    structured/internal/experimental/allocator_experimental.go `allocateDevice`) and stays pending on 1.36 (distinct
+    devices per request: v0.36.0 structured/internal/incubating/allocator_incubating.go `allocateOne`,
+    `startLocation`)."""
+    cluster.node("n1")
+    cluster.slice("n1", [device("gpu-0", memory_policy=MEMORY_POLICY)])
+    cluster.device_class("gpu")
+    cluster.claim("pair", [exactly("gpu", count=2, capacity={"requests": {"memory": "4Gi"}})])
+    driver = SchedulerDriver(parse_scheduler_config(CONFIG), cluster.kubeconfig, seed=1, unschedulable_flush=30.0,
+                             kubernetes_version=parse_kubernetes_version(version))
+    cluster.drivers.append(driver.start())
+    cluster.pod("p", [{"name": "gpu", "resourceClaimName": "pair"}])
+    if version == "1.35":
+        cluster.bound("p")
+        results = _results(cluster.get_claim("pair"))
+        assert [(r["device"], r["consumedCapacity"]["memory"]) for r in results] == [("gpu-0", "4Gi")] * 2
+        assert results[0]["shareID"] != results[1]["shareID"]
+    else:
+        assert cluster.unschedulable("p") == "0/1 nodes are available: 1 cannot allocate all claims."
+
+
+def test_the_driver_takes_the_kubernetes_version_flag(monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """`--kubernetes-version` reaches SchedulerDriver (default 1.36); a release the stand-in does not model is a
+    usage error."""
+    seen: list[Any] = []
+
+    class Stub:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            seen.append(kwargs["kubernetes_version"])
+
+        def start(self) -> None:
+            raise RuntimeError("not started in this test")
+
+    monkeypatch.setattr(scheduler_driver, "SchedulerDriver", Stub)
+    monkeypatch.setattr(scheduler_driver.signal, "signal", lambda *args: None)
+    base = ["--builtin-config", "--kubeconfig", "unused"]
+    assert scheduler_driver.main([*base, "--kubernetes-version", "1.35"]) == 1
+    assert scheduler_driver.main(base) == 1
+    assert seen == [(1, 35), (1, 36)]
+    with pytest.raises(SystemExit) as exit_info:
+        scheduler_driver.main([*base, "--kubernetes-version", "1.33"])
+    assert exit_info.value.code == 2
+    assert "the allocator stand-in models 1.34, 1.35, 1.36" in capsys.readouterr().err
 
 
 def test_all_mode_takes_every_matching_device(cluster: Cluster) -> None:
