@@ -5,14 +5,22 @@ plugin-registration service.
 from one implementation on the DRA socket, then `pluginregistration.Registration` on the registration socket in
 kubelet's registry directory (kubelet's plugin watcher finds it there and calls GetInfo, then
 NotifyRegistrationStatus). Both DRA calls are batched: every claim of the request is answered under its UID, a
-failed claim carries its `error`, and no claim's failure fails the call or another claim. `v1.DRAResourceHealth`
-(on the DRA socket) streams every device's health at once and again at each change.
+failed claim carries its `error`, and no claim's failure fails the call or another claim.
+
+The device-health stream `DRAResourceHealth/NodeWatchResources` is served on the DRA socket under both packages
+kubelet dials: `v1alpha1` (kubelets 1.34 to 1.36, with their `ResourceHealthStatus` feature gate on) and `v1` (kubelet
+from kubernetes/kubernetes#139477 on, which prefers it). It sends every device's health at once, again at each change
+and at least every RESEND_SECONDS, because kubelet takes a device it has not heard of for 30 s as Unknown. Both
+services are listed in the registration's `supported_versions` after the DRAPlugin versions: a 1.34 to 1.36 kubelet
+only picks its DRAPlugin version from that list and dials the health stream regardless, while kubelets with #139477
+(and the 1.36 backport #141858) open the stream only for a plugin that lists it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -28,10 +36,11 @@ from vgpu.draplugin.prepare import ClaimPreparer, ClaimRef
 from vgpu.errors import VGPUError
 from vgpu.proto.dra.v1 import api_pb2 as dra_v1
 from vgpu.proto.dra.v1beta1 import api_pb2 as dra_v1beta1
-from vgpu.proto.drahealth.v1 import api_pb2 as health_pb
+from vgpu.proto.drahealth.v1 import api_pb2 as health_v1
+from vgpu.proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from vgpu.proto.pluginregistration.v1 import api_pb2 as reg
 
-__all__ = ["DRA_VERSIONS", "PLUGIN_TYPE", "DRAServers", "HealthService"]
+__all__ = ["DRA_VERSIONS", "HEALTH_VERSIONS", "PLUGIN_TYPE", "SUPPORTED_SERVICES", "DRAServers", "HealthService"]
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +49,16 @@ PLUGIN_TYPE = "DRAPlugin"
 # threads of the server that also prepares claims.
 MAX_WATCHERS = 3
 SERVER_WORKERS = 8
+# How often an open health stream repeats the current states when nothing changed: kubelet marks a device Unknown
+# when it has heard nothing of it for its health timeout (30 s unless the device sets its own).
+RESEND_SECONDS = 10.0
 # the service versions served, as told to kubelet, and their generated messages
 DRA_VERSIONS: dict[str, ModuleType] = {"v1.DRAPlugin": dra_v1, "v1beta1.DRAPlugin": dra_v1beta1}
+HEALTH_VERSIONS: dict[str, ModuleType] = {"v1.DRAResourceHealth": health_v1,
+                                          "v1alpha1.DRAResourceHealth": health_v1alpha1}
+# `supported_versions` of the registration: the DRAPlugin versions first (kubelet picks the first it speaks), then the
+# optional health service
+SUPPORTED_SERVICES: tuple[str, ...] = (*DRA_VERSIONS, *HEALTH_VERSIONS)
 
 
 def _claim_error(exc: Exception, verb: str, ref: ClaimRef) -> str:
@@ -108,49 +125,60 @@ class DRANodeService:
 
 
 class HealthService:
-    """`v1.DRAResourceHealth/NodeWatchResources`: the health of every device of this node's pool, sent when the
-    stream opens and again whenever a GPU's health changes, until kubelet closes it or the plugin stops."""
+    """`DRAResourceHealth/NodeWatchResources` in each package of HEALTH_VERSIONS: the health of every device of this
+    node's pool, sent when the stream opens, again whenever a GPU's health changes and at least every
+    `resend_seconds`, until kubelet closes it or the plugin stops. The packages differ only in name on the wire."""
 
-    def __init__(self, node: str, health: GPUHealth, check_seconds: float = 1.0) -> None:
+    def __init__(self, node: str, health: GPUHealth, check_seconds: float = 1.0,
+                 resend_seconds: float = RESEND_SECONDS) -> None:
         self.node = node
         self.health = health
         self.check_seconds = check_seconds  # how often a quiet stream looks whether it is still wanted
+        self.resend_seconds = resend_seconds
         self.stopping = threading.Event()
         self._watchers = threading.BoundedSemaphore(MAX_WATCHERS)
 
-    def _response(self, states: list[DeviceHealthState]) -> health_pb.NodeWatchResourcesResponse:
-        return health_pb.NodeWatchResourcesResponse(devices=[
-            health_pb.DeviceHealth(
-                device=health_pb.DeviceIdentifier(pool_name=self.node, device_name=device_name(s.gpu.nvml_index)),
-                health=health_pb.HEALTHY if s.healthy else health_pb.UNHEALTHY,
+    def _response(self, pb: ModuleType, states: list[DeviceHealthState]) -> Any:
+        return pb.NodeWatchResourcesResponse(devices=[
+            pb.DeviceHealth(
+                device=pb.DeviceIdentifier(pool_name=self.node, device_name=device_name(s.gpu.nvml_index)),
+                health=pb.HEALTHY if s.healthy else pb.UNHEALTHY,
                 last_updated_time=s.since, message=s.reason)
             for s in states])
 
-    def watch(self, request: health_pb.NodeWatchResourcesRequest,
-              context: grpc.ServicerContext) -> Iterator[health_pb.NodeWatchResourcesResponse]:
-        """The stream: the current states, then each change; a stream beyond MAX_WATCHERS open ones is refused
-        (RESOURCE_EXHAUSTED), so that streams never hold every worker of the server that also prepares claims."""
+    def _watch(self, pb: ModuleType, context: grpc.ServicerContext) -> Iterator[Any]:
+        """The stream: the current states, then each change (or the same again after `resend_seconds`); a stream
+        beyond MAX_WATCHERS open ones (all packages together) is refused (RESOURCE_EXHAUSTED), so that streams never
+        hold every worker of the server that also prepares claims."""
         if not self._watchers.acquire(blocking=False):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{MAX_WATCHERS} health streams are open already")
         try:
-            sent = -1
+            sent, sent_at = -1, 0.0
             while context.is_active() and not self.stopping.is_set():
                 version, states = self.health.snapshot()
-                if version != sent:
-                    sent = version
-                    yield self._response(states)
-                self.health.wait_change(sent, self.check_seconds)
+                if version != sent or time.monotonic() - sent_at >= self.resend_seconds:
+                    sent, sent_at = version, time.monotonic()
+                    yield self._response(pb, states)
+                left = self.resend_seconds - (time.monotonic() - sent_at)
+                self.health.wait_change(sent, max(0.0, min(self.check_seconds, left)))
         finally:
             self._watchers.release()
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        """The gRPC handler of `v1.DRAResourceHealth`."""
-        service = health_pb.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name
-        return grpc.method_handlers_generic_handler(service, {
-            "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
-                self.watch, request_deserializer=health_pb.NodeWatchResourcesRequest.FromString,
-                response_serializer=health_pb.NodeWatchResourcesResponse.SerializeToString),
-        })
+    def handlers(self) -> list[grpc.GenericRpcHandler]:
+        """The gRPC handlers of `DRAResourceHealth`, one per package of HEALTH_VERSIONS."""
+        found = []
+        for pb in HEALTH_VERSIONS.values():
+            service = pb.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name
+
+            def watch(request: Any, context: grpc.ServicerContext, pb: ModuleType = pb) -> Iterator[Any]:
+                return self._watch(pb, context)
+
+            found.append(grpc.method_handlers_generic_handler(service, {
+                "NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+                    watch, request_deserializer=pb.NodeWatchResourcesRequest.FromString,
+                    response_serializer=pb.NodeWatchResourcesResponse.SerializeToString),
+            }))
+        return found
 
 
 class RegistrationService:
@@ -161,9 +189,9 @@ class RegistrationService:
         self.on_registered = on_registered
 
     def get_info(self, request: reg.InfoRequest, context: grpc.ServicerContext) -> reg.PluginInfo:
-        """Type DRAPlugin, the driver name, the DRA socket and the versions served."""
+        """Type DRAPlugin, the driver name, the DRA socket and the services served (SUPPORTED_SERVICES)."""
         return reg.PluginInfo(type=PLUGIN_TYPE, name=DRIVER, endpoint=str(self.endpoint),
-                              supported_versions=list(DRA_VERSIONS))
+                              supported_versions=list(SUPPORTED_SERVICES))
 
     def notify(self, request: reg.RegistrationStatus,
                context: grpc.ServicerContext) -> reg.RegistrationStatusResponse:
@@ -215,12 +243,12 @@ class DRAServers:
             path.parent.mkdir(parents=True, exist_ok=True)
             _remove_socket(path)
         handlers = [DRANodeService(pb, self.preparer).handler() for pb in DRA_VERSIONS.values()]
-        handlers.append(self.health.handler())
+        handlers.extend(self.health.handlers())
         self._serve(self.dra_socket, handlers, "dra")
         registration = RegistrationService(self.dra_socket, self.on_registered)
         self._serve(self.registration_socket, [registration.handler()], "reg")
         log.info("event=serving dra_socket=%s registration_socket=%s versions=%s", self.dra_socket,
-                 self.registration_socket, ",".join(DRA_VERSIONS))
+                 self.registration_socket, ",".join(SUPPORTED_SERVICES))
 
     def _serve(self, path: Path, handlers: list[grpc.GenericRpcHandler], name: str) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVER_WORKERS, thread_name_prefix=f"dra-{name}"))

@@ -3,8 +3,8 @@
 Run `python proto/generate.py` after editing a .proto file; `--check` only reports whether the committed files
 are current (exit 1 if not). tests/proto runs the check. The protos are staged as `vgpu/proto/<api>/<version>/`
 in a temporary include root, so the generated modules import each other as `vgpu.proto.<api>.<version>.api_pb2`,
-the path this folder is installed under; the proto packages (`v1beta1`, `v1`) and so the gRPC method paths are
-kubelet's.
+the path this folder is installed under; the proto packages (`v1beta1`, `v1`, `v1alpha1`) and so the gRPC method
+paths are kubelet's.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ PROTOS = (
     "proto/dra/v1/api.proto",
     "proto/dra/v1beta1/api.proto",
     "proto/drahealth/v1/api.proto",
+    "proto/drahealth/v1alpha1/api.proto",
 )
 SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 

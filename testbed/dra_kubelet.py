@@ -20,7 +20,19 @@ it tests. `DRAKubelet` bundles:
   specs on disk (testbed/cdi.py); an unknown ID fails the preparation too;
 * `DRAManager.unprepare(pod_uid)`, once the pod's containers are gone: claims no other pod uses are unprepared with
   NodeUnprepareResources, per driver and batched, from a worker thread; a failure is retried `unprepare_attempts`
-  times with a growing delay, then logged and parked until the driver registers again.
+  times with a growing delay, then logged and parked until the driver registers again;
+* the device-health stream, only when the `ResourceHealthStatus` feature gate is on (`resource_health_status`,
+  default off as in kubelet 1.34 and 1.35; 1.36 turns it on by default). Each registration gets its own stream,
+  cancelled when the registration goes. As released in kubelet 1.34 to 1.36 it dials
+  `v1alpha1.DRAResourceHealth/NodeWatchResources` whatever the registration lists, and after any end of the
+  stream, Unimplemented included, dials again `health_retry` seconds later (kubelet: 5 s). With
+  `health_from_registration` it behaves as kubelet with kubernetes/kubernetes#139477 (and the 1.36 backport
+  #141858): only a plugin listing `v1.DRAResourceHealth` or `v1alpha1.DRAResourceHealth` (v1 preferred) is
+  watched, and Unimplemented ends the watching. Every response is reconciled into the health cache
+  (`DeviceHealthCache`, kubelet's healthinfo.go): a reported device is Healthy, Unhealthy or Unknown as of its
+  receipt, a device not heard of for its timeout (`health_check_timeout_seconds`, else 30 s) reads Unknown, and
+  the driver's entries are dropped whenever its stream ends. `DRAManager.allocated_resources_status(pod)` gives
+  what kubelet writes into each container status's `allocatedResourcesStatus` from that cache.
 
 The claim cache is kept in `state_file` (JSON) when one is given, so a restarted node agent still knows which claims
 are prepared for which pods, as kubelet's checkpoint does.
@@ -43,6 +55,8 @@ import grpc
 
 from vgpu.proto.dra.v1 import api_pb2 as dra
 from vgpu.proto.dra.v1 import api_pb2_grpc as dra_grpc
+from vgpu.proto.drahealth.v1 import api_pb2 as health_v1
+from vgpu.proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from vgpu.testbed.cdi import CDIError, CDIRegistry, ContainerEdits
 from vgpu.testbed.plugin_watcher import PluginWatcher
 
@@ -53,6 +67,7 @@ __all__ = [
     "DRAKubelet",
     "DRAManager",
     "DRAPlugins",
+    "DeviceHealthCache",
     "DriverRegistration",
     "PodPreparation",
     "PrepareError",
@@ -65,7 +80,16 @@ Obj = dict[str, Any]
 PLUGIN_TYPE = "DRAPlugin"
 SUPPORTED_VERSIONS = ("v1.DRAPlugin",)
 """Service versions this stand-in speaks, preferred first."""
-
+HEALTH_V1 = "v1.DRAResourceHealth"
+HEALTH_V1ALPHA1 = "v1alpha1.DRAResourceHealth"
+RELEASED_HEALTH_SERVICE = HEALTH_V1ALPHA1
+"""The one health service kubelets 1.34 to 1.36 dial."""
+HEALTH_SERVICES = (HEALTH_V1, HEALTH_V1ALPHA1)
+"""Health services a kubelet with kubernetes#139477 takes from the registration, preferred first."""
+HEALTH_MESSAGES = {HEALTH_V1: health_v1, HEALTH_V1ALPHA1: health_v1alpha1}
+HEALTH_RETRY_SECONDS = 5.0
+DEFAULT_HEALTH_TIMEOUT = 30.0
+MAX_HEALTH_MESSAGE = 1024
 
 
 def wait_on(cond: threading.Condition, predicate: Callable[[], bool], timeout: float) -> bool:
@@ -93,18 +117,171 @@ class DriverRegistration:
     versions: tuple[str, ...]
     channel: grpc.Channel
     stub: dra_grpc.DRAPluginStub
+    health: HealthStream | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHealth:
+    """What the health cache knows of one device: status (Healthy, Unhealthy, Unknown), message, timeout (seconds)
+    and when it was last reported (the cache's clock)."""
+
+    pool: str
+    device: str
+    health: str
+    message: str
+    timeout: float
+    received: float
+
+
+def _health_name(pb: Any, value: int) -> str:
+    if value == pb.HEALTHY:
+        return "Healthy"
+    if value == pb.UNHEALTHY:
+        return "Unhealthy"
+    return "Unknown"
+
+
+def _short_message(text: str) -> str:
+    if len(text) <= MAX_HEALTH_MESSAGE:
+        return text
+    return text[:MAX_HEALTH_MESSAGE - 3] + "..."
+
+
+class DeviceHealthCache:
+    """Kubelet's cache of device health per driver, keyed `pool/device` (pkg/kubelet/cm/dra/healthinfo.go)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.lock = threading.Lock()
+        self._drivers: dict[str, dict[str, DeviceHealth]] = {}
+
+    def update(self, driver: str, response: Any, pb: Any) -> list[DeviceHealth]:
+        """Reconcile one NodeWatchResourcesResponse; the entries that changed. Reported devices count from now;
+        a known device left out turns Unknown once its timeout passed."""
+        now = self.clock()
+        changed: list[DeviceHealth] = []
+        with self.lock:
+            known = self._drivers.setdefault(driver, {})
+            reported = set()
+            for d in response.devices:
+                seconds = d.health_check_timeout_seconds
+                entry = DeviceHealth(d.device.pool_name, d.device.device_name, _health_name(pb, d.health),
+                                     _short_message(d.message),
+                                     float(seconds) if seconds > 0 else DEFAULT_HEALTH_TIMEOUT, now)
+                key = f"{entry.pool}/{entry.device}"
+                reported.add(key)
+                old = known.get(key)
+                if old is None or (old.health, old.message, old.timeout) != (entry.health, entry.message,
+                                                                            entry.timeout):
+                    changed.append(entry)
+                known[key] = entry
+            for key, old in list(known.items()):
+                if key not in reported and old.health != "Unknown" and now - old.received > old.timeout:
+                    known[key] = DeviceHealth(old.pool, old.device, "Unknown", "", old.timeout, now)
+                    changed.append(known[key])
+        return changed
+
+    def get(self, driver: str, pool: str, device: str) -> tuple[str, str]:
+        """(status, message) of a device: Unknown and no message when never reported or stale."""
+        with self.lock:
+            entry = self._drivers.get(driver, {}).get(f"{pool}/{device}")
+            if entry is None or self.clock() - entry.received > entry.timeout:
+                return "Unknown", ""
+            return entry.health, entry.message
+
+    def clear(self, driver: str) -> None:
+        """Forget the driver (its stream ended)."""
+        with self.lock:
+            self._drivers.pop(driver, None)
+
+    def snapshot(self) -> dict[str, dict[str, str]]:
+        """driver -> `pool/device` -> status, as `get` reads it."""
+        with self.lock:
+            drivers = {name: list(devices.values()) for name, devices in self._drivers.items()}
+        return {name: {f"{e.pool}/{e.device}": self.get(name, e.pool, e.device)[0] for e in entries}
+                for name, entries in drivers.items()}
+
+
+class HealthStream:
+    """One registration's health stream: a thread that keeps `NodeWatchResources` of `service` open on the
+    registration's connection and feeds its responses to the plugins' health cache."""
+
+    def __init__(self, plugins: DRAPlugins, registration: DriverRegistration, service: str) -> None:
+        self.plugins = plugins
+        self.registration = registration
+        self.service = service
+        self.pb = HEALTH_MESSAGES[service]
+        self._stop = threading.Event()
+        self._call: Any = None
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name=f"dra-health-{registration.name}", daemon=True)
+
+    def start(self) -> HealthStream:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Cancel the stream and end the thread."""
+        self._stop.set()
+        with self._lock:
+            call = self._call
+        if call is not None:
+            call.cancel()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        name = self.registration.name
+        method = self.registration.channel.unary_stream(
+            f"/{self.service}/NodeWatchResources",
+            request_serializer=self.pb.NodeWatchResourcesRequest.SerializeToString,
+            response_deserializer=self.pb.NodeWatchResourcesResponse.FromString)
+        while not self._stop.is_set():
+            self.plugins._health_dialled(name, self.service)
+            code: grpc.StatusCode | None = None
+            try:
+                call = method(self.pb.NodeWatchResourcesRequest())
+                with self._lock:
+                    self._call = call
+                if self._stop.is_set():
+                    call.cancel()
+                for response in call:
+                    self.plugins._health_report(name, response, self.pb)
+            except grpc.RpcError as exc:
+                code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+            except ValueError:  # the channel was closed under us: the registration went
+                code = grpc.StatusCode.CANCELLED
+            finally:
+                with self._lock:
+                    self._call = None
+                self.plugins._health_ended(name, self.service, code)
+            if self._stop.is_set():
+                return
+            if code == grpc.StatusCode.UNIMPLEMENTED and self.plugins.health_from_registration:
+                log.info("event=dra-health-unimplemented driver=%s service=%s", name, self.service)
+                return
+            self._stop.wait(self.plugins.health_retry)
 
 
 class DRAPlugins:
     """Registered DRA drivers (the plugin watcher's handler for type `DRAPlugin`)."""
 
-    def __init__(self, connect_timeout: float = 2.0) -> None:
+    def __init__(self, connect_timeout: float = 2.0, resource_health_status: bool = False,
+                 health_from_registration: bool = False, health_retry: float = HEALTH_RETRY_SECONDS,
+                 health_clock: Callable[[], float] = time.monotonic) -> None:
         self.connect_timeout = connect_timeout
+        self.resource_health_status = resource_health_status  # kubelet's ResourceHealthStatus feature gate
+        self.health_from_registration = health_from_registration
+        self.health_retry = health_retry
+        self.health = DeviceHealthCache(health_clock)
+        self.health_calls: dict[str, list[str]] = {}  # driver -> health services dialled, one entry per call
+        self.health_ends: dict[str, list[str]] = {}  # driver -> how each stream ended (status code name, or EOF)
         self.cond = threading.Condition()
         self._by_name: dict[str, list[DriverRegistration]] = {}  # newest last
         self.registrations = 0  # successful registrations so far
         self.on_registered: list[Callable[[str], None]] = []
         self.on_gone: list[Callable[[str], None]] = []  # a driver's last registration went
+        self.on_health_changed: list[Callable[[str, list[DeviceHealth]], None]] = []
 
     def validate_plugin(self, name: str, endpoint: str, versions: list[str]) -> None:
         """ValueError unless the plugin names itself and its endpoint and offers a version we speak."""
@@ -126,14 +303,20 @@ class DRAPlugins:
             raise ValueError(f"DRA plugin {name}: endpoint {endpoint} is not reachable") from None
         entry = DriverRegistration(name, endpoint, socket, tuple(versions), channel,
                                    dra_grpc.DRAPluginStub(channel))
+        replaced: list[DriverRegistration] = []
         with self.cond:
             stack = self._by_name.setdefault(name, [])
             for old in [r for r in stack if r.socket == socket]:
                 stack.remove(old)
-                old.channel.close()
+                replaced.append(old)
             stack.append(entry)
             self.registrations += 1
             self.cond.notify_all()
+        for old in replaced:
+            self._drop(old)
+        service = self.health_service(versions)
+        if service is not None:
+            entry.health = HealthStream(self, entry, service).start()
         log.info("event=dra-driver-registered driver=%s endpoint=%s", name, endpoint)
         for callback in self.on_registered:
             callback(name)
@@ -142,17 +325,63 @@ class DRAPlugins:
         """Forget the registration made through `socket` (an earlier one of the driver serves again)."""
         with self.cond:
             stack = self._by_name.get(name, [])
-            for old in [r for r in stack if r.socket == socket]:
+            removed = [r for r in stack if r.socket == socket]
+            for old in removed:
                 stack.remove(old)
-                old.channel.close()
             gone = not stack
             if gone:
                 self._by_name.pop(name, None)
             self.cond.notify_all()
+        for old in removed:
+            self._drop(old)
         log.info("event=dra-driver-deregistered driver=%s socket=%s", name, socket)
         if gone:
             for callback in self.on_gone:
                 callback(name)
+
+    @staticmethod
+    def _drop(entry: DriverRegistration) -> None:
+        """A registration went: cancel its health stream, close its connection."""
+        if entry.health is not None:
+            entry.health.stop()
+        entry.channel.close()
+
+    # -- device health
+    def health_service(self, versions: Iterable[str]) -> str | None:
+        """The health service a registration with these versions is watched through; None: not watched."""
+        if not self.resource_health_status:
+            return None
+        if not self.health_from_registration:
+            return RELEASED_HEALTH_SERVICE
+        offered = set(versions)
+        return next((s for s in HEALTH_SERVICES if s in offered), None)
+
+    def _health_dialled(self, name: str, service: str) -> None:
+        with self.cond:
+            self.health_calls.setdefault(name, []).append(service)
+            self.cond.notify_all()
+
+    def _health_report(self, name: str, response: Any, pb: Any) -> None:
+        changed = self.health.update(name, response, pb)
+        with self.cond:
+            self.cond.notify_all()
+        if changed:
+            log.info("event=dra-health-changed driver=%s devices=%s", name,
+                     ",".join(f"{d.pool}/{d.device}={d.health}" for d in changed))
+            for callback in self.on_health_changed:
+                callback(name, changed)
+
+    def _health_ended(self, name: str, service: str, code: grpc.StatusCode | None) -> None:
+        self.health.clear(name)
+        with self.cond:
+            self.health_ends.setdefault(name, []).append(code.name if code is not None else "EOF")
+            self.cond.notify_all()
+        log.info("event=dra-health-stream-ended driver=%s service=%s code=%s", name, service,
+                 code.name if code is not None else "EOF")
+
+    def wait_health(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+        """Wait until `predicate()` holds (checked at each health event); False on timeout."""
+        return self._wait(predicate, timeout)
 
     def get(self, name: str) -> DriverRegistration | None:
         """The registration in use for a driver, or None."""
@@ -180,10 +409,10 @@ class DRAPlugins:
     def close(self) -> None:
         """Close every connection."""
         with self.cond:
-            for stack in self._by_name.values():
-                for entry in stack:
-                    entry.channel.close()
+            entries = [entry for stack in self._by_name.values() for entry in stack]
             self._by_name.clear()
+        for entry in entries:
+            self._drop(entry)
 
 
 @dataclass(slots=True)
@@ -269,8 +498,10 @@ class DRAManager:
         self.pods: dict[str, PodPreparation] = {}  # pod uid -> last successful preparation
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.health_updates: list[set[str]] = []  # per health change that touched prepared claims: the pod UIDs
         self._load()
         plugins.on_registered.append(self._driver_back)
+        plugins.on_health_changed.append(self._health_changed)
 
     # -- lifecycle
     def start(self) -> DRAManager:
@@ -507,6 +738,58 @@ class DRAManager:
             self._save()
             self.cond.notify_all()
 
+    # -- device health
+    def _health_changed(self, driver: str, changed: list[DeviceHealth]) -> None:
+        """Which pods use a device whose health changed (kubelet then syncs their status)."""
+        keys = {(d.pool, d.device) for d in changed}
+        with self.cond:
+            infos = list(self.claims.values()) + list(self.pending.values())
+            pods = {uid for info in infos
+                    if any((d.pool, d.device) in keys for d in info.devices.get(driver, ()))
+                    for uid in info.pod_uids}
+            if pods:
+                self.health_updates.append(pods)
+                self.cond.notify_all()
+
+    def allocated_resources_status(self, pod: Mapping[str, Any]) -> dict[str, list[Obj]]:
+        """Container name -> the `allocatedResourcesStatus` kubelet gives it from the health cache: per claim the
+        container names (`claim:<name>` or `claim:<name>/<request>`), every device the claim got, as `resourceID`
+        (its first CDI device ID, else `<driver>/<pool>/<device>`), `health` and, when the plugin sent one,
+        `message`. As kubelet does, only claims found through `status.resourceClaimStatuses` count, only regular
+        containers are covered, a claim this node has not prepared gives nothing, and with the ResourceHealthStatus
+        gate off there is no such status at all."""
+        if not self.plugins.resource_health_status:
+            return {}
+        namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+        generated = {s.get("name"): s.get("resourceClaimName")
+                     for s in (pod.get("status") or {}).get("resourceClaimStatuses") or ()}
+        out: dict[str, list[Obj]] = {}
+        for ctr in (pod.get("spec") or {}).get("containers") or ():
+            statuses: dict[str, Obj] = {}
+            for ref in (ctr.get("resources") or {}).get("claims") or ():
+                claim = generated.get(ref.get("name"))
+                if not claim:
+                    continue
+                with self.cond:
+                    info = self.claims.get((namespace, claim))
+                    devices = [d for per_driver in info.devices.values() for d in per_driver] if info else []
+                if info is None:
+                    continue
+                name = f"claim:{ref['name']}" + (f"/{ref['request']}" if ref.get("request") else "")
+                resources = []
+                for device in devices:
+                    health, message = self.plugins.health.get(device.driver, device.pool, device.device)
+                    entry: Obj = {"resourceID": device.cdi_device_ids[0] if device.cdi_device_ids
+                                  else f"{device.driver}/{device.pool}/{device.device}", "health": health}
+                    if message:
+                        entry["message"] = message
+                    resources.append(entry)
+                statuses[name] = {"name": name, "resources": resources}
+            kept = [status for status in statuses.values() if status["resources"]]
+            if kept:
+                out[str(ctr.get("name") or "")] = kept
+        return out
+
     def prepared_claims(self, pod_uid: str) -> list[ClaimInfo]:
         """The cache entries a pod uses."""
         with self.cond:
@@ -672,14 +955,17 @@ class SliceWiper:
 
 
 class DRAKubelet:
-    """The DRA side of one node's kubelet: plugin watcher, registered drivers, claim manager, CDI registry, and
-    (given the node's name) the wiping of its ResourceSlices."""
+    """The DRA side of one node's kubelet: plugin watcher, registered drivers, claim manager, CDI registry,
+    (given the node's name) the wiping of its ResourceSlices, and (with `resource_health_status`, kubelet's
+    ResourceHealthStatus gate) the device-health streams."""
 
     def __init__(self, registry_dir: str | Path, cdi_dirs: Iterable[str | Path], api_client: Any,
                  state_file: Path | None = None, rpc_timeout: float = 10.0, unprepare_attempts: int = 5,
                  retry_delay: float = 0.2, watch_interval: float = 0.1, node_name: str | None = None,
-                 wipe_delay: float = 30.0) -> None:
-        self.plugins = DRAPlugins()
+                 wipe_delay: float = 30.0, resource_health_status: bool = False,
+                 health_from_registration: bool = False, health_retry: float = HEALTH_RETRY_SECONDS) -> None:
+        self.plugins = DRAPlugins(resource_health_status=resource_health_status,
+                                  health_from_registration=health_from_registration, health_retry=health_retry)
         self.wiper = SliceWiper(api_client, node_name, wipe_delay) if node_name else None
         if self.wiper is not None:
             self.plugins.on_registered.append(self.wiper.driver_back)
@@ -715,7 +1001,8 @@ class DRAKubelet:
         return self.plugins.drivers()
 
     def status(self) -> dict[str, Any]:
-        """Registered drivers, rejected plugin sockets, and per pod the prepared claims and container edits."""
+        """Registered drivers, rejected plugin sockets, per pod the prepared claims and container edits, and the
+        device health heard from the drivers."""
         with self.manager.cond:
             pods = {uid: {"claims": list(p.claims), "cdiDevices": dict(p.cdi_devices),
                           "edits": {name: e.as_dict() for name, e in p.edits.items()}}
@@ -723,4 +1010,5 @@ class DRAKubelet:
             pending = sorted(f"{i.namespace}/{i.name}" for i in self.manager.pending.values())
         with self.watcher.cond:
             rejected = {str(path): error for path, error in self.watcher.rejected.items()}
-        return {"drivers": self.drivers(), "rejected": rejected, "pods": pods, "pendingUnprepare": pending}
+        return {"drivers": self.drivers(), "rejected": rejected, "pods": pods, "pendingUnprepare": pending,
+                "deviceHealth": self.plugins.health.snapshot()}

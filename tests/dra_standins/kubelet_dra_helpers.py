@@ -3,7 +3,9 @@ scheduler-side tests in this folder).
 
 `TestDRAPlugin` is a small DRA kubelet plugin written for these tests only: real gRPC servicers
 (`pluginregistration.Registration` on a socket in the registry directory, `v1.DRAPlugin` on its own socket), reading
-each claim's allocation from the API server and writing one CDI spec per prepared claim. `NodeBed` gives an
+each claim's allocation from the API server and writing one CDI spec per prepared claim; given `health_services`
+it also serves `DRAResourceHealth/NodeWatchResources` under those names (the states of `set_health`, resent at
+each change). `NodeBed` gives an
 in-process API-server stand-in, the node agent (testbed/podrunner.py NodeAgent, which runs containers as local
 processes) with its DRA side, and helpers to create allocated claims and pods bound to the node.
 """
@@ -26,6 +28,8 @@ from kubernetes import client as k8s
 from vgpu.kube.client import make_api_client, read_json
 from vgpu.proto.dra.v1 import api_pb2 as dra
 from vgpu.proto.dra.v1 import api_pb2_grpc as dra_grpc
+from vgpu.proto.drahealth.v1 import api_pb2 as health_v1
+from vgpu.proto.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from vgpu.proto.pluginregistration.v1 import api_pb2 as reg
 from vgpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from vgpu.testbed.apiserver import ApiServerStandIn
@@ -36,6 +40,7 @@ from vgpu.testbed.podrunner import NodeAgent
 NODE = "node-dra"
 DRIVER = "dra-test.example.com"
 KIND = "dra-test.example.com/gpu"
+HEALTH_MESSAGES = {"v1.DRAResourceHealth": health_v1, "v1alpha1.DRAResourceHealth": health_v1alpha1}
 
 
 def env_name(request: str) -> str:
@@ -50,7 +55,8 @@ class TestDRAPlugin:
 
     def __init__(self, registry: Path, plugin_dir: Path, cdi_dir: Path, api: k8s.ApiClient, driver: str = DRIVER,
                  plugin_type: str = "DRAPlugin", versions: tuple[str, ...] = ("v1.DRAPlugin",),
-                 endpoint: str | None = None, socket_name: str | None = None) -> None:
+                 endpoint: str | None = None, socket_name: str | None = None,
+                 health_services: tuple[str, ...] = ()) -> None:
         self.registry, self.plugin_dir, self.cdi_dir = registry, plugin_dir, cdi_dir
         self.resource = k8s.ResourceV1Api(api)
         self.driver, self.plugin_type, self.versions = driver, plugin_type, versions
@@ -66,8 +72,14 @@ class TestDRAPlugin:
         self.on_prepare: Callable[[dra.Claim], None] | None = None
         self.spec_edits: dict[str, Any] = {}  # more spec-level containerEdits (mounts)
         self.device_edits: Callable[[dra.Claim, dict[str, Any]], dict[str, Any]] | None = None  # per result
+        self.health_services = health_services  # DRAResourceHealth names served (not listed unless in versions)
+        self.health: dict[str, tuple[int, str, int]] = {}  # device -> (HealthStatus value, message, timeout s)
+        self.health_version = 0
+        self.health_calls: list[str] = []  # the service of each NodeWatchResources call
+        self.health_error: grpc.StatusCode | None = None  # answer every health call with this status
         self.cond = threading.Condition()
         self._servers: list[grpc.Server] = []
+        self._stopping = threading.Event()
 
     # -- lifecycle
     def start(self) -> TestDRAPlugin:
@@ -75,8 +87,11 @@ class TestDRAPlugin:
         self.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.registry.mkdir(parents=True, exist_ok=True)
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
+        self._stopping.clear()
         service = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         dra_grpc.add_DRAPluginServicer_to_server(_Service(self), service)
+        if self.health_services:
+            service.add_generic_rpc_handlers(tuple(self._health_handler(name) for name in self.health_services))
         self.service_socket.unlink(missing_ok=True)
         service.add_insecure_port(f"unix://{self.service_socket}")
         service.start()
@@ -90,6 +105,9 @@ class TestDRAPlugin:
 
     def stop(self) -> None:
         """Stop serving and remove both sockets (what a plugin that exits cleanly leaves behind)."""
+        self._stopping.set()
+        with self.cond:
+            self.cond.notify_all()
         for server in self._servers:
             server.stop(grace=0).wait()
         self._servers = []
@@ -106,6 +124,44 @@ class TestDRAPlugin:
                     return False
                 self.cond.wait(min(left, 0.1))
             return True
+
+    # -- device health
+    def set_health(self, device: str, health: str, message: str = "", timeout: int = 0) -> None:
+        """Report `device` (of pool NODE) as HEALTHY, UNHEALTHY or UNKNOWN on every open health stream."""
+        with self.cond:
+            self.health[device] = (health_v1.HealthStatus.Value(health), message, timeout)
+            self.health_version += 1
+            self.cond.notify_all()
+
+    def _health_response(self, pb: Any) -> Any:
+        return pb.NodeWatchResourcesResponse(devices=[
+            pb.DeviceHealth(device=pb.DeviceIdentifier(pool_name=NODE, device_name=device), health=health,
+                            last_updated_time=int(time.time()), health_check_timeout_seconds=timeout,
+                            message=message)
+            for device, (health, message, timeout) in sorted(self.health.items())])
+
+    def _health_handler(self, name: str) -> grpc.GenericRpcHandler:
+        pb = HEALTH_MESSAGES[name]
+
+        def watch(request: Any, context: grpc.ServicerContext) -> Any:
+            with self.cond:
+                self.health_calls.append(name)
+                self.cond.notify_all()
+            if self.health_error is not None:
+                context.abort(self.health_error, "device health reporting is not supported by this driver")
+            sent = -1
+            while context.is_active() and not self._stopping.is_set():
+                with self.cond:
+                    if sent == self.health_version:
+                        self.cond.wait(0.1)
+                        continue
+                    sent = self.health_version
+                    response = self._health_response(pb)
+                yield response
+
+        return grpc.method_handlers_generic_handler(name, {"NodeWatchResources": grpc.unary_stream_rpc_method_handler(
+            watch, request_deserializer=pb.NodeWatchResourcesRequest.FromString,
+            response_serializer=pb.NodeWatchResourcesResponse.SerializeToString)})
 
     def spec_path(self, claim_uid: str) -> Path:
         """The CDI spec the plugin writes for a claim."""
@@ -194,8 +250,12 @@ class _Registration(reg_grpc.RegistrationServicer):
 class NodeBed:
     """The API server, one node agent with DRA, and helpers for claims and pods."""
 
-    def __init__(self, tmp: Path, gpus: Sequence[MachineGPU] = ()) -> None:
+    def __init__(self, tmp: Path, gpus: Sequence[MachineGPU] = (), resource_health_status: bool = False,
+                 health_from_registration: bool = False, health_retry: float = 5.0) -> None:
         self.tmp = tmp
+        # the node agent builds its DRA side with kubelet's defaults; these are set before it starts
+        self.health_options = {"resource_health_status": resource_health_status,
+                               "health_from_registration": health_from_registration, "health_retry": health_retry}
         self.gpus = list(gpus)  # the node's GPUs, as the test bed describes the node
         self.apiserver = ApiServerStandIn().start()
         self.kubeconfig = self.apiserver.write_kubeconfig(tmp / "kubeconfig")
@@ -211,8 +271,11 @@ class NodeBed:
         self.plugins: list[TestDRAPlugin] = []
 
     def _agent(self) -> NodeAgent:
-        return NodeAgent(NODE, self.kubelet_root / "device-plugins", self.workdir, self.kubeconfig,
-                         dra_retry=0.2, gpus=self.gpus, sim_dir=ensure_sim_built().sim_dir).start()
+        agent = NodeAgent(NODE, self.kubelet_root / "device-plugins", self.workdir, self.kubeconfig,
+                          dra_retry=0.2, gpus=self.gpus, sim_dir=ensure_sim_built().sim_dir)
+        for option, value in self.health_options.items():
+            setattr(agent.dra.plugins, option, value)
+        return agent.start()
 
     def restart_agent(self) -> None:
         """Stop the node agent (its pods' processes die with it) and start a new one on the same directories."""

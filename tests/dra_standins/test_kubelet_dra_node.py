@@ -1,7 +1,7 @@
 """The kubelet stand-in's DRA side against a test-only DRA plugin over real unix sockets: plugin registration through
 the plugin watcher, claim preparation before a pod's containers start, CDI edits in the container's environment,
-failed preparations keeping the pod waiting, unpreparation after the pod ends, and a plugin that goes and comes
-back."""
+failed preparations keeping the pod waiting, unpreparation after the pod ends, a plugin that goes and comes
+back, and the device-health stream behind the ResourceHealthStatus gate."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from kubelet_dra_helpers import DRIVER, KIND, NODE, NodeBed, env_container, env_name
 
@@ -299,3 +300,138 @@ def test_a_driver_gone_for_the_delay_loses_its_slices_and_one_back_in_time_keeps
     while "driver-slice" in _slices(bed) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _slices(bed) == {"other-driver"}
+
+
+# -- device health (ResourceHealthStatus) ---------------------------------------------------------------------------
+
+HEALTH_BOTH = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
+
+
+@pytest.fixture
+def gated(tmp_path: Path) -> Iterator[NodeBed]:
+    """A node whose kubelet has the ResourceHealthStatus gate on, with a short retry (kubelet waits 5 s)."""
+    b = NodeBed(tmp_path, resource_health_status=True, health_retry=0.2)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def _owner(pod: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"],
+            "controller": True}
+
+
+def _template_pod(bed: NodeBed, name: str) -> tuple[dict, dict]:
+    """A running pod whose container uses a claim generated from a template, allocated on gpu-0."""
+    pod = bed.create_pod(name, [env_container("main", [{"name": "gpu"}], script="sleep 60")],
+                         [{"name": "gpu", "resourceClaimTemplateName": "gpu-template"}])
+    claim = bed.allocate(bed.create_claim(f"{name}-gpu-abcde", owner=_owner(pod)), pod)
+    bed.core.patch_namespaced_pod_status(name, "default", {"status": {"resourceClaimStatuses": [
+        {"name": "gpu", "resourceClaimName": claim["metadata"]["name"]}]}}, _preload_content=False)
+    bed.bind(name)
+    bed.wait_phase(name, ("Running",))
+    return pod, claim
+
+
+def test_with_the_gate_off_kubelet_never_opens_a_health_stream(bed):
+    # ResourceHealthStatus is off by default in kubelet 1.34 and 1.35 (alpha), and so in the stand-in
+    plugin = bed.plugin(versions=("v1.DRAPlugin", *HEALTH_BOTH), health_services=HEALTH_BOTH).start()
+    plugin.set_health("gpu-0", "UNHEALTHY", "Xid 79")
+    assert bed.wait_driver()
+    _template_pod(bed, "h0")
+    time.sleep(1.0)
+    assert plugin.health_calls == []
+    assert bed.agent.dra.status()["deviceHealth"] == {}
+    assert bed.agent.dra.manager.allocated_resources_status(bed.pod("h0")) == {}
+
+
+def test_with_the_gate_on_kubelet_follows_v1alpha1_and_reports_each_claimed_devices_health(gated):
+    bed = gated
+    # released kubelets dial v1alpha1 whatever the registration lists (here: nothing about health)
+    plugin = bed.plugin(health_services=("v1alpha1.DRAResourceHealth",)).start()
+    plugin.set_health("gpu-0", "HEALTHY")
+    plugin.set_health("gpu-1", "HEALTHY")
+    assert bed.wait_driver()
+    plugins, manager = bed.agent.dra.plugins, bed.agent.dra.manager
+    assert plugins.wait_health(lambda: plugins.health.get(DRIVER, NODE, "gpu-0")[0] == "Healthy")
+    assert plugin.health_calls == ["v1alpha1.DRAResourceHealth"]
+    pod, claim = _template_pod(bed, "h1")
+    resource_id = f"{KIND}={claim['metadata']['uid']}-gpu-gpu-0"
+    assert manager.allocated_resources_status(bed.pod("h1")) == {
+        "main": [{"name": "claim:gpu", "resources": [{"resourceID": resource_id, "health": "Healthy"}]}]}
+    plugin.set_health("gpu-0", "UNHEALTHY", "Xid 79")
+    assert manager.wait_for(lambda: {pod["metadata"]["uid"]} in manager.health_updates)
+    assert manager.allocated_resources_status(bed.pod("h1")) == {
+        "main": [{"name": "claim:gpu", "resources": [{"resourceID": resource_id, "health": "Unhealthy",
+                                                        "message": "Xid 79"}]}]}
+    plugin.set_health("gpu-1", "UNHEALTHY")  # a device no pod here uses: no pod to update
+    assert plugins.wait_health(lambda: plugins.health.get(DRIVER, NODE, "gpu-1")[0] == "Unhealthy")
+    assert manager.health_updates == [{pod["metadata"]["uid"]}]
+    assert bed.agent.dra.status()["deviceHealth"] == {DRIVER: {f"{NODE}/gpu-0": "Unhealthy",
+                                                               f"{NODE}/gpu-1": "Unhealthy"}}
+
+
+def test_released_kubelets_dial_a_plugin_without_the_service_again_and_again(gated):
+    # kubelet 1.34 to 1.36 treat Unimplemented as any other end of the stream: dialled again after the retry delay
+    # (kubernetes/kubernetes#141855)
+    plugin = gated.plugin().start()
+    assert gated.wait_driver()
+    plugins = gated.agent.dra.plugins
+    assert plugins.wait_health(lambda: len(plugins.health_ends.get(DRIVER, [])) >= 3)
+    assert set(plugins.health_calls[DRIVER]) == {"v1alpha1.DRAResourceHealth"}
+    assert set(plugins.health_ends[DRIVER]) == {"UNIMPLEMENTED"}
+    assert plugin.health_calls == []  # never reached the test plugin's code: the server has no such method
+
+
+def test_a_kubelet_taking_the_service_from_the_registration_prefers_v1_and_stops_at_unimplemented(tmp_path):
+    bed = NodeBed(tmp_path, resource_health_status=True, health_from_registration=True, health_retry=0.2)
+    try:
+        silent = bed.plugin(driver="silent.example.com", health_services=HEALTH_BOTH).start()  # serves, lists none
+        both = bed.plugin(driver="both.example.com", versions=("v1.DRAPlugin", *HEALTH_BOTH),
+                          health_services=HEALTH_BOTH).start()
+        both.set_health("gpu-0", "HEALTHY")
+        refusing = bed.plugin(driver="refusing.example.com", versions=("v1.DRAPlugin", "v1alpha1.DRAResourceHealth"),
+                              health_services=("v1alpha1.DRAResourceHealth",))
+        refusing.health_error = grpc.StatusCode.UNIMPLEMENTED
+        refusing.start()
+        for driver in ("silent.example.com", "both.example.com", "refusing.example.com"):
+            assert bed.wait_driver(driver)
+        plugins = bed.agent.dra.plugins
+        assert plugins.wait_health(lambda: plugins.health.get("both.example.com", NODE, "gpu-0")[0] == "Healthy")
+        assert plugins.wait_health(lambda: plugins.health_ends.get("refusing.example.com") == ["UNIMPLEMENTED"])
+        time.sleep(1.0)  # five retry delays: nothing more is dialled
+        assert both.health_calls == ["v1.DRAResourceHealth"]
+        assert refusing.health_calls == ["v1alpha1.DRAResourceHealth"]
+        assert silent.health_calls == [] and "silent.example.com" not in plugins.health_calls
+    finally:
+        bed.close()
+
+
+def test_the_health_cache_reads_a_device_unknown_once_stale_and_reconciles_devices_left_out():
+    # pkg/kubelet/cm/dra/healthinfo.go: the receipt time counts, not the plugin's last_updated_time; the timeout is
+    # the device's health_check_timeout_seconds when above 0, else 30 s
+    from vgpu.proto.drahealth.v1alpha1 import api_pb2 as pb
+    from vgpu.testbed.dra_kubelet import DeviceHealthCache
+
+    now = [1000.0]
+    cache = DeviceHealthCache(clock=lambda: now[0])
+
+    def report(*devices: tuple[str, int, int]) -> list[str]:
+        response = pb.NodeWatchResourcesResponse(devices=[
+            pb.DeviceHealth(device=pb.DeviceIdentifier(pool_name="p", device_name=name), health=health,
+                            last_updated_time=1, health_check_timeout_seconds=timeout, message="m" * 2000)
+            for name, health, timeout in devices])
+        return [f"{d.device}={d.health}" for d in cache.update("drv", response, pb)]
+
+    assert report(("a", pb.HEALTHY, 0), ("b", pb.UNHEALTHY, 60)) == ["a=Healthy", "b=Unhealthy"]
+    health, message = cache.get("drv", "p", "b")
+    assert health == "Unhealthy" and len(message) == 1024 and message.endswith("...")
+    assert report(("a", pb.HEALTHY, 0), ("b", pb.UNHEALTHY, 60)) == []  # nothing changed
+    now[0] += 31
+    assert cache.get("drv", "p", "a") == ("Unknown", "")  # 30 s default passed
+    assert cache.get("drv", "p", "b")[0] == "Unhealthy"  # its own 60 s not yet
+    assert report(("b", pb.UNHEALTHY, 60)) == ["a=Unknown"]  # left out and stale
+    assert cache.get("drv", "p", "zzz") == ("Unknown", "")
+    cache.clear("drv")
+    assert cache.get("drv", "p", "b") == ("Unknown", "")

@@ -14,14 +14,17 @@ from dra_helpers import DRIVER, ROOT, DRABed, eventually
 from vgpu.proto.dra.v1 import api_pb2 as dra_v1
 
 
-def test_get_info_names_the_driver_its_socket_and_both_versions(bed: DRABed) -> None:
+def test_get_info_names_the_driver_its_socket_both_versions_and_the_health_services(bed: DRABed) -> None:
     bed.start()
     info = bed.get_info()
     assert info.type == "DRAPlugin"
     assert info.name == DRIVER
     assert info.endpoint == str(bed.dra_socket)
     assert os.path.isabs(info.endpoint)
-    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    # the DRAPlugin versions first (kubelet takes the first it speaks), then the optional health service in both
+    # packages: kubelets with kubernetes/kubernetes#139477 open the stream only for a plugin that lists it
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth",
+                                             "v1alpha1.DRAResourceHealth"]
     # the endpoint is a live DRA service: an empty batch is answered with an empty map
     with grpc.insecure_channel(f"unix://{info.endpoint}") as channel:
         call = channel.unary_unary("/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources",

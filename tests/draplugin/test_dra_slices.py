@@ -4,6 +4,7 @@ when it recovers."""
 
 from __future__ import annotations
 
+import pytest
 from dra_helpers import DRIVER, NODE, SLICE, DRABed, eventually
 
 from vgpu.dra import slice_devices
@@ -176,19 +177,25 @@ def test_nvidia_attribute_names_and_versions() -> None:
     assert set(unknown) == {"type", "productName"}  # nothing invented where the backend does not know
 
 
-def test_the_health_stream_reports_every_device_then_each_change(bed: DRABed) -> None:
-    """`v1.DRAResourceHealth/NodeWatchResources` on the DRA socket, followed as kubelet does."""
+@pytest.mark.parametrize("package", ["v1alpha1", "v1"])
+def test_the_health_stream_reports_every_device_then_each_change(bed: DRABed, package: str) -> None:
+    """`<package>.DRAResourceHealth/NodeWatchResources` on the DRA socket, followed as kubelet does: v1alpha1 is
+    what kubelets 1.34 to 1.36 dial, v1 what kubelets with kubernetes/kubernetes#139477 prefer."""
+    import importlib
     import queue
     import threading
 
     import grpc
 
-    from vgpu.proto.drahealth.v1 import api_pb2 as health
-    from vgpu.proto.drahealth.v1 import api_pb2_grpc as health_grpc
+    health = importlib.import_module(f"vgpu.proto.drahealth.{package}.api_pb2")
 
     bed.start(gpus="2xT4")
     channel = grpc.insecure_channel(f"unix://{bed.dra_socket}")
-    stream = health_grpc.DRAResourceHealthStub(channel).NodeWatchResources(health.NodeWatchResourcesRequest())
+    # the method path as kubelet writes it
+    watch = channel.unary_stream(f"/{package}.DRAResourceHealth/NodeWatchResources",
+                                 request_serializer=health.NodeWatchResourcesRequest.SerializeToString,
+                                 response_deserializer=health.NodeWatchResourcesResponse.FromString)
+    stream = watch(health.NodeWatchResourcesRequest())
     seen: queue.Queue = queue.Queue()
 
     def follow() -> None:

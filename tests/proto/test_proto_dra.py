@@ -1,11 +1,17 @@
-"""The DRA protocols (plugin registration, DRA node service v1 and v1beta1, device health v1) match kubelet's wire
-facts.
+"""The DRA protocols (plugin registration, DRA node service v1 and v1beta1, device health v1 and v1alpha1) match
+kubelet's wire facts.
 
 Facts are those of ../shared/research/dra-protocol.md sections 1 to 3: packages, services, method paths, message
-and field names, numbers and types. The generated code itself is checked current by test_proto_codegen.
+and field names, numbers and types. The device-health facts are those of k8s.io/kubelet
+pkg/apis/dra-health/v1alpha1/api.proto (tags v0.34.0 to v0.37.0-beta.0; field 4 since v0.35.0, field 5 since
+v0.36.0) and pkg/apis/dra-health/v1/api.proto (master, commit 20b239517c2e, the same messages under package v1).
+The generated code itself is checked current by test_proto_codegen.
 """
 
+from pathlib import Path
+
 import grpc
+import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from proto_facts import B, S, assert_messages
 
@@ -14,6 +20,8 @@ from vgpu.proto.dra.v1 import api_pb2_grpc as dra_grpc
 from vgpu.proto.dra.v1beta1 import api_pb2 as dra_beta
 from vgpu.proto.dra.v1beta1 import api_pb2_grpc as dra_beta_grpc
 from vgpu.proto.drahealth.v1 import api_pb2 as health
+from vgpu.proto.drahealth.v1alpha1 import api_pb2 as health_alpha
+from vgpu.proto.drahealth.v1alpha1 import api_pb2_grpc as health_alpha_grpc
 from vgpu.proto.pluginregistration.v1 import api_pb2 as reg
 from vgpu.proto.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
@@ -109,9 +117,10 @@ def test_generated_stubs_load_with_the_installed_grpc():
     assert version(grpc.__version__) >= version(dra_grpc.GRPC_GENERATED_VERSION)
 
 
-def test_device_health_service_is_kubelets():
-    assert health.DESCRIPTOR.package == "v1"
-    messages = health.DESCRIPTOR.message_types_by_name
+@pytest.mark.parametrize("module,package", [(health, "v1"), (health_alpha, "v1alpha1")])
+def test_device_health_service_is_kubelets(module, package):
+    assert module.DESCRIPTOR.package == package
+    messages = module.DESCRIPTOR.message_types_by_name
     assert set(messages) == set(HEALTH_FACTS)
     for name, fields in HEALTH_FACTS.items():
         found = {}
@@ -120,9 +129,24 @@ def test_device_health_service_is_kubelets():
                 {FieldDescriptor.TYPE_STRING: S, FieldDescriptor.TYPE_INT64: "int64"}[field.type]
             found[field.name] = (field.number, kind, field.is_repeated)
         assert found == fields, name
-    status = health.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+    status = module.DESCRIPTOR.enum_types_by_name["HealthStatus"]
     assert {v.name: v.number for v in status.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
-    service = health.DESCRIPTOR.services_by_name["DRAResourceHealth"]
-    assert service.full_name == "v1.DRAResourceHealth"
+    service = module.DESCRIPTOR.services_by_name["DRAResourceHealth"]
+    assert service.full_name == f"{package}.DRAResourceHealth"
     [method] = service.methods
     assert (method.name, method.client_streaming, method.server_streaming) == ("NodeWatchResources", False, True)
+
+
+def test_the_health_versions_differ_only_in_the_package_name():
+    """Kubelets 1.34 to 1.36 dial /v1alpha1.DRAResourceHealth/NodeWatchResources; the messages on the wire are the
+    same bytes in both packages."""
+    def response(pb):
+        return pb.NodeWatchResourcesResponse(devices=[pb.DeviceHealth(
+            device=pb.DeviceIdentifier(pool_name="node-a", device_name="gpu-1"), health=pb.UNHEALTHY,
+            last_updated_time=1700000000, health_check_timeout_seconds=60, message="Xid 79")])
+
+    assert response(health).SerializeToString() == response(health_alpha).SerializeToString()
+    assert hasattr(health_alpha_grpc, "DRAResourceHealthServicer") and hasattr(health_alpha_grpc,
+                                                                               "DRAResourceHealthStub")
+    generated = Path(health_alpha_grpc.__file__).read_text()
+    assert "'/v1alpha1.DRAResourceHealth/NodeWatchResources'" in generated
