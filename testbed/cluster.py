@@ -247,7 +247,7 @@ class LocalCluster:
                  node_cpu: str = "64", node_memory: str = "256Gi", log_level: str = "INFO",
                  scheduler_args: Iterable[str] = (), plugin_args: Iterable[str] = (),
                  unschedulable_flush: float = 5.0, memory_factor: int | None = None,
-                 resource_mode: str = "mib", cgroup_root: str | None = None,
+                 resource_mode: str = "mib", cgroup_root: str | None = None, container_runtime: str = "processes",
                  dra: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
         self.dra = dra
@@ -328,6 +328,7 @@ class LocalCluster:
                 sys.executable, "-m", "vgpu.testbed.podrunner", "--node-name", node.name,
                 "--kubelet-dir", str(node.kubelet_dir), "--kubeconfig", self.kubeconfig, "--workdir", str(node.dir),
                 "--trace", str(self.trace), "--gpus", node_gpus, "--sim-dir", str(isolation_paths()[1]),
+                "--runtime", container_runtime,
                 "--cpu", node_cpu,
                 "--memory", node_memory, "--log-level", log_level, *cgroup_args,
                 "--plugins-registry", str(node.plugins_registry), "--cdi-dir", str(node.cdi_dir)],

@@ -103,8 +103,17 @@ class Podman:
         """Run a container to its end: `env` in kubelet's order (later names win), `mounts` as (container path,
         host path, read-only), `cdi_devices` as fully qualified CDI names. Returns podman's completed process (the
         container's exit status, stdout and stderr; a start podman refused has its own message on stderr)."""
+        args = self.run_command(argv, env, mounts, cdi_devices, name)
+        return subprocess.run(args, capture_output=True, env=self.env, timeout=timeout)
+
+    def run_command(self, argv: Sequence[str], env: Iterable[tuple[str, str]] = (),
+                    mounts: Iterable[tuple[str, str, bool]] = (), cdi_devices: Sequence[str] = (),
+                    name: str | None = None) -> list[str]:
+        """The `podman run` command line of `run` (to start it in the foreground with `self.env` as environment:
+        its exit status is the container's)."""
         self.ensure_image()
-        args = ["run", "--rm", "--network=none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
+        args = ["podman", "run", "--rm", "--network=none", "--ulimit", "nofile=1024:1024",
+                "--ulimit", "nproc=4096:4096"]
         if name:
             args += ["--name", name]
         for path in _HOST_READ_ONLY:
@@ -116,7 +125,11 @@ class Podman:
             args += ["--env", f"{key}={value}"]
         for device in cdi_devices:
             args += ["--device", device]
-        return self._podman(*args, IMAGE, *argv, timeout=timeout)
+        return [*args, IMAGE, *argv]
+
+    def kill(self, name: str) -> None:
+        """Kill and remove the container `name` (gone already: nothing happens)."""
+        self._podman("rm", "--force", "--time", "0", name, timeout=60)
 
     def forget(self) -> None:
         """Remove the private storage (containers and the image)."""

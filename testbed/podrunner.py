@@ -27,6 +27,13 @@ process sees through its environment instead, faithfully to what the container w
   * with a cgroup root (`--cgroup-root`, a directory of a cgroup v2 hierarchy), each container runs in its own
     cgroup `<root>/kubepods/pod<uid>/standin-<pid>`, as a runtime would place it (removed when it exits).
 
+With `--runtime podman` (testbed/container_runtime.py) each container of a device-plugin pod runs instead as a real
+container through podman and runc: the device plugin's envs, then the spec's, and its mounts exactly as answered
+(the `/etc/ld.so.preload` bind included, no translation), the node's simulated driver and GPU state mounted where
+they are on the host, the test bed's checkout and virtual environment read-only so its Python runs inside. DRA pods
+are refused in that mode (podman 4.3 reads CDI specs only from /etc/cdi and /var/run/cdi, not the node's own
+directory), as are cgroup roots.
+
 Pod status is patched through the API server: Running when every container has started (init containers first,
 one at a time), then Succeeded or Failed with each container's exit code. Logs go to `<workdir>/logs/`.
 Deleting a pod (or `stop_pod`) kills its process groups.
@@ -34,6 +41,7 @@ Deleting a pod (or `stop_pod`) kills its process groups.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import platform
@@ -52,6 +60,7 @@ from typing import Any
 
 import orjson
 
+from vgpu.testbed.container_runtime import Podman, ordered_env
 from vgpu.testbed.kubeclient import api_client, read_json
 from vgpu.testbed.machine import MachineGPU, UnknownDevice, machine, simgpu_env, visible
 
@@ -196,6 +205,11 @@ def _argv(container: Obj) -> list[str]:
     return argv
 
 
+def _container_name(pod_uid: str, container: str) -> str:
+    """The runtime's name of a pod's container (unique per pod UID)."""
+    return f"pod-{pod_uid}-{container}"
+
+
 def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -217,7 +231,7 @@ class PodRunner:
     def __init__(self, node_name: str, workdir: str | os.PathLike[str], kubeconfig: str | None = None,
                  api: Any = None, gpus: Sequence[MachineGPU] = (), trace: str | None = None,
                  on_exit: Callable[[Obj, str], None] | None = None, cgroup_root: str | None = None,
-                 sim_dir: str | os.PathLike[str] | None = None) -> None:
+                 sim_dir: str | os.PathLike[str] | None = None, runtime: Podman | None = None) -> None:
         self.node_name = node_name
         self.cgroup_root = Path(cgroup_root) if cgroup_root else None
         self.workdir = Path(workdir)
@@ -230,6 +244,7 @@ class PodRunner:
         self._kubeconfig = kubeconfig
         self._api = api
         self.sim_dir = Path(sim_dir) if sim_dir else None  # the node's (simulated) libcuda.so.1, libnvidia-ml.so.1
+        self.runtime = runtime  # None: containers run as local processes
         self.pods: dict[str, _Running] = {}
         self.lock = threading.Lock()
         self.on_exit = on_exit
@@ -279,9 +294,34 @@ class PodRunner:
     def _exit_file(self, uid: str, container: str) -> Path:
         return self.pod_state_dir / f"{uid}_{container}.exit"
 
+    def _container_command(self, pod: Obj, container: Obj, alloc: ContainerAllocation,
+                           name: str) -> tuple[list[str], dict[str, str]]:
+        """The `podman run` command and its environment for one container (see the module docstring)."""
+        assert self.runtime is not None
+        if alloc.runtime_envs:
+            raise OSError(errno.ENOTSUP, "the podman runtime of the test bed runs device-plugin pods, not CDI devices")
+        spec_env = {k: v for k, v in translate_env(pod, container, ContainerAllocation(), None, (), self.state_dir)
+                    .items() if any(item.get("name") == k for item in container.get("env") or ())}
+        names = [u.strip() for u in (alloc.envs.get("NVIDIA_VISIBLE_DEVICES") or "").split(",") if u.strip()]
+        hardware = simgpu_env(visible(self.gpus, names), self.state_dir)
+        if self.sim_dir is not None:
+            hardware["LD_LIBRARY_PATH"] = str(self.sim_dir)
+        env = [*ordered_env(alloc.envs, spec_env), *hardware.items(), ("PYTHONUNBUFFERED", "1")]
+        # the test bed's Python inside: its interpreter's installation, the virtual environment, the checkout
+        here = sorted({str(Path(p).resolve()) for p in (sys.base_prefix, sys.prefix, Path(__file__).parents[1])})
+        mounts = [*alloc.mounts, *((p, p, True) for p in here), (str(self.state_dir), str(self.state_dir), False)]
+        if self.sim_dir is not None:
+            mounts.append((str(self.sim_dir), str(self.sim_dir), True))
+        return self.runtime.run_command(_argv(container), env, mounts, name=name), self.runtime.env
+
     def _spawn(self, pod: Obj, container: Obj, alloc: ContainerAllocation) -> subprocess.Popen[bytes]:
-        env = translate_env(pod, container, alloc, self.sim_dir, self.gpus, self.state_dir)
         meta = pod.get("metadata") or {}
+        if self.runtime is not None:
+            name = _container_name(meta.get("uid") or "", container.get("name") or "")
+            command, env = self._container_command(pod, container, alloc, name)
+        else:
+            env = translate_env(pod, container, alloc, self.sim_dir, self.gpus, self.state_dir)
+            command = _argv(container)
         log_path = self.logs / f"{meta.get('namespace') or 'default'}_{meta.get('name')}_{container.get('name')}.log"
         for _cpath, hpath, read_only in alloc.mounts:
             if not read_only and hpath and not Path(hpath).suffix:
@@ -290,14 +330,14 @@ class PodRunner:
         exit_file.unlink(missing_ok=True)
         # a shell keeps the exit status in a file, so that a restarted kubelet stand-in can adopt the "container"
         argv = ["/bin/sh", "-c", 'f=$1; shift; "$@"; rc=$?; echo $rc > "$f"; exit $rc', "sh", str(exit_file),
-                *_argv(container)]
+                *command]
         with open(log_path, "ab") as out:
-            out.write(orjson.dumps({"argv": _argv(container), "env": {k: v for k, v in env.items()
-                                                                       if k != "PATH"}}) + b"\n")
+            shown = {k: v for k, v in env.items() if k != "PATH"} if self.runtime is None else {}
+            out.write(orjson.dumps({"argv": command, "env": shown}) + b"\n")
             out.flush()
             return subprocess.Popen(argv, env=env, cwd=str(self.workdir), stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                    preexec_fn=self._enter_cgroup(meta.get("uid") or ""))
+                                    preexec_fn=None if self.runtime else self._enter_cgroup(meta.get("uid") or ""))
 
     def _leave_cgroup(self, pod: Obj, pid: int) -> None:
         """Remove an exited container's cgroup (and its pod's, once empty); best effort."""
@@ -474,6 +514,10 @@ class PodRunner:
             except (ProcessLookupError, PermissionError):
                 pass
         uid = (running.pod.get("metadata") or {}).get("uid") or ""
+        if self.runtime is not None:  # the container outlives its podman client: remove it by name
+            for ctr in [*((running.pod.get("spec") or {}).get("initContainers") or ()),
+                        *((running.pod.get("spec") or {}).get("containers") or ())]:
+                self.runtime.kill(_container_name(uid, ctr.get("name") or ""))
         (self.pod_state_dir / f"{uid}.json").unlink(missing_ok=True)
 
     def stop_pod(self, uid: str) -> None:
@@ -562,7 +606,7 @@ class NodeAgent:
                  trace: str | None = None, admit_grace: float = 10.0, gpus: Sequence[MachineGPU] = (),
                  cgroup_root: str | None = None, plugins_registry: str | None = None,
                  cdi_dirs: Sequence[str] | None = None, dra_retry: float = 1.0,
-                 sim_dir: str | os.PathLike[str] | None = None) -> None:
+                 sim_dir: str | os.PathLike[str] | None = None, runtime: str = "processes") -> None:
         from kubernetes import client as k8s
 
         from vgpu.testbed.dra_kubelet import DRAKubelet
@@ -575,7 +619,8 @@ class NodeAgent:
         self.api_client = api_client(kubeconfig, pool_size=32)
         self.core: Any = k8s.CoreV1Api(self.api_client)  # raw JSON calls: the client's model types do not apply
         self.runner = PodRunner(node_name, workdir, api=self.core, trace=trace, on_exit=self._on_exit,
-                                gpus=gpus, cgroup_root=cgroup_root, sim_dir=sim_dir)
+                                gpus=gpus, cgroup_root=cgroup_root, sim_dir=sim_dir,
+                                runtime=Podman(Path(workdir) / "podman") if runtime == "podman" else None)
         self.kubelet = KubeletStandIn(kubelet_dir, on_admitted=self._on_admitted)
         registry = Path(plugins_registry) if plugins_registry else Path(kubelet_dir).parent / "plugins_registry"
         self.dra = DRAKubelet(registry, cdi_dirs or [str(Path(workdir) / "cdi")], self.api_client,
@@ -901,6 +946,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", default=None, help="append admission / running / finished events (JSON lines)")
     ap.add_argument("--gpus", default="",
                     help="the node's GPUs as the test bed describes them (testbed/machine.py), e.g. 4xA100-40GB")
+    ap.add_argument("--runtime", choices=("processes", "podman"), default="processes",
+                    help="run containers as local processes, or as real containers through podman and runc")
     ap.add_argument("--sim-dir", default=None,
                     help="directory of the simulated libcuda.so.1 and libnvidia-ml.so.1 the node's containers load")
     ap.add_argument("--cpu", default="64")
@@ -922,7 +969,8 @@ def main(argv: list[str] | None = None) -> int:
     agent = NodeAgent(args.node_name, args.kubelet_dir, args.workdir, args.kubeconfig, cpu=args.cpu,
                       memory=args.memory, max_pods=args.max_pods, trace=args.trace, admit_grace=args.admit_grace,
                       gpus=machine(args.gpus, args.node_name) if args.gpus else (), cgroup_root=args.cgroup_root,
-                      plugins_registry=args.plugins_registry, cdi_dirs=args.cdi_dir, sim_dir=args.sim_dir)
+                      plugins_registry=args.plugins_registry, cdi_dirs=args.cdi_dir, sim_dir=args.sim_dir,
+                      runtime=args.runtime)
     try:
         agent.start()
     except RuntimeError as exc:
