@@ -1146,6 +1146,12 @@ class _Server(ThreadingHTTPServer):
         self.recorded: list[RecordedRequest] | None = [] if record_requests else None
         self._lock = threading.Lock()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request (a watch it stopped) is not an error worth a traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
     def track_watch(self, _h: Any, delta: int) -> None:
         with self._lock:
             self.open_watches += delta

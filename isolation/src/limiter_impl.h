@@ -35,8 +35,9 @@
  * the device time that launch costs when launches run back to back, in two ways.  The events take device time of
  * their own: about what a pair with nothing between reads (1.25 us there; around a kernel queued behind others a
  * pair reads 1.44 us more than the launch costs back to back).  So the least an empty pair has read on the device
- * (timed at its first VGPU_CAL_FIRST timings and with one in VGPU_CAL_EVERY after; a reading over VGPU_PAIR_MAX_NS
- * is not taken) is taken off each timing: being the least, it stays below what the events add.  And on an idle
+ * (timed at its first VGPU_CAL_FIRST timings and with one in VGPU_CAL_EVERY after, right behind the timed launch; a
+ * pair the engine had reached before its second event was recorded, or a reading over VGPU_PAIR_MAX_NS, is not
+ * taken) is taken off each timing: being the least, it stays below what the events add.  And on an idle
  * stream the engine reaches the first event as soon as it is submitted, then waits for the kernel the host is still
  * submitting (about 2.5 us there): that wait stays charged.  Timing only launches that find the stream busy would
  * avoid it, but then which launches are timed would depend on the durations before them, and the corrections
@@ -389,8 +390,12 @@ static void time_empty_pair(int r, CUcontext ctx, CUstream s) {
     pthread_mutex_unlock(&g_lim_mu);
     if (!p) return;
     int recorded = real_cuEventRecord(p->start, s) == CUDA_SUCCESS && real_cuEventRecord(p->end, s) == CUDA_SUCCESS;
+    /* kept only when both events were queued behind the launch just timed (the engine has not reached the first
+     * yet): then it runs them back to back and the reading is their own device time; on a stream already idle the
+     * reading would also hold however long this thread took between the two records */
+    int queued = recorded && real_cuEventQuery(p->start) == CUDA_ERROR_NOT_READY;
     pthread_mutex_lock(&g_lim_mu);
-    if (recorded && g_npending < VGPU_PAIRS && !timing_paused()) {
+    if (queued && g_npending < VGPU_PAIRS && !timing_paused()) {
         p->stats = NULL;
         p->weight = 0;
         p->charged = 0;

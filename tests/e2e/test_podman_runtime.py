@@ -102,6 +102,9 @@ def test_the_device_plugins_answer_limits_a_real_container(podman, node, tmp_pat
                         mounts=[*mounts, (SIM, str(ensure_sim_built().sim_dir), True), (STATE, str(tmp_path), False)])
     seen = _probe(result)
     assert seen["pid"] == 1
+    limits = {k: v for k, v in envs.items() if k.startswith("CUDA_DEVICE_")}
+    assert limits["CUDA_DEVICE_SM_LIMIT"] == "10"
+    assert {k: v for k, v in seen["env"].items() if k.startswith("CUDA_DEVICE_")} == limits  # each as answered
     assert seen["preload"] == ["/usr/local/vgpu/libvgpu.so"] and seen["mapped"] == ["/usr/local/vgpu/libvgpu.so"]
     assert seen["library_writable"] == "Read-only file system"
     assert seen["total_mib"] == 1000  # the library reports the grant as the device's memory
