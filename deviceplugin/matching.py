@@ -158,7 +158,7 @@ class GrantRules:
             if signature is None and not self.accept_unsigned:
                 return f"the assignment carries no scheduler signature ({grants.SIGNATURE})"
             if signature is not None:
-                if not grants.verify(self.key, signature, str(_meta(pod).get("uid") or ""), node, full):
+                if not self.key.verify(signature, str(_meta(pod).get("uid") or ""), node, full):
                     return "the scheduler signature does not match the pod, node and assignment"
                 try:
                     signed = assignment.decode(full)

@@ -543,7 +543,7 @@ class Extender:
             keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING,
         }
         if self.grant_key is not None:
-            annotations[grants.SIGNATURE] = grants.sign(self.grant_key, pod_uid, node, value)
+            annotations[grants.SIGNATURE] = self.grant_key.sign(pod_uid, node, value)
         try:
             self.binder(namespace, name, ref["uid"], node, annotations)
         except BindConflict as exc:

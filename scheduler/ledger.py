@@ -97,7 +97,7 @@ def _signed(key: grants.GrantKey, pod: Mapping[str, Any], node: str, ids: str) -
     """Whether the pod's assignment carries the scheduler's signature for this pod and node."""
     meta = pod.get("metadata") or {}
     signature = (meta.get("annotations") or {}).get(grants.SIGNATURE)
-    return grants.verify(key, signature, str(meta.get("uid") or ""), node, ids)
+    return key.verify(signature, str(meta.get("uid") or ""), node, ids)
 
 
 def _allocatable_cpu_memory(allocatable: Mapping[str, Any]) -> tuple[int | None, int | None]:

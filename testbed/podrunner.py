@@ -165,14 +165,7 @@ def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, sim_dir:
         if value.startswith("/"):
             value = map_to_host(value, alloc.mounts) or value
         env[key] = value
-    for item in container.get("env") or ():
-        name = item.get("name")
-        if not name:
-            continue
-        if "value" in item:
-            env[name] = str(item.get("value") or "")
-        elif ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
-            env[name] = _downward(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
+    env.update(_spec_env(pod, container))
     for key, value in alloc.runtime_envs.items():  # CDI edits: the runtime applies them to the finished spec
         env[key] = (map_to_host(value, alloc.mounts) or value) if value.startswith("/") else value
     # /etc/ld.so.preload -> LD_PRELOAD
@@ -189,9 +182,27 @@ def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, sim_dir:
     if sim_dir is not None:
         env["LD_LIBRARY_PATH"] = str(sim_dir) + (os.pathsep + env["LD_LIBRARY_PATH"]
                                                  if env.get("LD_LIBRARY_PATH") else "")
-    names = [u.strip() for u in (env.get("NVIDIA_VISIBLE_DEVICES") or "").split(",") if u.strip()]
-    env.update(simgpu_env(visible(gpus, names), state_dir))
+    env.update(simgpu_env(visible(gpus, _device_names(env.get("NVIDIA_VISIBLE_DEVICES"))), state_dir))
     return env
+
+
+def _spec_env(pod: Obj, container: Obj) -> dict[str, str]:
+    """The container's own `env`: plain values and the downward-API fields kubelet resolves."""
+    env: dict[str, str] = {}
+    for item in container.get("env") or ():
+        name = item.get("name")
+        if not name:
+            continue
+        if "value" in item:
+            env[name] = str(item.get("value") or "")
+        elif ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath"):
+            env[name] = _downward(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
+    return env
+
+
+def _device_names(value: str | None) -> list[str]:
+    """The entries of an `NVIDIA_VISIBLE_DEVICES` value."""
+    return [u.strip() for u in (value or "").split(",") if u.strip()]
 
 
 def _argv(container: Obj) -> list[str]:
@@ -300,13 +311,11 @@ class PodRunner:
         assert self.runtime is not None
         if alloc.runtime_envs:
             raise OSError(errno.ENOTSUP, "the podman runtime of the test bed runs device-plugin pods, not CDI devices")
-        spec_env = {k: v for k, v in translate_env(pod, container, ContainerAllocation(), None, (), self.state_dir)
-                    .items() if any(item.get("name") == k for item in container.get("env") or ())}
-        names = [u.strip() for u in (alloc.envs.get("NVIDIA_VISIBLE_DEVICES") or "").split(",") if u.strip()]
-        hardware = simgpu_env(visible(self.gpus, names), self.state_dir)
+        hardware = simgpu_env(visible(self.gpus, _device_names(alloc.envs.get("NVIDIA_VISIBLE_DEVICES"))),
+                              self.state_dir)
         if self.sim_dir is not None:
             hardware["LD_LIBRARY_PATH"] = str(self.sim_dir)
-        env = [*ordered_env(alloc.envs, spec_env), *hardware.items(), ("PYTHONUNBUFFERED", "1")]
+        env = [*ordered_env(alloc.envs, _spec_env(pod, container)), *hardware.items(), ("PYTHONUNBUFFERED", "1")]
         # the test bed's Python inside: its interpreter's installation, the virtual environment, the checkout
         here = sorted({str(Path(p).resolve()) for p in (sys.base_prefix, sys.prefix, Path(__file__).parents[1])})
         mounts = [*alloc.mounts, *((p, p, True) for p in here), (str(self.state_dir), str(self.state_dir), False)]

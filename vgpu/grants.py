@@ -28,8 +28,7 @@ from vgpu.assignment import Assignment, DeviceGrant
 from vgpu.errors import ConfigError
 from vgpu.requests import ContainerRequest
 
-__all__ = ["MIN_KEY_BYTES", "SIGNATURE", "GrantKey", "read_key", "shortfalls", "sign", "spec_charges", "verify",
-           "violations"]
+__all__ = ["MIN_KEY_BYTES", "SIGNATURE", "GrantKey", "read_key", "shortfalls", "spec_charges", "violations"]
 
 SIGNATURE = "vgpu-sharing.io/grant-signature"
 MIN_KEY_BYTES = 32
@@ -143,9 +142,12 @@ class GrantKey:
             raw = self._private.sign(_message(_ED25519, pod_uid, node, assignment_value))
             return f"{_ED25519}:{base64.b64encode(raw).decode()}"
         if self._shared is not None:
-            digest = hmac.new(self._shared, _message(_HMAC, pod_uid, node, assignment_value), hashlib.sha256)
-            return f"{_HMAC}:{digest.hexdigest()}"
+            return f"{_HMAC}:{self._mac(pod_uid, node, assignment_value)}"
         raise ValueError("only public keys: this holder cannot sign")
+
+    def _mac(self, pod_uid: str, node: str, assignment_value: str) -> str:
+        assert self._shared is not None
+        return hmac.new(self._shared, _message(_HMAC, pod_uid, node, assignment_value), hashlib.sha256).hexdigest()
 
     def verify(self, signature: object, pod_uid: str, node: str, assignment_value: str) -> bool:
         """Whether `signature` is the scheduler's for this pod, node and assignment."""
@@ -153,8 +155,7 @@ class GrantKey:
             return False
         version, _, value = signature.partition(":")
         if version == _HMAC and self._shared is not None:
-            digest = hmac.new(self._shared, _message(_HMAC, pod_uid, node, assignment_value), hashlib.sha256)
-            return hmac.compare_digest(value, digest.hexdigest())
+            return hmac.compare_digest(value, self._mac(pod_uid, node, assignment_value))
         if version != _ED25519 or not self._public:
             return False
         try:
@@ -169,16 +170,6 @@ class GrantKey:
             except InvalidSignature:
                 continue
         return False
-
-
-def sign(key: GrantKey, pod_uid: str, node: str, assignment_value: str) -> str:
-    """`key.sign(...)`: the signature annotation's value for an assignment."""
-    return key.sign(pod_uid, node, assignment_value)
-
-
-def verify(key: GrantKey, signature: object, pod_uid: str, node: str, assignment_value: str) -> bool:
-    """`key.verify(...)`: whether `signature` is the scheduler's for this pod, node and assignment."""
-    return key.verify(signature, pod_uid, node, assignment_value)
 
 
 def read_key(path: str | Path, option: str, private_allowed: bool = True) -> GrantKey:

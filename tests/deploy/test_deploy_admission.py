@@ -102,7 +102,7 @@ def test_the_extenders_bindings_are_admitted_and_nobody_elses(cluster_round):
         annotations = binding["metadata"]["annotations"]
         assert set(annotations) == set(KEYS)
         # signed with the key the Deployment mounts from the Secret vgpu-grant-key
-        assert grants.verify(cluster_round.key, annotations[grants.SIGNATURE], binding["metadata"]["uid"],
+        assert cluster_round.key.verify(annotations[grants.SIGNATURE], binding["metadata"]["uid"],
                              binding["target"]["name"], annotations[keys.VGPU_IDS])
         review = Review("CREATE", "pods/binding", binding, EXTENDER)
         assert denials(review) == {}

@@ -148,7 +148,7 @@ class TestSignedGrants:
 
         value = f"{uuid},NVIDIA,1000,10:"
         pod = _make(node, name, [gpu_container("main", 1, 1000, 10)], value)
-        signature = grants.sign(key, pod["metadata"]["uid"], NODE, value)
+        signature = key.sign(pod["metadata"]["uid"], NODE, value)
         patch_pod_metadata(node.api, "default", name, annotations={grants.SIGNATURE: signature})
         return node.pod(name)
 

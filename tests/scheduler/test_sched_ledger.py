@@ -187,7 +187,7 @@ def test_with_a_grant_key_an_unsigned_claim_leaves_the_ledgers_record_in_place()
     ledger.on_node(node("n1", [gpu("GPU-a", 8000), gpu("GPU-b", 8000)]))
     spec = container("c0", number=1, memory=1000, cores=10)
     value = "GPU-a,NVIDIA,1000,10:"
-    signature = {grants.SIGNATURE: grants.sign(key, "u1", "n1", value)}
+    signature = {grants.SIGNATURE: key.sign("u1", "n1", value)}
     ledger.on_pod(pod("p", spec, node_name="n1", ids=value, uid="u1", annotations=signature))
     assert usage(ledger, "n1") == [(1, 1000, 10), (0, 0, 0)] and not reported
     ledger.on_pod(pod("p", spec, node_name="n1", ids="GPU-b,NVIDIA,1000,10:", uid="u1", annotations=signature))
