@@ -82,6 +82,11 @@ class PluginConfig(BaseModel):
     lock_dir: str = Field(
         "/tmp/vgpulock", description="host root of the per-container directories mounted at /tmp/vgpulock"
     )
+    container_storage: Literal["directory", "tmpfs"] = Field(
+        "directory", description="tmpfs: each container's accounting and lock directories are tmpfs mounts of their "
+        "own, sized up front (needs CAP_SYS_ADMIN and Bidirectional propagation); directory: plain directories on "
+        "the node's filesystem"
+    )
     metrics_listen: str = Field(":9394", description="HOST:PORT of /metrics; empty disables the monitor")
     sharing: SharingConfig = Field(default_factory=SharingConfig, description="shared with the scheduler")
     gpu_memory_factor: int | Literal["auto"] | None = Field(
@@ -256,6 +261,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("lock_dir", "--lock-dir", None, None, "path",
            "host root of the per-container directories mounted at each container's /tmp/vgpulock",
            default="/tmp/vgpulock"),
+    Option("container_storage", "--container-storage", "CONTAINER_STORAGE", "flags.vgpu.containerStorage", "choice",
+           "tmpfs: each container's accounting and lock directories are tmpfs mounts of their own, sized up front, "
+           "so a tenant filling them fills only its own (needs CAP_SYS_ADMIN and Bidirectional mount propagation); "
+           "directory: plain directories on the node's filesystem", choices=("directory", "tmpfs"),
+           default="directory"),
     Option("metrics_listen", "--metrics-listen", None, "flags.vgpu.metricsListen", "str",
            "HOST:PORT of /metrics (empty disables)", default=":9394"),
     Option("node_labels", "--node-labels", "NODE_LABELS", "flags.vgpu.nodeLabels", "bool",

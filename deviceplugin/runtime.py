@@ -113,7 +113,11 @@ class DevicePluginRuntime:
         )
         kubelet_pods = KubeletPods(config.pod_resources_socket or default_socket(config.kubelet_dir))
         self.started.append(kubelet_pods)
-        host = HostFiles(config.hook_path, config.lock_dir)
+        host = HostFiles(config.hook_path, config.lock_dir, config.container_storage)
+        try:
+            host.check_storage()
+        except OSError as exc:
+            raise ConfigError(f"--container-storage tmpfs: {exc.strerror}") from None
         self._report_vanished(host, {g.uuid for g in gpus}, recorder)
         rules = GrantRules(
             scheduler_names=frozenset(config.scheduler_names),

@@ -27,6 +27,9 @@ _FLAGS: tuple[tuple[str, str | None, str, str], ...] = (
     ("--hook-path", "HOOK_PATH", "/usr/local", "host directory holding vgpu/ (libvgpu.so, ld.so.preload, "
                                                "containers/)"),
     ("--lock-dir", None, "/tmp/vgpulock", "host root of the per-claim directories mounted at /tmp/vgpulock"),
+    ("--container-storage", "CONTAINER_STORAGE", "directory",
+     "tmpfs: each container's accounting and lock directories are tmpfs mounts of their own, sized up front (needs "
+     "CAP_SYS_ADMIN and Bidirectional mount propagation); directory: plain directories on the node's filesystem"),
     ("--isolation-fail-open", None, "false",
      "let the library run without limits when a container's accounting file is unusable"),
     ("--xid-recovery-seconds", None, "60",

@@ -17,6 +17,7 @@ from vgpu.dra import DRIVER
 from vgpu.errors import ConfigError
 from vgpu.node.backends import BackendSettings
 from vgpu.node.backends.sim import parse_sim_spec
+from vgpu.node.host import STORAGE_KINDS
 
 __all__ = ["BACKENDS", "DRAConfig", "parse_bool"]
 
@@ -59,6 +60,7 @@ class DRAConfig:
     cdi_dir: Path
     hook_path: Path
     lock_dir: Path
+    container_storage: str
     isolation_fail_open: bool
     xid_recovery_seconds: float
 
@@ -92,6 +94,9 @@ class DRAConfig:
         sim_control = given("sim_control")
         if sim_control is not None and backend != "sim":
             raise ConfigError(f"--sim-control: only meaningful with --backend sim (backend is {backend})")
+        storage = given("container_storage", "CONTAINER_STORAGE", "directory") or ""
+        if storage not in STORAGE_KINDS:
+            raise ConfigError(f"--container-storage: expected one of {', '.join(STORAGE_KINDS)}, got {storage!r}")
         recovery_text = given("xid_recovery_seconds", default="60") or ""
         try:
             recovery = float(recovery_text)
@@ -111,6 +116,7 @@ class DRAConfig:
             cdi_dir=_directory(given("cdi_dir", default="/var/run/cdi"), "--cdi-dir"),
             hook_path=_directory(given("hook_path", "HOOK_PATH", "/usr/local"), "--hook-path"),
             lock_dir=_directory(given("lock_dir", default="/tmp/vgpulock"), "--lock-dir"),
+            container_storage=storage,
             isolation_fail_open=parse_bool(given("isolation_fail_open", default="false") or "",
                                            "--isolation-fail-open"),
             xid_recovery_seconds=recovery,

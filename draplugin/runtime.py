@@ -19,6 +19,7 @@ from vgpu.draplugin.health import GPUHealth
 from vgpu.draplugin.prepare import ClaimPreparer
 from vgpu.draplugin.server import DRAServers, HealthService
 from vgpu.draplugin.slices import SlicePublisher
+from vgpu.errors import ConfigError
 from vgpu.isolation.build import paths as isolation_paths
 from vgpu.kube.client import make_api_client
 from vgpu.kube.events import EventRecorder
@@ -57,7 +58,11 @@ class DRAPluginRuntime:
             gpus.append(gpu)
         health = GPUHealth(gpus)
         api = make_api_client(config.kubeconfig)  # an unusable kubeconfig fails before anything on the host changes
-        host = HostFiles(config.hook_path, config.lock_dir)
+        host = HostFiles(config.hook_path, config.lock_dir, config.container_storage)
+        try:
+            host.check_storage()
+        except OSError as exc:
+            raise ConfigError(f"--container-storage tmpfs: {exc.strerror}") from None
         host.install_library_logged(isolation_paths().libvgpu)
         preparer = ClaimPreparer(api, config.node_name, gpus, health.is_healthy, host, CDISpecs(config.cdi_dir),
                                  Checkpoint(config.checkpoint_path), config.isolation_fail_open)

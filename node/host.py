@@ -4,10 +4,18 @@
 starts it (its accounting directory, and its own lock directory under the lock root: no host directory is shared
 writable between containers); `remove_stale` deletes the directories of containers whose pods are gone.
 Directories are created, never deleted while their pod exists.
+
+Storage (`storage`).  "tmpfs": each of a container's two directories is a tmpfs of its own, sized up front
+(TMPFS_OPTIONS), so what a tenant writes there fills only its own (its pages are charged to its own memory cgroup)
+and never the node's disk or another container's files; the plugin needs CAP_SYS_ADMIN and the host directories
+mounted with Bidirectional propagation for kubelet to see the mounts.  "directory": plain directories on the node's
+filesystem, for plugins that may not mount; a tenant can then fill that filesystem, after which new containers are
+refused (ENOSPC, before anything is made) until space is freed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -19,21 +27,28 @@ from pathlib import Path
 from vgpu.node.records import RecordStore
 from vgpu.node.response import LIBVGPU_CONTAINER_PATH
 
-__all__ = ["CONTAINER_ROOM", "HostFiles"]
+__all__ = ["CONTAINER_ROOM", "STORAGE_KINDS", "TMPFS_OPTIONS", "HostFiles"]
 
 log = logging.getLogger(__name__)
 
 # Free bytes a container's files need on the node before they are made: its accounting file (about 2 MiB in
 # HAMi-core's layout, written by the library inside the container), its lock files and its allocation record.
 CONTAINER_ROOM = 8 << 20
+STORAGE_KINDS = ("directory", "tmpfs")
+# One tmpfs per directory: the accounting file (about 2 MiB) and the lock files fit with room to spare; few inodes.
+TMPFS_OPTIONS = "size=8m,nr_inodes=256,mode=0777"
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MNT_DETACH = 2, 4, 8, 2
 
 
 class HostFiles:
     """$HOOK_PATH/vgpu on the host (`hook_path`) and the root of the per-container lock directories."""
 
-    def __init__(self, hook_path: str | Path, lock_root: str | Path) -> None:
+    def __init__(self, hook_path: str | Path, lock_root: str | Path, storage: str = "directory") -> None:
+        if storage not in STORAGE_KINDS:
+            raise ValueError(f"container storage {storage!r}: expected one of {', '.join(STORAGE_KINDS)}")
         self.hook_path = Path(hook_path)
         self.lock_root = Path(lock_root)
+        self.storage = storage
         self.records = RecordStore(self.vgpu_root / "records")
 
     @property
@@ -92,11 +107,13 @@ class HostFiles:
         are writable by any user (its processes may run as any uid); their roots are not.
 
         Raises OSError when they cannot be made, with nothing of the container left behind: ENOSPC, before anything
-        is made, where less than CONTAINER_ROOM bytes are free for a directory still to be made."""
+        is made, where less than CONTAINER_ROOM bytes are free for a directory still to be made (with "directory"
+        storage; a tmpfs needs no room on the node's filesystem); the mount's error with "tmpfs" storage."""
         directories = (self.cache_dir(pod_uid, container), self.lock_dir(pod_uid, container))
-        for directory in directories:
-            if not directory.is_dir():
-                _check_room(directory)
+        if self.storage == "directory":
+            for directory in directories:
+                if not directory.is_dir():
+                    _check_room(directory)
         made: list[Path] = []
         try:
             for directory in directories:
@@ -104,19 +121,38 @@ class HostFiles:
                 if not directory.is_dir():
                     directory.mkdir()
                     made.append(directory)
+                    if self.storage == "tmpfs":
+                        _mount_tmpfs(directory)
                 os.chmod(directory, 0o777)
             preload = self.vgpu_root / "ld.so.preload"
             if not preload.exists():
                 preload.write_text(LIBVGPU_CONTAINER_PATH + "\n")
         except OSError:
             for directory in made:
-                shutil.rmtree(directory, ignore_errors=True)
+                _remove(directory)
             raise
+
+    def check_storage(self) -> None:
+        """Raise OSError (with what to do) when this storage cannot be made here: with "tmpfs", a trial mount under
+        the containers' root."""
+        if self.storage != "tmpfs":
+            return
+        self.containers_root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        trial = self.containers_root / f".mount-check-{os.getpid()}"
+        trial.mkdir(exist_ok=True)
+        try:
+            _mount_tmpfs(trial)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot mount a tmpfs under {self.containers_root} ({exc.strerror}): container "
+                                     "storage tmpfs needs CAP_SYS_ADMIN, and Bidirectional mount propagation on the "
+                                     "host directories for kubelet to see the mounts") from None
+        finally:
+            _remove(trial)
 
     def discard(self, pod_uid: str, container: str) -> None:
         """Remove a container's directories and record (a container refused before it started)."""
         for directory in (self.cache_dir(pod_uid, container), self.lock_dir(pod_uid, container)):
-            shutil.rmtree(directory, ignore_errors=True)
+            _remove(directory)
         self.records.remove(pod_uid, container)
 
     def remove_stale(self, live_uids: Collection[str], min_age: float = 300.0,
@@ -135,12 +171,44 @@ class HostFiles:
                 try:
                     if now() - entry.lstat().st_mtime < min_age:
                         continue
+                    if os.path.ismount(entry):
+                        _unmount(entry)
                     shutil.rmtree(entry)
                     if root == self.containers_root:
                         removed.append(entry.name)
                 except OSError as exc:
                     log.warning("event=gc_failed dir=%s error=%s", entry, exc)
         return removed
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_tmpfs(directory: Path) -> None:
+    """Mount a tmpfs of TMPFS_OPTIONS on `directory` (nosuid, nodev, noexec); OSError on failure."""
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    if _libc().mount(b"tmpfs", os.fsencode(directory), b"tmpfs", flags, TMPFS_OPTIONS.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount tmpfs on {directory}: {os.strerror(err)}")
+
+
+def _unmount(directory: Path) -> None:
+    """Detach the mount on `directory` (lazily: a process still inside keeps it until it leaves)."""
+    if _libc().umount2(os.fsencode(directory), _MNT_DETACH) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unmount {directory}: {os.strerror(err)}")
+
+
+def _remove(directory: Path) -> None:
+    """Unmount `directory` if something is mounted on it, then delete it; errors are logged, never raised."""
+    try:
+        if os.path.ismount(directory):
+            _unmount(directory)
+    except OSError as exc:
+        log.warning("event=unmount_failed dir=%s error=%s", directory, exc)
+        return
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _check_room(path: Path) -> None:

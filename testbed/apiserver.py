@@ -39,7 +39,16 @@ Semantics copied from kube-apiserver where our code depends on them:
     the PodScheduled condition, answers 409 when the pod is already bound or when the Binding's metadata.uid
     does not match the pod's uid;
   * a watch whose selector stops (starts) matching an object receives DELETED (ADDED) for it.
-Not served (on purpose): authentication (any bearer token is accepted), namespaces as objects, consistent paging
+Authentication (`users`, or `.authenticate(users)`): a table of bearer tokens, each the UserInfo kube-apiserver's
+authenticators would give (extra included, as a pod-bound ServiceAccount token carries
+`authentication.kubernetes.io/node-name`); any other token gets 401.  Without a table every token is a cluster admin.
+
+Admission (testbed/admission.py): the ValidatingAdmissionPolicies and bindings stored in the stand-in are evaluated,
+as kube-apiserver's admission plugin does, on every create, update, patch, delete and pods/binding, with the
+authenticated user as `request.userInfo`; a denial answers kube-apiserver's Status (403 for reason Forbidden).
+
+Not served (on purpose): authorization (RBAC: `request_attributes` below lets a test check what each component
+called against its rules), namespaces as objects, consistent paging
 (`limit` and `continue` page through the current objects, without a snapshot), server-side apply, graceful
 deletion and finalizers, protobuf.
 
@@ -88,6 +97,7 @@ from urllib.parse import parse_qs, urlsplit
 import orjson
 
 from vgpu.testbed import resourceapi
+from vgpu.testbed.admission import Attributes, Denied, PolicyAdmission, UserInfo
 from vgpu.testbed.discovery import CORE_VERSIONS, api_groups, as_table, resource_list, wants_table
 from vgpu.testbed.faults import FaultPlan
 
@@ -98,6 +108,7 @@ __all__ = [
     "RequestAttributes",
     "StatusError",
     "Store",
+    "read_users",
     "request_attributes",
     "write_kubeconfig",
 ]
@@ -138,8 +149,16 @@ _RESOURCES = {
         _Resource("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False),
         _Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", namespaced=True, has_status=True),
         _Resource("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", namespaced=True),
+        _Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
+                  namespaced=False, has_status=True),
+        _Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+                  "ValidatingAdmissionPolicyBinding", namespaced=False),
     )
 }
+_POLICIES = "admissionregistration.k8s.io/v1/validatingadmissionpolicies"
+_POLICY_BINDINGS = "admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+# who a request is when the stand-in authenticates nobody (no `users` table): a cluster admin
+ANONYMOUS_ADMIN = UserInfo("standin-admin", groups=("system:masters", "system:authenticated"))
 
 
 class StatusError(Exception):
@@ -461,6 +480,7 @@ class Store:
         self.delivering = threading.Event()  # cleared by ApiServerStandIn.hold_watches(): changes wait to be sent
         self.delivering.set()
         self.consumable_capacity = True  # the DRAConsumableCapacity feature gate
+        self.admission = PolicyAdmission()
         self._data = Path(data_path) if data_path else None
         self._journal: Any = None
         self._journal_entries = 0
@@ -574,6 +594,19 @@ class Store:
             raise _not_found(res, name)
         return obj
 
+    def _admit(self, operation: str, res: _Resource, subresource: str | None, name: str, ns: str, obj: Obj | None,
+               old: Obj | None, user: UserInfo | None, kind: str | None = None) -> None:
+        """Validating admission (testbed.admission) of a change about to be stored; lock held."""
+        policies = self.objects[_POLICIES]
+        if not policies:
+            return
+        attrs = Attributes(operation, res.group, res.version, res.plural, subresource or "", kind or res.kind, name,
+                           ns if res.namespaced else "", obj, old, user or ANONYMOUS_ADMIN)
+        try:
+            self.admission.validate(list(policies.values()), list(self.objects[_POLICY_BINDINGS].values()), attrs)
+        except Denied as exc:
+            raise StatusError(exc.code, exc.status["reason"], exc.status["message"], exc.status["details"]) from None
+
     def get(self, res_key: str, ns: str, name: str) -> Obj:
         """One object or 404."""
         res = self._res(res_key)
@@ -588,7 +621,7 @@ class Store:
             items = [o for o in self.objects[res_key].values() if sel.matches(o)]
             return items, self.rv
 
-    def create(self, res_key: str, ns: str, body: Obj) -> Obj:
+    def create(self, res_key: str, ns: str, body: Obj, user: UserInfo | None = None) -> Obj:
         """Create an object (name or generateName); 409 AlreadyExists."""
         res = self._res(res_key)
         if not isinstance(body, dict):
@@ -626,9 +659,11 @@ class Store:
             elif res.kind == "ResourceSlice" and not self.consumable_capacity:
                 _drop_consumable_capacity(obj.get("spec"))
             _check_resource_api(res, meta["name"], lambda: resourceapi.check_create(res.kind, obj))
+            self._admit("CREATE", res, None, meta["name"], ns, obj, None, user)
             return self._commit(res, "ADDED", obj, None)
 
-    def _store_update(self, res: _Resource, old: Obj, new: Obj, subresource: str | None) -> Obj:
+    def _store_update(self, res: _Resource, old: Obj, new: Obj, subresource: str | None,
+                      user: UserInfo | None) -> Obj:
         """Keep the fields a client may not change, then commit unless nothing changed (lock held)."""
         m_old, m_new = old["metadata"], new.setdefault("metadata", {})
         if m_new.get("name", m_old["name"]) != m_old["name"]:
@@ -649,13 +684,15 @@ class Store:
         new["metadata"]["resourceVersion"] = m_old.get("resourceVersion")
         if res.kind == "ResourceSlice" and not self.consumable_capacity:
             _drop_consumable_capacity(new.get("spec"))
+        self._admit("UPDATE", res, subresource, m_old["name"], m_old.get("namespace", ""), new, old, user)
         if new == old:
             return old
         if subresource is None:
             _check_resource_api(res, m_old["name"], lambda: resourceapi.check_update(res.kind, old, new))
         return self._commit(res, "MODIFIED", new, old)
 
-    def update(self, res_key: str, ns: str, name: str, body: Obj, subresource: str | None = None) -> Obj:
+    def update(self, res_key: str, ns: str, name: str, body: Obj, subresource: str | None = None,
+               user: UserInfo | None = None) -> Obj:
         """PUT: replace the object; 409 when body.metadata.resourceVersion is set and stale."""
         res = self._res(res_key)
         if not isinstance(body, dict):
@@ -666,10 +703,10 @@ class Store:
             if want and want != old["metadata"]["resourceVersion"]:
                 raise _conflict(res, name, "the object has been modified; please apply your changes to the latest "
                                            "version and try again")
-            return self._store_update(res, old, _clone(body), subresource)
+            return self._store_update(res, old, _clone(body), subresource, user)
 
     def patch(self, res_key: str, ns: str, name: str, patch: Any, content_type: str,
-              subresource: str | None = None) -> Obj:
+              subresource: str | None = None, user: UserInfo | None = None) -> Obj:
         """PATCH (merge, strategic merge, JSON patch); 409 when the patch carries a stale resourceVersion."""
         res = self._res(res_key)
         ctype = content_type.split(";")[0].strip().lower()
@@ -691,9 +728,10 @@ class Store:
             if want and want != old["metadata"]["resourceVersion"]:
                 raise _conflict(res, name, "the object has been modified; please apply your changes to the latest "
                                            "version and try again")
-            return self._store_update(res, old, _clone(new), subresource)
+            return self._store_update(res, old, _clone(new), subresource, user)
 
-    def delete(self, res_key: str, ns: str, name: str, options: Obj | None = None) -> Obj:
+    def delete(self, res_key: str, ns: str, name: str, options: Obj | None = None,
+               user: UserInfo | None = None) -> Obj:
         """Remove the object at once (no graceful deletion); honours preconditions uid / resourceVersion."""
         res = self._res(res_key)
         pre = (options or {}).get("preconditions") or {}
@@ -704,12 +742,13 @@ class Store:
                                            f"UID in object meta: {old['metadata'].get('uid')}")
             if pre.get("resourceVersion") and pre["resourceVersion"] != old["metadata"]["resourceVersion"]:
                 raise _conflict(res, name, "Precondition failed: resourceVersion does not match")
+            self._admit("DELETE", res, None, name, ns, None, old, user)
             gone = _clone(old)
             gone["metadata"]["deletionTimestamp"] = _now()
             gone["metadata"]["deletionGracePeriodSeconds"] = 0
             return self._commit(res, "DELETED", gone, old)
 
-    def bind(self, ns: str, name: str, binding: Obj) -> None:
+    def bind(self, ns: str, name: str, binding: Obj, user: UserInfo | None = None) -> None:
         """pods/binding: set spec.nodeName and merge the Binding's annotations, as kube-apiserver does."""
         res = self._res("v1/pods")
         if not isinstance(binding, dict):
@@ -721,6 +760,9 @@ class Store:
         if bmeta.get("name") not in (None, "", name):
             raise StatusError(400, "BadRequest", "Binding.metadata.name does not match the pod name")
         with self.cond:
+            self._admit("CREATE", res, "binding", name, ns, {**_clone(binding), "kind": "Binding", "apiVersion": "v1",
+                                                             "metadata": {**bmeta, "name": name, "namespace": ns}},
+                        None, user, kind="Binding")
             old = self._existing(res, ns, name)
             if bmeta.get("uid") and bmeta["uid"] != old["metadata"].get("uid"):
                 raise _conflict(res, name, f"Precondition failed: UID in precondition: {bmeta['uid']}, "
@@ -892,6 +934,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
     _raw = b""
+    _user = ANONYMOUS_ADMIN
 
     def setup(self) -> None:
         super().setup()
@@ -925,6 +968,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.recorded is not None:
             self.server.record(RecordedRequest(token, method, self.path, self._raw))
         try:
+            self._user = self._authenticate(token)
             if not self.path.startswith("/standin/") and self._inject(method, token):
                 return
             self._route(method)
@@ -941,6 +985,17 @@ class _Handler(BaseHTTPRequestHandler):
     do_PUT = lambda self: self._dispatch("PUT")  # noqa: E731
     do_PATCH = lambda self: self._dispatch("PATCH")  # noqa: E731
     do_DELETE = lambda self: self._dispatch("DELETE")  # noqa: E731
+
+    def _authenticate(self, token: str) -> UserInfo:
+        """The user of a bearer token: from the `users` table when the stand-in has one (401 for any other token,
+        as kube-apiserver's token authenticators answer), else a cluster admin."""
+        users = self.server.users
+        if users is None:
+            return ANONYMOUS_ADMIN
+        user = users.get(token) if token else None
+        if user is None:
+            raise StatusError(401, "Unauthorized", "Unauthorized")
+        return user
 
     def _inject(self, method: str, token: str) -> bool:
         """Act on the first fault rule matching this request (testbed.faults); True when it was answered."""
@@ -1056,20 +1111,20 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, obj)
         elif method == "POST" and name is None:
             if not res.namespaced or m.group("ns") is not None:
-                self._send_json(201, store.create(res.key, ns, self._body()))
+                self._send_json(201, store.create(res.key, ns, self._body(), user=self._user))
             else:
                 raise StatusError(405, "MethodNotAllowed", f"create {res.plural} in a namespace")
         elif method == "POST" and sub == "binding":
-            store.bind(ns, name, self._body())
+            store.bind(ns, name, self._body(), user=self._user)
             self._send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                   "code": 201})
         elif method == "PUT" and name is not None:
-            self._send_json(200, store.update(res.key, ns, name, self._body(), sub))
+            self._send_json(200, store.update(res.key, ns, name, self._body(), sub, user=self._user))
         elif method == "PATCH" and name is not None:
             self._send_json(200, store.patch(res.key, ns, name, self._body(),
-                                             self.headers.get("Content-Type", ""), sub))
+                                             self.headers.get("Content-Type", ""), sub, user=self._user))
         elif method == "DELETE" and name is not None:
-            self._send_json(200, store.delete(res.key, ns, name, self._body()))
+            self._send_json(200, store.delete(res.key, ns, name, self._body(), user=self._user))
         else:
             raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {url.path}")
 
@@ -1136,8 +1191,9 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 1024
 
     def __init__(self, addr: tuple[str, int], store: Store, watch_timeout: float, bookmark_interval: float,
-                 record_requests: bool = False) -> None:
+                 record_requests: bool = False, users: dict[str, UserInfo] | None = None) -> None:
         super().__init__(addr, _Handler)
+        self.users = users
         self.store = store
         self.watch_timeout = watch_timeout
         self.bookmark_interval = bookmark_interval
@@ -1162,6 +1218,17 @@ class _Server(ThreadingHTTPServer):
             self.recorded.append(request)
 
 
+def read_users(path: str | os.PathLike[str]) -> dict[str, UserInfo]:
+    """A users file: JSON {token: {"username": ..., "uid": ..., "groups": [...], "extra": {key: [...]}}}."""
+    try:
+        doc = orjson.loads(Path(path).read_bytes())
+        return {str(token): UserInfo(str(u["username"]), str(u.get("uid", "")), tuple(u.get("groups") or ()),
+                                     {str(k): tuple(v) for k, v in (u.get("extra") or {}).items()})
+                for token, u in doc.items()}
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError) as exc:
+        raise ValueError(f"users file {path}: {exc}") from None
+
+
 def write_kubeconfig(path: str | os.PathLike[str], url: str, context: str = "vgpu-standin",
                      token: str = "standin") -> str:
     """Write a kubeconfig pointing at `url` with bearer `token` (accepted whatever it is) and return its path."""
@@ -1183,10 +1250,11 @@ class ApiServerStandIn:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, data_path: str | os.PathLike[str] | None = None,
                  history_size: int = 10000, watch_timeout: float = 1800.0, bookmark_interval: float = 60.0,
-                 record_requests: bool = False, consumable_capacity: bool = True) -> None:
+                 record_requests: bool = False, consumable_capacity: bool = True,
+                 users: dict[str, UserInfo] | None = None) -> None:
         self.store = Store(data_path, history_size)
         self.store.consumable_capacity = consumable_capacity
-        self._server = _Server((host, port), self.store, watch_timeout, bookmark_interval, record_requests)
+        self._server = _Server((host, port), self.store, watch_timeout, bookmark_interval, record_requests, users)
         self._thread: threading.Thread | None = None
         self.kubeconfig: str | None = None  # set by write_kubeconfig()
 
@@ -1216,6 +1284,10 @@ class ApiServerStandIn:
             yield
         finally:
             self.store.delivering.set()
+
+    def authenticate(self, users: dict[str, UserInfo] | None) -> None:
+        """From now on only these bearer tokens are accepted, each as its user (None: any token, as an admin)."""
+        self._server.users = dict(users) if users is not None else None
 
     def write_kubeconfig(self, path: str | os.PathLike[str], token: str = "standin") -> str:
         """Write a kubeconfig for this server with bearer `token`, remember it as `.kubeconfig`, return its path."""
@@ -1343,6 +1415,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="idle seconds between BOOKMARK events (kube-apiserver: a minute)")
     ap.add_argument("--feature-gates", default="",
                     help="NAME=true|false,... as kube-apiserver's; known: DRAConsumableCapacity (default true)")
+    ap.add_argument("--users-file", default=None,
+                    help="JSON {token: {username, uid, groups, extra}}: only these bearer tokens are accepted")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -1350,8 +1424,10 @@ def main(argv: list[str] | None = None) -> int:
     gates = {k.strip(): v.strip().lower() == "true"
              for k, _, v in (g.partition("=") for g in args.feature_gates.split(",") if g.strip())}
     try:
+        users = read_users(args.users_file) if args.users_file else None
         srv = ApiServerStandIn(host or "127.0.0.1", int(port), args.data, args.history, args.watch_timeout,
-                               args.bookmark_interval, consumable_capacity=gates.get("DRAConsumableCapacity", True))
+                               args.bookmark_interval, consumable_capacity=gates.get("DRAConsumableCapacity", True),
+                               users=users)
     except (OSError, ValueError) as exc:
         print(f"apiserver stand-in: cannot start: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,11 @@ Shared by `vgpu demo` and tests/e2e. `LocalCluster` starts, each as its own proc
     libnvidia-ml.so.1, as it finds real ones through NVML, and the pod runner gives containers the same GPUs;
   * our real extender (`vgpu scheduler`) and the kube-scheduler stand-in (`python -m vgpu.testbed.scheduler_driver`)
     reading deploy/'s KubeSchedulerConfiguration.
+With `admission_policies` (ValidatingAdmissionPolicies and bindings, such as deploy/admission's), the API server
+authenticates every component by a token of its own, as the identity it has in a real cluster (our scheduler and
+plugins as their ServiceAccounts, a plugin's token bound to a pod on its node, kubelets as `system:node:<name>`,
+kube-scheduler as `system:kube-scheduler`), evaluates the policies on every write, and `tenant_kubeconfig` is a
+tenant's (a plain user); the harness itself stays a cluster admin.
 Each piece can be killed (SIGKILL to its process group), stopped and restarted on the same ports and paths, which
 is what the fault tests do. `stop()` (also run at interpreter exit) ends every group it started, whatever
 happened before.
@@ -36,7 +41,10 @@ from typing import Any
 import httpx
 import orjson
 
+from vgpu.testbed.apiserver import write_kubeconfig
 from vgpu.testbed.machine import MachineGPU, machine
+
+ADMIN_TOKEN = "standin"  # the token of the kubeconfig the API server writes (testbed.apiserver.write_kubeconfig)
 
 __all__ = ["LocalCluster", "NodeProcs", "Proc", "free_port", "isolation_paths", "memory_factor_for", "port_or_free"]
 
@@ -248,7 +256,7 @@ class LocalCluster:
                  scheduler_args: Iterable[str] = (), plugin_args: Iterable[str] = (),
                  unschedulable_flush: float = 5.0, memory_factor: int | None = None,
                  resource_mode: str = "mib", cgroup_root: str | None = None, container_runtime: str = "processes",
-                 dra: bool = False) -> None:
+                 dra: bool = False, admission_policies: Iterable[dict] | None = None) -> None:
         self.workdir = Path(workdir).resolve()
         self.dra = dra
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -271,6 +279,8 @@ class LocalCluster:
         self.api_port = free_port()
         self.url = f"http://127.0.0.1:{self.api_port}"
         self.kubeconfig = str(self.workdir / "kubeconfig")
+        self.admission_policies = list(admission_policies) if admission_policies is not None else None
+        self.tenant_kubeconfig = self.kubeconfig
         self.extender_port = free_port()
         # preferred ports (the contract's :9394 / :9395) when free, else (or when 0) any free port
         self.scheduler_metrics_port = port_or_free(scheduler_metrics_port) if scheduler_metrics_port else free_port()
@@ -301,16 +311,19 @@ class LocalCluster:
             sharing.write_text(f"sharing:\n  gpu_memory_factor: {self.memory_factor}\n")
             self.scheduler_args = ["--config", str(sharing), *self.scheduler_args]
         self.trace = self.workdir / "trace.jsonl"
+        identity = self._identities() if self.admission_policies is not None else {}
+        users_args = ["--users-file", str(self.workdir / "users.json")] if identity else []
         self.apiserver = Proc("apiserver", [
             sys.executable, "-m", "vgpu.testbed.apiserver", "--listen", f"127.0.0.1:{self.api_port}",
             "--data", str(self.workdir / "apiserver.json"), "--kubeconfig-out", self.kubeconfig,
-            "--history", "200000"], self.logs / "apiserver.log")
+            "--history", "200000", *users_args], self.logs / "apiserver.log")
         self.extender = Proc("extender", _vgpu(
-            "--log-level", log_level, "scheduler", "--kubeconfig", self.kubeconfig,
+            "--log-level", log_level, "scheduler", "--kubeconfig", identity.get("extender", self.kubeconfig),
             "--listen", f"127.0.0.1:{self.extender_port}",
             "--metrics-listen", f"0.0.0.0:{self.scheduler_metrics_port}",
             *self.scheduler_args), self.logs / "extender.log")
-        driver_args = [sys.executable, "-m", "vgpu.testbed.scheduler_driver", "--kubeconfig", self.kubeconfig,
+        driver_args = [sys.executable, "-m", "vgpu.testbed.scheduler_driver", "--kubeconfig",
+                       identity.get("kube-scheduler", self.kubeconfig),
                        "--extender-url", f"http://127.0.0.1:{self.extender_port}", "--trace", str(self.trace),
                        "--unschedulable-flush", str(unschedulable_flush), "--log-level", log_level]
         driver_args += ["--config", self.scheduler_config] if self.scheduler_config else ["--builtin-config"]
@@ -326,7 +339,8 @@ class LocalCluster:
                 Path(cgroup_root, node.name).mkdir(parents=True, exist_ok=True)
             node.kubelet = Proc(f"kubelet-{node.name}", [
                 sys.executable, "-m", "vgpu.testbed.podrunner", "--node-name", node.name,
-                "--kubelet-dir", str(node.kubelet_dir), "--kubeconfig", self.kubeconfig, "--workdir", str(node.dir),
+                "--kubelet-dir", str(node.kubelet_dir), "--kubeconfig",
+                identity.get(f"kubelet-{node.name}", self.kubeconfig), "--workdir", str(node.dir),
                 "--trace", str(self.trace), "--gpus", node_gpus, "--sim-dir", str(isolation_paths()[1]),
                 "--runtime", container_runtime,
                 "--cpu", node_cpu,
@@ -334,28 +348,52 @@ class LocalCluster:
                 "--plugins-registry", str(node.plugins_registry), "--cdi-dir", str(node.cdi_dir)],
                 self.logs / f"kubelet-{node.name}.log")
             source = ["--backend", "nvml", *cgroup_args]
+            plugin_kubeconfig = identity.get(f"plugin-{node.name}", self.kubeconfig)
             if dra:
-                node.plugin = self._dra_plugin(node, source, log_level)
+                node.plugin = self._dra_plugin(node, source, log_level, plugin_kubeconfig)
                 continue
             node.plugin = Proc(f"device-plugin-{node.name}", _vgpu(
                 "--log-level", log_level, "device-plugin", *source,
                 "--node-name", node.name, "--kubelet-dir", str(node.kubelet_dir), "--hook-path", str(node.hook_path),
-                "--lock-dir", str(node.dir / "vgpulock"), "--kubeconfig", self.kubeconfig,
+                "--lock-dir", str(node.dir / "vgpulock"), "--kubeconfig", plugin_kubeconfig,
                 "--metrics-listen", f"0.0.0.0:{node.metrics_port}",
                 *mode_args, *self.plugin_args), self.logs / f"device-plugin-{node.name}.log",
                 env=self.nvml_env(node))
-        self._http = httpx.Client(base_url=self.url, timeout=10)
+        # the harness is a cluster admin: the token the API server's own kubeconfig carries
+        self._http = httpx.Client(base_url=self.url, timeout=10, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
         self._core: Any = None
 
     # -- helpers
-    def _dra_plugin(self, node: NodeProcs, source: list[str], log_level: str) -> Proc:
+    def _identities(self) -> dict[str, str]:
+        """Write the API server's users file and one kubeconfig per component; the kubeconfig path of each."""
+        sa = "system:serviceaccount:vgpu-system:{}"
+        sa_groups = ["system:serviceaccounts", "system:serviceaccounts:vgpu-system", "system:authenticated"]
+        users: dict[str, dict[str, Any]] = {
+            ADMIN_TOKEN: {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
+            "tenant": {"username": "tenant@example.com", "groups": ["tenants", "system:authenticated"]},
+            "extender": {"username": sa.format("vgpu-scheduler-extender"), "groups": sa_groups},
+            "kube-scheduler": {"username": "system:kube-scheduler", "groups": ["system:authenticated"]},
+        }
+        plugin = "vgpu-dra-plugin" if self.dra else "vgpu-device-plugin"
+        for node in self.nodes:
+            users[f"kubelet-{node.name}"] = {"username": f"system:node:{node.name}",
+                                             "groups": ["system:nodes", "system:authenticated"]}
+            users[f"plugin-{node.name}"] = {"username": sa.format(plugin), "groups": sa_groups,
+                                            "extra": {"authentication.kubernetes.io/node-name": [node.name]}}
+        (self.workdir / "users.json").write_bytes(orjson.dumps(users, option=orjson.OPT_INDENT_2))
+        paths = {role: write_kubeconfig(self.workdir / f"kubeconfig-{role}", self.url, token=role)
+                 for role in users if role != ADMIN_TOKEN}
+        self.tenant_kubeconfig = paths["tenant"]
+        return paths
+
+    def _dra_plugin(self, node: NodeProcs, source: list[str], log_level: str, kubeconfig: str) -> Proc:
         """DRA mode: the node's GPUs are served by our real `vgpu dra-plugin`, registered with the kubelet
         stand-in through its plugin registry and writing CDI specs where the stand-in reads them."""
         return Proc(f"dra-plugin-{node.name}", _vgpu(
             "--log-level", log_level, "dra-plugin", *source, "--node-name", node.name,
             "--plugins-dir", str(node.dir / "plugins"), "--registry-dir", str(node.plugins_registry),
             "--cdi-dir", str(node.cdi_dir), "--hook-path", str(node.hook_path),
-            "--lock-dir", str(node.dir / "vgpulock"), "--kubeconfig", self.kubeconfig, *self.plugin_args),
+            "--lock-dir", str(node.dir / "vgpulock"), "--kubeconfig", kubeconfig, *self.plugin_args),
             self.logs / f"dra-plugin-{node.name}.log", env=self.nvml_env(node))
 
     @property
@@ -546,6 +584,10 @@ class LocalCluster:
         """Start everything, in dependency order (independent pieces in parallel)."""
         try:
             self.start_apiserver()
+            for doc in self.admission_policies or ():
+                plural = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+                          "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[doc["kind"]]
+                self.api_post(f"/apis/admissionregistration.k8s.io/v1/{plural}", doc)
             self.extender.start()
             for node in self.nodes:
                 self._prepare_node(node)

@@ -64,6 +64,12 @@ SERVED = (
     ServedResource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, tuple(_RW)),
     ServedResource("resource.k8s.io", "v1", "resourceclaims/status", "ResourceClaim", True, ("get", "patch", "update")),
     ServedResource("resource.k8s.io", "v1", "resourceclaimtemplates", "ResourceClaimTemplate", True, tuple(_RW)),
+    ServedResource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
+                   False, tuple(_RW), ("vap",), ("api-extensions",)),
+    ServedResource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies/status",
+                   "ValidatingAdmissionPolicy", False, ("get", "patch", "update")),
+    ServedResource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+                   "ValidatingAdmissionPolicyBinding", False, tuple(_RW), ("vapb",), ("api-extensions",)),
 )
 CORE_VERSIONS: Obj = {"kind": "APIVersions", "versions": ["v1"],
                       "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}

@@ -49,6 +49,7 @@
 #define VGPU_EVERY_MAX 64
 #define VGPU_TIMING_NS 100000.0      /* short kernels: timed at most once per this much of their GPU time */
 #define VGPU_STEADY_CV2 0.0225       /* functions this steady (CV 0.15) are timed one launch in VGPU_EVERY_MAX */
+#define VGPU_PRECISION_NS 100000.0   /* every x CV^2 x mean at most this: the charge errs ~1 % per s of GPU time */
 #define VGPU_WARMUP 8                /* time the first launches of a function, all of them */
 #define VGPU_VAR_SPAN 32             /* timings the spread of a function's durations is estimated over */
 #define VGPU_PAIRS 64
@@ -235,16 +236,20 @@ static inline void gate(int r, int64_t cost) {
 /*
  * How often to time a function's launches.  The corrections are exact for the timed launches and an estimate for
  * the others, whose error grows with the spread of the function's durations: the error of n launches' total is
- * about CV * sqrt(every / n) of it.  Steady functions (CV 0.15 or less, most real kernels of one shape) are timed
- * one launch in VGPU_EVERY_MAX, a spread of durations makes it more often (every = 64 * (0.15 / CV)^2), down to
- * every launch for kernels whose duration varies as much as its mean.  Short kernels are timed at most once per
- * VGPU_TIMING_NS of their GPU time whatever their spread: their errors are small in absolute terms, and timing each
- * of them would cost more than they run.
+ * about CV * sqrt(every / n) of it, and n launches of mean m fill a stretch of GPU time G = n * m, so over G the
+ * charge errs by CV * sqrt(every * m / G).  Two bounds: every x CV^2 x m at most VGPU_PRECISION_NS (about 1 % over
+ * each second of GPU time, whatever the kernels' length: long kernels with a spread are few per second, so each is
+ * timed), and every x CV^2 at most 64 x 0.15^2 (steady functions, CV 0.15 or less, one launch in VGPU_EVERY_MAX;
+ * down to every launch for short kernels whose duration varies as much as their mean).  Short kernels are timed at
+ * most once per VGPU_TIMING_NS of their GPU time whatever their spread: their errors are small in absolute terms,
+ * and timing each of them would cost more than they run.
  */
 static uint32_t timing_interval(const launch_stats_t *ls) {
     if (ls->samples < VGPU_WARMUP) return 1;
     double mean = (double)ls->est, cv2 = ls->var / (mean * mean);
     double every = cv2 > 0 ? VGPU_EVERY_MAX * VGPU_STEADY_CV2 / cv2 : VGPU_EVERY_MAX;
+    double precise = ls->var > 0 ? VGPU_PRECISION_NS * mean / ls->var : VGPU_EVERY_MAX;
+    if (precise < every) every = precise;
     double by_cost = (double)VGPU_TIMING_NS / mean;
     if (every < by_cost) every = by_cost;
     return every >= VGPU_EVERY_MAX ? VGPU_EVERY_MAX : every <= 1 ? 1 : (uint32_t)every;

@@ -84,13 +84,24 @@ def test_tolerates_the_gpu_taint_and_is_node_critical(name):
     assert spec["priorityClassName"] == "system-node-critical"
 
 
-@pytest.mark.parametrize("name", sorted(DAEMONSETS))
-def test_not_privileged(name):
-    ctx = plugin(name)["securityContext"]
+def test_privileged_only_to_mount_each_containers_storage():
+    """The real DaemonSet mounts a tmpfs per container where kubelet sees it: privileged, Bidirectional propagation
+    on the $HOOK_PATH volume alone, no host network or PID namespace."""
+    container = plugin("vgpu-device-plugin")
+    assert container["securityContext"].get("privileged") is True
+    assert "--container-storage=tmpfs" in container["command"]
+    propagated = {m["name"]: m["mountPropagation"] for m in container["volumeMounts"] if "mountPropagation" in m}
+    assert propagated == {"hook-path": "Bidirectional"}
+    assert not pod("vgpu-device-plugin").get("hostNetwork", False) and not pod("vgpu-device-plugin").get("hostPID")
+
+
+def test_the_simulated_plugin_is_not_privileged():
+    """The sim DaemonSet (no GPUs, for trying the stack) keeps plain directories and no capabilities."""
+    ctx = plugin("vgpu-device-plugin-sim")["securityContext"]
     assert not ctx.get("privileged", False)
     assert ctx["allowPrivilegeEscalation"] is False
     assert ctx["capabilities"] == {"drop": ["ALL"]}
-    assert not pod(name).get("hostNetwork", False) and not pod(name).get("hostPID", False)
+    assert "--container-storage=tmpfs" not in plugin("vgpu-device-plugin-sim")["command"]
 
 
 def test_nvml_plugin_sees_the_gpus_through_the_container_toolkit():

@@ -345,13 +345,13 @@ def test_same_image_and_node_conventions_as_the_device_plugin():
     assert selector.items() <= dra_object("DaemonSet", PLUGIN)["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_not_privileged():
-    ctx = plugin_container()["securityContext"]
-    assert not ctx.get("privileged", False)
-    assert ctx["allowPrivilegeEscalation"] is False
-    assert ctx["capabilities"] == {"drop": ["ALL"]}
+def test_privileged_only_to_mount_each_claims_storage():
+    assert plugin_container()["securityContext"].get("privileged") is True
+    assert "--container-storage=tmpfs" in plugin_container()["command"]
     assert not any(plugin_pod().get(k, False) for k in ("hostNetwork", "hostPID", "hostIPC"))
-    assert all("mountPropagation" not in m for m in plugin_container()["volumeMounts"])
+    propagated = {m["name"]: m["mountPropagation"] for m in plugin_container()["volumeMounts"]
+                  if "mountPropagation" in m}
+    assert propagated == {"hook-path": "Bidirectional"}
 
 
 # ------------------------------------------------------------------------------- the DaemonSet's container, run
@@ -397,10 +397,11 @@ def plugin_run():
             assert volumes[mount["name"]]["hostPath"]["path"] == mount["mountPath"]
             (root / mount["mountPath"].lstrip("/")).mkdir(parents=True, exist_ok=True)
         args = [moved(a.replace("$(NODE_NAME)", "gpu-node-1"), root) for a in plugin_container()["command"][2:]]
-        args = [a for a in args if not a.startswith("--backend=")]
+        # the simulated backend, and plain directories: tmpfs mounts made here would be this machine's own
+        args = [a for a in args if not a.startswith(("--backend=", "--container-storage="))]
         control = work / "sim-control"
         control.touch()
-        args += ["--backend=sim", "--sim-gpus=2xA100-40GB", f"--sim-control={control}",
+        args += ["--backend=sim", "--sim-gpus=2xA100-40GB", f"--sim-control={control}", "--container-storage=directory",
                  f"--kubeconfig={plugin_kubeconfig}"]
         with open(work / "plugin.log", "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "vgpu.cli", "dra-plugin", *args], cwd=DEPLOY.parent,

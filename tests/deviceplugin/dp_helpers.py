@@ -132,8 +132,8 @@ class PluginBed:
         created = read_json(self.core.create_namespaced_pod("default", body, _preload_content=False))
         return created
 
-    def pod(self, name: str) -> dict[str, Any]:
-        return read_json(self.core.read_namespaced_pod(name, "default", _preload_content=False))
+    def pod(self, name: str, namespace: str = "default") -> dict[str, Any]:
+        return read_json(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
 
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -2,8 +2,11 @@
 gRPC) serves only grants within the container's own spec, of its own scheduler, signed when a key is configured,
 and never lets the spec switch the isolation library off or override the limits it hands out.
 
-The pods are created directly on the node (as a tenant with `nodeName` can), annotated as if a scheduler had bound
-them; a refusal ends kubelet's admission with the plugin's reason.
+Each attack runs twice (admission_roles.py).  Without deploy/'s admission policies the tenant creates its pods
+directly on the node (`nodeName` set), annotated as if a scheduler had bound them, and the plugin's refusal ends
+kubelet's admission with its reason.  With them, the API server already refuses the tenant's pod (or its edit);
+pods the tests need placed are then created by the tenant and bound by our scheduler with their assignment, as a
+real placement is.
 """
 
 from __future__ import annotations
@@ -12,33 +15,91 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from admission_roles import MODES, Roles, enforce_policies
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from dp_helpers import NODE, PluginBed, gpu_container
+from kubernetes import client as k8s
 
 from vgpu import grants, keys
+from vgpu.kube.client import make_api_client, read_json
 from vgpu.testbed.kubelet import AdmissionError
 
 T4_UNITS = 15360  # memory units of a simulated T4 at factor 1
 
 
+@pytest.fixture(params=MODES)
+def node(request: pytest.FixtureRequest, tmp_path: Path):
+    """One node (API-server stand-in, kubelet stand-in, the real plugin), with or without the admission policies."""
+    bed = PluginBed(tmp_path)
+    try:
+        if request.param == "with-policies":
+            paths = enforce_policies(bed.apiserver, tmp_path, "standin", NODE)
+            bed.kubeconfig = paths["plugin"]  # the plugin runs as its ServiceAccount, bound to a pod on NODE
+            bed.roles = Roles(True, k8s.CoreV1Api(make_api_client(paths["tenant"])),
+                              make_api_client(paths["scheduler"]))
+        else:
+            bed.roles = Roles(False, bed.core, bed.api)
+        yield bed
+    finally:
+        bed.close()
+
+
+def _assignment(assignment: str, annotations: dict[str, str] | None) -> dict[str, str]:
+    return {keys.VGPU_NODE: NODE, keys.VGPU_IDS: assignment, keys.DEVICES_TO_ALLOCATE: assignment,
+            keys.BIND_TIME: "1784884863", keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING, **(annotations or {})}
+
+
 def _make(node: PluginBed, name: str, containers: list[dict[str, Any]], assignment: str,
           scheduler: str | None = "vgpu-scheduler", namespace: str = "default",
-          annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    from vgpu.kube.client import read_json
-
+          annotations: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The tenant creates a pod on the node with an assignment it wrote itself: the pod, or None where the
+    admission policies refused it (which they must)."""
     body: dict[str, Any] = {
-        "metadata": {"name": name, "namespace": namespace, "annotations": {
-            keys.VGPU_NODE: NODE, keys.VGPU_IDS: assignment, keys.DEVICES_TO_ALLOCATE: assignment,
-            keys.BIND_TIME: "1784884863", keys.BIND_PHASE: keys.BIND_PHASE_ALLOCATING, **(annotations or {})}},
+        "metadata": {"name": name, "namespace": namespace, "annotations": _assignment(assignment, annotations)},
         "spec": {"nodeName": NODE, "containers": containers},
     }
     if scheduler is not None:
         body["spec"]["schedulerName"] = scheduler
-    return read_json(node.core.create_namespaced_pod(namespace, body, _preload_content=False))
+    if node.roles.enforced:
+        node.roles.refused(node.roles.tenant.create_namespaced_pod, namespace, body)
+        return None
+    return read_json(node.roles.tenant.create_namespaced_pod(namespace, body, _preload_content=False))
 
 
-def _refused(node: PluginBed, pod: dict[str, Any], why: str) -> None:
+def _placed(node: PluginBed, name: str, containers: list[dict[str, Any]], assignment: str,
+            namespace: str = "default", signer: grants.GrantKey | None = None) -> dict[str, Any]:
+    """A pod of our scheduler with this assignment (signed by `signer` for its UID), as the plugin sees it after
+    placement.  Without the policies the tenant writes the assignment (as `_make`) and the signature is added
+    afterwards; with them the tenant creates the pod and our scheduler binds it with the signed assignment, as the
+    extender's /bind does."""
+    if not node.roles.enforced:
+        pod = _make(node, name, containers, assignment, namespace=namespace)
+        assert pod is not None
+        if signer is None:
+            return pod
+        signature = signer.sign(pod["metadata"]["uid"], NODE, assignment)
+        k8s.CoreV1Api(node.roles.scheduler).patch_namespaced_pod(
+            name, namespace, {"metadata": {"annotations": {grants.SIGNATURE: signature}}})
+        return node.pod(name, namespace)
+    body = {"metadata": {"name": name, "namespace": namespace},
+            "spec": {"schedulerName": "vgpu-scheduler", "containers": containers}}
+    created = read_json(node.roles.tenant.create_namespaced_pod(namespace, body, _preload_content=False))
+    uid = created["metadata"]["uid"]
+    extra = {grants.SIGNATURE: signer.sign(uid, NODE, assignment)} if signer is not None else None
+    binding = {"apiVersion": "v1", "kind": "Binding",
+               "metadata": {"name": name, "namespace": namespace, "uid": uid,
+                            "annotations": _assignment(assignment, extra)},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}}
+    k8s.CoreV1Api(node.roles.scheduler).create_namespaced_pod_binding(name, namespace, binding,
+                                                                    _preload_content=False)
+    return node.pod(name, namespace)
+
+
+def _refused(node: PluginBed, pod: dict[str, Any] | None, why: str) -> None:
+    """Refused: at the API server (`pod` None, with the policies) or by the plugin at kubelet's admission."""
+    if pod is None:
+        return
     with pytest.raises(AdmissionError, match="refuses") as caught:
         node.kubelet.admit(pod)
     assert why in str(caught.value), str(caught.value)
@@ -83,7 +144,7 @@ def test_a_zero_cores_grant_is_no_limit_only_for_a_spec_asking_no_cores(node):
     """Spec: 100 MiB, no cores: the grant's 0 cores is what the spec asks (no SM limit); the memory limit stays."""
     node.start_plugin("1xT4")
     (a,) = node.wait_inventory()
-    pod = _make(node, "nocores", [gpu_container("main", 1, 100)], f"{a},NVIDIA,100,0:")
+    pod = _placed(node, "nocores", [gpu_container("main", 1, 100)], f"{a},NVIDIA,100,0:")
     (admitted,) = node.kubelet.admit(pod)
     assert _limits(admitted)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "100m"
 
@@ -104,7 +165,7 @@ def test_the_spec_cannot_override_the_limits_it_is_handed(node):
     (a,) = node.wait_inventory()
     env = [{"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "15360m"},
            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
-    pod = _make(node, "overrider", [gpu_container("main", 1, 1000, 10, env=env)], f"{a},NVIDIA,1000,10:")
+    pod = _placed(node, "overrider", [gpu_container("main", 1, 1000, 10, env=env)], f"{a},NVIDIA,1000,10:")
     _refused(node, pod, "CUDA_DEVICE_MEMORY_LIMIT_0, NVIDIA_VISIBLE_DEVICES")
 
 
@@ -115,7 +176,7 @@ def test_cuda_disable_control_outside_the_allowed_namespaces_keeps_the_library(n
     node.start_plugin("1xT4", "--disable-control-namespaces", "trusted")
     (a,) = node.wait_inventory()
     env = [{"name": "CUDA_DISABLE_CONTROL", "value": value}]
-    pod = _make(node, "escaper", [gpu_container("main", 1, 1000, 10, env=env)], f"{a},NVIDIA,1000,10:")
+    pod = _placed(node, "escaper", [gpu_container("main", 1, 1000, 10, env=env)], f"{a},NVIDIA,1000,10:")
     (admitted,) = node.kubelet.admit(pod)
     mounts = {m.container_path for m in admitted.responses["volcano.sh/vgpu-number"].mounts}
     assert "/etc/ld.so.preload" in mounts
@@ -127,8 +188,8 @@ def test_cuda_disable_control_in_an_allowed_namespace_is_parsed_strictly(node, v
     node.start_plugin("1xT4", "--disable-control-namespaces", "trusted")
     (a,) = node.wait_inventory()
     env = [{"name": "CUDA_DISABLE_CONTROL", "value": value}]
-    pod = _make(node, "admin-job", [gpu_container("main", 1, 1000, 10, env=env)], f"{a},NVIDIA,1000,10:",
-                namespace="trusted")
+    pod = _placed(node, "admin-job", [gpu_container("main", 1, 1000, 10, env=env)], f"{a},NVIDIA,1000,10:",
+                  namespace="trusted")
     (admitted,) = node.kubelet.admit(pod)
     mounts = {m.container_path for m in admitted.responses["volcano.sh/vgpu-number"].mounts}
     assert ("/etc/ld.so.preload" in mounts) is preloaded
@@ -143,14 +204,8 @@ class TestSignedGrants:
         return _pair(tmp_path)
 
     def _signed(self, node: PluginBed, name: str, uuid: str, key: grants.GrantKey) -> dict[str, Any]:
-        """A pod as our scheduler leaves it: created, then its assignment signed for its UID (what /bind does)."""
-        from vgpu.kube.patch import patch_pod_metadata
-
-        value = f"{uuid},NVIDIA,1000,10:"
-        pod = _make(node, name, [gpu_container("main", 1, 1000, 10)], value)
-        signature = key.sign(pod["metadata"]["uid"], NODE, value)
-        patch_pod_metadata(node.api, "default", name, annotations={grants.SIGNATURE: signature})
-        return node.pod(name)
+        """A pod as our scheduler leaves it: its assignment signed for its UID (what /bind does)."""
+        return _placed(node, name, [gpu_container("main", 1, 1000, 10)], f"{uuid},NVIDIA,1000,10:", signer=key)
 
     def test_an_unsigned_assignment_is_refused(self, node, key):
         """Within its spec and of our scheduler, but not signed: refused."""
@@ -173,22 +228,25 @@ class TestSignedGrants:
         _refused(node, copy, "signature does not match")
 
     def test_a_signed_assignment_edited_afterwards_is_refused(self, node, key):
-        """The tenant raises devices-to-allocate of a signed pod: refused."""
-        from vgpu.kube.patch import patch_pod_metadata
-
+        """The tenant raises devices-to-allocate of a signed pod: refused (with the policies, the edit itself)."""
         node.start_plugin("1xT4", "--grant-key-file", str(key.public))
         (a,) = node.wait_inventory()
         self._signed(node, "edited", a, key.signer)
-        patch_pod_metadata(node.api, "default", "edited",
-                           annotations={keys.DEVICES_TO_ALLOCATE: f"{a},NVIDIA,1000,90:"})
-        _refused(node, node.pod("edited"), "not the signed assignment")
+        raised = {"metadata": {"annotations": {keys.DEVICES_TO_ALLOCATE: f"{a},NVIDIA,1000,90:"}}}
+        if node.roles.enforced:  # the edit never lands: the pod runs with what was signed
+            node.roles.refused(node.roles.tenant.patch_namespaced_pod, "edited", "default", raised)
+            (admitted,) = node.kubelet.admit(node.pod("edited"))
+            assert _limits(admitted)["CUDA_DEVICE_SM_LIMIT"] == "10"
+        else:
+            node.roles.tenant.patch_namespaced_pod("edited", "default", raised)
+            _refused(node, node.pod("edited"), "not the signed assignment")
 
     def test_unsigned_grants_within_the_spec_pass_only_when_allowed(self, node, key):
         """--accept-unsigned-grants (clusters that mix in a scheduler that does not sign) serves an unsigned grant
         within the spec, and still refuses one beyond it."""
         node.start_plugin("1xT4", "--grant-key-file", str(key.public), "--accept-unsigned-grants")
         (a,) = node.wait_inventory()
-        fair = _make(node, "fair", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:")
+        fair = _placed(node, "fair", [gpu_container("main", 1, 1000, 10)], f"{a},NVIDIA,1000,10:")
         (admitted,) = node.kubelet.admit(fair)
         assert _limits(admitted) == {"CUDA_DEVICE_MEMORY_LIMIT_0": "1000m", "CUDA_DEVICE_SM_LIMIT_0": "10",
                                     "CUDA_DEVICE_SM_LIMIT": "10"}
@@ -203,7 +261,13 @@ class TestSignedGrants:
         node_key = grants.read_key(key.public, "--grant-key-file", private_allowed=False)
         with pytest.raises(ValueError, match="cannot sign"):
             node_key.sign("uid", NODE, f"{a},NVIDIA,1000,10:")
-        forged = self._signed(node, "forged", a, _pair(tmp_path / "attacker").signer)
+        value = f"{a},NVIDIA,1000,10:"
+        forged = _make(node, "forged", [gpu_container("main", 1, 1000, 10)], value)
+        if forged is not None:  # signed with the tenant's own key
+            signature = _pair(tmp_path / "attacker").signer.sign(forged["metadata"]["uid"], NODE, value)
+            node.roles.tenant.patch_namespaced_pod("forged", "default",
+                                                   {"metadata": {"annotations": {grants.SIGNATURE: signature}}})
+            forged = node.pod("forged")
         _refused(node, forged, "signature does not match")
 
     def test_a_plugin_given_the_private_key_refuses_to_start(self, node, key):

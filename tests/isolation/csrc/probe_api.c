@@ -186,7 +186,8 @@ static const char *IMAGE =
     "short fixed 20us\n"
     "medium fixed 200us\n"
     "long fixed 2ms\n"
-    "varied lognormal 300us 1.0\n";
+    "varied lognormal 300us 1.0\n"
+    "spread lognormal 1500us 0.6\n";
 
 static CUfunction function(const char *name) {
     static CUmodule m;
