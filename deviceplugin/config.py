@@ -88,6 +88,7 @@ class PluginConfig(BaseModel):
         "the node's filesystem"
     )
     metrics_listen: str = Field(":9394", description="HOST:PORT of /metrics; empty disables the monitor")
+    legacy_metrics: bool = Field(False, description="also export volcano-vgpu-device-plugin's metric names")
     sharing: SharingConfig = Field(default_factory=SharingConfig, description="shared with the scheduler")
     gpu_memory_factor: int | Literal["auto"] | None = Field(
         None,
@@ -268,6 +269,10 @@ OPTIONS: tuple[Option, ...] = (
            default="directory"),
     Option("metrics_listen", "--metrics-listen", None, "flags.vgpu.metricsListen", "str",
            "HOST:PORT of /metrics (empty disables)", default=":9394"),
+    Option("legacy_metrics", "--legacy-metrics", "LEGACY_METRICS", "flags.vgpu.legacyMetrics", "bool",
+           "also export volcano-vgpu-device-plugin's names (HostGPUMemoryUsage, HostCoreUtilization, "
+           "vGPU_device_memory_usage_in_bytes, vGPU_device_memory_limit_in_bytes, "
+           "Device_utilization_desc_of_container) for dashboards built on them", default="false"),
     Option("node_labels", "--node-labels", "NODE_LABELS", "flags.vgpu.nodeLabels", "bool",
            "write nvidia.com/gpu.product/.memory/.count and volcano.sh/vgpu.mode on the node", default="true"),
     Option("advertise_nvidia_gpu", "--advertise-nvidia-gpu", "ADVERTISE_NVIDIA_GPU", "flags.vgpu.advertiseNvidiaGpu",

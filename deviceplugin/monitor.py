@@ -5,8 +5,9 @@ Collected at scrape time: whether the GPU backend started; per GPU (from the bac
 and health; per container the plugin answered (its allocation records, node.records) the pod, the GPUs and
 the limits granted, and the memory used, SM utilisation and last-kernel age its accounting file says (read without
 trusting the file: node.accounting), within a time budget per scrape. Allocate calls are counted and timed
-as kubelet makes them (`NodeMetrics.observe_allocate`, called by deviceplugin.server). The legacy names of
-volcano-vgpu-device-plugin keep their labels and the `zone="vGPU"` label; the `vgpu_` names carry the node.
+as kubelet makes them (`NodeMetrics.observe_allocate`, called by deviceplugin.server). The `vgpu_` names carry the
+node. The legacy names of volcano-vgpu-device-plugin (with their labels and `zone="vGPU"`) are exported only with
+`--legacy-metrics`, for dashboards built on them: they are not Prometheus-style names (promtool flags each).
 """
 
 from __future__ import annotations
@@ -37,15 +38,16 @@ _LEGACY_CTR = ("podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid", 
 _GPU = ("node", "device_uuid", "device_index", "device_type")
 _CTR = ("node", "namespace", "pod", "container", "device_uuid", "device_index")
 
-HOST_MEMORY = MetricSpec("HostGPUMemoryUsage", "gauge", _LEGACY_GPU, "device memory in use on the GPU, bytes",
-                         legacy=True)
-HOST_UTIL = MetricSpec("HostCoreUtilization", "gauge", _LEGACY_GPU, "GPU utilisation, percent", legacy=True)
+HOST_MEMORY = MetricSpec("HostGPUMemoryUsage", "gauge", _LEGACY_GPU,
+                         "device memory in use on the GPU, bytes (with --legacy-metrics)", legacy=True)
+HOST_UTIL = MetricSpec("HostCoreUtilization", "gauge", _LEGACY_GPU, "GPU utilisation, percent (with --legacy-metrics)",
+                       legacy=True)
 LEGACY_USED = MetricSpec("vGPU_device_memory_usage_in_bytes", "gauge", _LEGACY_CTR,
-                         "memory used by the container on the GPU, bytes", legacy=True)
+                         "memory used by the container on the GPU, bytes (with --legacy-metrics)", legacy=True)
 LEGACY_LIMIT = MetricSpec("vGPU_device_memory_limit_in_bytes", "gauge", _LEGACY_CTR,
-                          "the container's memory limit on the GPU, bytes", legacy=True)
+                          "the container's memory limit on the GPU, bytes (with --legacy-metrics)", legacy=True)
 LEGACY_UTIL = MetricSpec("Device_utilization_desc_of_container", "gauge", _LEGACY_CTR,
-                         "SM utilisation of the container on the GPU, percent", legacy=True)
+                         "SM utilisation of the container on the GPU, percent (with --legacy-metrics)", legacy=True)
 BACKEND_UP = MetricSpec("vgpu_device_plugin_backend_up", "gauge", ("node", "backend"),
                         "1 when the GPU backend started, 0 when it failed and --fail-on-init-error=false kept the "
                         "plugin up")
@@ -73,6 +75,7 @@ ALLOCATE_SECONDS = MetricSpec("vgpu_device_plugin_allocate_duration_seconds", "h
 NODE_METRICS = (HOST_MEMORY, HOST_UTIL, LEGACY_USED, LEGACY_LIMIT, LEGACY_UTIL, BACKEND_UP, DEVICE_MEMORY_TOTAL,
                 DEVICE_MEMORY_USED, DEVICE_UTIL, DEVICE_HEALTHY, CTR_MEMORY_USED, CTR_MEMORY_LIMIT, CTR_CORE_UTIL,
                 CTR_CORE_LIMIT, CTR_KERNEL_AGE, ALLOCATE, ALLOCATE_SECONDS)
+_LEGACY_NAMES = frozenset(spec.name for spec in NODE_METRICS if spec.legacy)
 _ALLOCATE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -97,8 +100,10 @@ class NodeCollector(Collector):
         now: Callable[[], float] = time.time,
         backend_up: bool = True,
         scrape_budget: float = 2.0,
+        legacy: bool = False,
     ) -> None:
         self.node = node
+        self.legacy = legacy
         self.backend_name = backend_name
         self.backend_up = backend_up
         self.backend = backend
@@ -136,7 +141,11 @@ class NodeCollector(Collector):
                 families[HOST_UTIL.name].add_metric(legacy, u.utilization_percent)
                 families[DEVICE_MEMORY_USED.name].add_metric(labels, u.memory_used_bytes)
                 families[DEVICE_UTIL.name].add_metric(labels, u.utilization_percent)
-        yield from families.values()
+        yield from self._exported(families)
+
+    def _exported(self, families: dict[str, GaugeMetricFamily]) -> Iterator[GaugeMetricFamily]:
+        """The families to export: the legacy ones only with `legacy`."""
+        return (family for name, family in families.items() if self.legacy or name not in _LEGACY_NAMES)
 
     def _records(self) -> Iterator[tuple[AllocationRecord, RegionSnapshot | None]]:
         """Each answered container's record and accounting snapshot (None: none readable), within the scrape's
@@ -178,7 +187,7 @@ class NodeCollector(Collector):
                 add(CTR_CORE_UTIL, labels, dev.sm_util)
                 if snap.last_kernel_time > 0 and now - snap.last_kernel_time >= 0:
                     add(CTR_KERNEL_AGE, labels, now - snap.last_kernel_time)
-        yield from families.values()
+        yield from self._exported(families)
 
 
 class NodeMetrics:

@@ -71,7 +71,8 @@ class DevicePluginRuntime:
             if config.metrics_listen:
                 host = HostFiles(config.hook_path, config.lock_dir)
                 self._serve_metrics(NodeCollector(config.node_name, config.backend, backend, DeviceState([]),
-                                                  host.containers_root, host.records, backend_up=False))
+                                                  host.containers_root, host.records, backend_up=False,
+                                                  legacy=config.legacy_metrics))
             return self
         gpus = backend.devices()
         for gpu in gpus:
@@ -148,7 +149,7 @@ class DevicePluginRuntime:
         )
         if config.metrics_listen:
             self._serve_metrics(NodeCollector(config.node_name, config.backend, backend, state, host.containers_root,
-                                              host.records))
+                                              host.records, legacy=config.legacy_metrics))
         manager.start()
         registrar.start()
         self.started += [manager, registrar]

@@ -227,13 +227,6 @@ def scrape(port: int, timeout: float = 1.0) -> list[tuple[str, dict[str, str], f
     return samples
 
 
-def _label(labels: dict[str, str], *names: str) -> str:
-    for name in names:
-        if labels.get(name):
-            return labels[name]
-    return ""
-
-
 @dataclass(slots=True)
 class Snapshot:
     """What the live table shows, gathered from the API server, the metrics endpoints and the pod logs."""
@@ -252,13 +245,12 @@ class Snapshot:
                    factor=getattr(cluster, "memory_factor", 1))
         if with_metrics:
             for node in cluster.nodes:
-                # the legacy per-container series, summed over the container's devices
+                # the per-container series, summed over the container's devices
                 for name, labels, value in scrape(node.metrics_port):
-                    key = (_label(labels, "podnamespace", "namespace"), _label(labels, "podname", "pod"),
-                           _label(labels, "ctrname", "container"))
-                    if name == "vGPU_device_memory_usage_in_bytes":
+                    key = (labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", ""))
+                    if name == "vgpu_container_memory_used_bytes":
                         snap.usage[key] = snap.usage.get(key, 0.0) + value
-                    elif name == "vGPU_device_memory_limit_in_bytes":
+                    elif name == "vgpu_container_memory_limit_bytes":
                         snap.limits[key] = snap.limits.get(key, 0.0) + value
         return snap
 

@@ -163,11 +163,12 @@ def test_dashboard_query_uses_only_listed_names(title, expr, legend):
     assert legend_labels <= allowed_labels, f"{title}: legend uses {sorted(legend_labels - allowed_labels)}"
 
 
-def test_dashboard_shows_legacy_and_vgpu_names():
+def test_dashboard_uses_only_names_the_plugin_exports_by_default():
+    """The legacy names come only with --legacy-metrics: the shipped dashboard shows the vgpu_ names."""
     used = set()
     for _, expr, _ in queries():
         used |= scan(expr)[0]
-    assert set(CONTRACT_LEGACY) <= used
+    assert not used & set(CONTRACT_LEGACY)
     assert {"vgpu_device_memory_used_bytes", "vgpu_container_memory_limit_bytes"} <= used
 
 

@@ -114,7 +114,7 @@ def test_memory_in_use_shows_in_the_metrics(cluster, tmp_path):
         deadline = time.monotonic() + 10
         while True:
             text = urllib.request.urlopen(url, timeout=5).read().decode()
-            lines = [ln for ln in text.splitlines() if ln.startswith("HostGPUMemoryUsage") and T4 in ln]
+            lines = [ln for ln in text.splitlines() if ln.startswith("vgpu_device_memory_used_bytes{") and T4 in ln]
             if lines and float(lines[0].split()[-1]) >= 3 << 30:
                 break
             assert time.monotonic() < deadline, lines

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+from capabilities import tool
 from dp_helpers import NODE, RESOURCES, gpu_container, write_accounting_file
 from prometheus_client.parser import text_string_to_metric_families
 
+from vgpu.deviceplugin.monitor import NODE_METRICS
 from vgpu.kube.client import read_json
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu.testbed.kubelet import AdmissionError
@@ -244,7 +247,7 @@ def test_missing_match_fails_clearly(cluster):
 
 
 def test_metrics_show_container_usage(cluster):
-    cluster.start_plugin("1xT4")
+    cluster.start_plugin("1xT4", "--legacy-metrics")
     (a,) = cluster.wait_inventory()
     pod = cluster.create_pod("metered", [gpu_container("app", 1, 3000, 25)], f"{a},NVIDIA,3000,25:")
     (app,) = cluster.kubelet.admit(pod)
@@ -285,6 +288,34 @@ def test_metrics_show_container_usage(cluster):
     assert samples[("vgpu_device_core_utilization_percent", device)] == 42
     assert samples[("vgpu_device_plugin_allocate_total", (("node", NODE), ("resource", "volcano.sh/vgpu-number"),
                                                           ("result", "answered")))] >= 1
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["default", "legacy-metrics"])
+def test_volcano_names_only_with_legacy_metrics_and_promtool_flags_only_them(cluster, legacy):
+    """By default :9394 serves no legacy name and passes `promtool check metrics` (before: it exited 3); with
+    --legacy-metrics the five names are back, and they are all promtool reports."""
+    promtool = tool("promtool", "Debian's prometheus package; .ci/run installs it")
+    cluster.start_plugin("1xT4", *(["--legacy-metrics"] if legacy else []))
+    (a,) = cluster.wait_inventory()
+    pod = cluster.create_pod("metered", [gpu_container("app", 1, 3000, 25)], f"{a},NVIDIA,3000,25:")
+    cluster.kubelet.admit(pod)
+    with cluster.control.open("a") as control:
+        control.write("usage 0 2048 42\n")
+    deadline = time.monotonic() + 5
+    while "vgpu_device_core_utilization_percent{" not in (
+            text := httpx.get(f"http://127.0.0.1:{cluster.metrics_port}/metrics", timeout=5).text):
+        assert time.monotonic() < deadline, text
+        time.sleep(0.1)
+    served = {family.name for family in text_string_to_metric_families(text)}
+    legacy_names = {spec.name for spec in NODE_METRICS if spec.legacy}
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    flagged = {line.split()[0].rstrip(":") for line in (res.stdout + res.stderr).splitlines() if line.strip()}
+    if legacy:
+        assert {"HostGPUMemoryUsage", "HostCoreUtilization", "vGPU_device_memory_limit_in_bytes"} <= served
+        assert flagged and flagged <= legacy_names, flagged
+    else:
+        assert not served & legacy_names
+        assert res.returncode == 0 and not flagged, flagged
 
 
 def test_bad_explicit_memory_factor_is_refused(cluster):
