@@ -23,8 +23,9 @@ __all__ = ["BACKENDS", "DRAConfig", "parse_bool"]
 
 Backend = Literal["nvml", "sim"]
 BACKENDS: tuple[Backend, ...] = ("nvml", "sim")
-# sun_path of a unix socket holds 108 bytes including the terminating NUL
-_SOCKET_PATH_MAX = 107
+# sun_path of a unix socket holds 108 bytes including the terminating NUL, but gRPC's server (grpcio 1.85) already
+# refuses a 106-byte path ("Path name should not have more than 107 characters"; tried: 105 binds, 106 does not)
+_SOCKET_PATH_MAX = 105
 
 
 def parse_bool(text: str, flag: str) -> bool:
@@ -123,8 +124,8 @@ class DRAConfig:
         )
         for flag, socket in (("--plugins-dir", config.dra_socket), ("--registry-dir", config.registration_socket)):
             if len(str(socket).encode()) > _SOCKET_PATH_MAX:
-                raise ConfigError(f"{flag}: socket path {socket} is longer than the {_SOCKET_PATH_MAX} bytes a unix "
-                                  "socket allows")
+                raise ConfigError(f"{flag}: socket path {socket} is longer than the {_SOCKET_PATH_MAX} bytes gRPC "
+                                  "binds a unix socket at")
         return config
 
     @property

@@ -14,7 +14,10 @@ The samples, sized to the cluster's G GPUs and its smallest card (C MiB):
     pending with kube-scheduler's reason while the shares hold their GPUs, and runs once they end;
   * `plain-limits`, a pod asking `volcano.sh/vgpu-number: 1` in `resources.limits` only: served through the
     DeviceClass with `extendedResourceName` (a whole GPU), and runs when one is free.
-`--headless` prints the summary and exits 0 only when all of that was observed.
+`--headless` prints the summary and exits 0 only when all of that was observed. On a terminal (without
+`--headless`) the demo is live, as `vgpu demo` is: a table of the pods and what their claims were allocated (GPU,
+memory, cores) is redrawn every second until Ctrl-C or `--duration`, after the samples end too; `--duration` keeps
+the cluster up that long in every mode.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import yaml
 from vgpu.errors import ConfigError
 from vgpu.testbed.demo import NAMESPACE, WORKLOAD, workload_reports
 
-__all__ = ["DemoState", "run_dra_demo", "sample_claim_pods"]
+__all__ = ["DemoState", "render_claims", "run_dra_demo", "sample_claim_pods"]
 
 TEMPLATE = "gpu-share"
 SHARE_CORES = 30
@@ -133,6 +136,28 @@ def _phase(pod: dict[str, Any] | None) -> str:
     return str(((pod or {}).get("status") or {}).get("phase") or "missing")
 
 
+def render_claims(pods: dict[str, dict[str, Any]], claims: list[dict[str, Any]], header: str, footer: str = "") -> str:
+    """The live table: each pod, its phase and node, and per allocated device of its claims the GPU, memory and
+    cores it consumes (a whole device when the claim consumes no capacity)."""
+    allocated: dict[str, list[str]] = {}
+    for claim in claims:
+        owners = [o.get("name") for o in claim["metadata"].get("ownerReferences") or () if o.get("kind") == "Pod"]
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or ()
+        for result in results:
+            used = result.get("consumedCapacity") or {}
+            share = " ".join(f"{k.rsplit('/', 1)[-1]}={v}" for k, v in sorted(used.items())) or "whole device"
+            for owner in owners:
+                allocated.setdefault(owner, []).append(f"{result.get('pool')}/{result.get('device')} {share}")
+    lines = [header, "", f"{'POD':<14} {'PHASE':<10} {'NODE':<8} CLAIMED"]
+    for name in sorted(pods):
+        pod = pods[name]
+        node = (pod.get("spec") or {}).get("nodeName") or "-"
+        devices = allocated.get(name) or ["-"]
+        lines.append(f"{name:<14} {_phase(pod):<10} {node:<8} {devices[0]}")
+        lines += [f"{'':<34} {more}" for more in devices[1:]]
+    return "\n".join(lines + ([ "", footer] if footer else []))
+
+
 def evaluate(state: DemoState, pods: dict[str, dict[str, Any]], submitted: list[dict[str, Any]],
              reports: dict[tuple[str, str, str], dict[str, Any]], share_mib: int) -> tuple[bool, list[str]]:
     """Did every sample behave as the module docstring says? (ok, one line per check)."""
@@ -190,6 +215,7 @@ def run_dra_demo(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="vgpu-demo-dra-"))
     workdir.mkdir(parents=True, exist_ok=True)
     out = sys.stdout
+    interactive = not args.headless and out.isatty()
     cluster = LocalCluster(workdir, nodes=nodes, gpus=gpus, log_level="INFO", dra=True)
     status = 1
     old_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -210,25 +236,33 @@ def run_dra_demo(args: argparse.Namespace) -> int:
             cluster.create_pod(pod)
         state = DemoState()
         submitted = shares + later
-        deadline = time.monotonic() + (args.duration or 240.0)
+        t0 = time.monotonic()
+        deadline = t0 + (args.duration or (1e9 if interactive else 240.0))
+        footer = (f"kubeconfig {cluster.kubeconfig}\nCtrl-C stops; the work directory {workdir} is "
+                  + ("kept" if args.workdir or args.keep_workdir else "removed (--keep-workdir keeps it)"))
         queued = list(later)
         while time.monotonic() < deadline:
             pods = {p["metadata"]["name"]: p for p in cluster.pods()
                     if p["metadata"].get("namespace") == NAMESPACE}
-            state.observe(pods, cluster.resource_get("resourceclaims"))
+            claims = cluster.resource_get("resourceclaims")
+            state.observe(pods, claims)
+            if interactive:
+                header = f"vgpu demo --dra  nodes={nodes} gpus={gpus}  t={time.monotonic() - t0:.0f}s"
+                out.write("\x1b[H\x1b[2J" + render_claims(pods, claims, header, footer) + "\n")
+                out.flush()
             if queued and all((pods.get(p["metadata"]["name"], {}).get("spec") or {}).get("nodeName")
                               for p in shares):
                 for pod in queued:
                     cluster.create_pod(pod)
                     print(f"vgpu demo: submitted {pod['metadata']['name']}", file=out, flush=True)
                 queued = []
-            if not queued and all(_phase(pods.get(p["metadata"]["name"])) in ("Succeeded", "Failed")
-                                  for p in submitted):
+            if not queued and not interactive and not args.duration and all(
+                    _phase(pods.get(p["metadata"]["name"])) in ("Succeeded", "Failed") for p in submitted):
                 break
             for proc in cluster.processes():
                 if not proc.alive:
                     raise RuntimeError(f"{proc.name} exited unexpectedly:\n{proc.tail()}")
-            time.sleep(0.3)
+            time.sleep(1.0 if interactive else 0.3)
         pods = {p["metadata"]["name"]: p for p in cluster.pods() if p["metadata"].get("namespace") == NAMESPACE}
         ok, lines = evaluate(state, pods, submitted, workload_reports(workdir), share_mib)
         print("\nsummary:", file=out)

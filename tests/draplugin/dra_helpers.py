@@ -2,7 +2,7 @@
 called as kubelet calls it: gRPC over its unix sockets with the generated protos.
 
 A module of its own (not conftest) so that its names never clash with other test folders. The plugin's directories
-live under a short /tmp directory: a unix socket path holds at most 107 bytes.
+live under a short /tmp directory: gRPC binds a unix socket path of at most 105 bytes.
 """
 
 from __future__ import annotations

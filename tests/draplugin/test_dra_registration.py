@@ -72,6 +72,8 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     (("--node-name", "n", "--sim-gpus", "1xT4"), "--sim-gpus: only meaningful with --backend sim"),
     (("--node-name", "n", "--plugins-dir", "relative/dir"), "--plugins-dir: must be an absolute path"),
     (("--node-name", "n", "--registry-dir", "/" + "r" * 120), "--registry-dir: socket path"),
+    # 106 bytes with the socket's name: sun_path would hold it, gRPC's server does not bind it
+    (("--node-name", "n", "--registry-dir", "/" + "r" * 76), "--registry-dir: socket path"),
     (("--node-name", "n", "--isolation-fail-open", "maybe"), "--isolation-fail-open: expected true or false"),
     (("--node-name", "n", "--xid-recovery-seconds", "0"), "--xid-recovery-seconds: must be above 0"),
 ])
