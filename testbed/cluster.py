@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import fcntl
 import logging
 import os
 import random
@@ -30,13 +31,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import orjson
@@ -46,7 +48,8 @@ from vgpu.testbed.machine import MachineGPU, machine
 
 ADMIN_TOKEN = "standin"  # the token of the kubeconfig the API server writes (testbed.apiserver.write_kubeconfig)
 
-__all__ = ["LocalCluster", "NodeProcs", "Proc", "free_port", "isolation_paths", "memory_factor_for", "port_or_free"]
+__all__ = ["LocalCluster", "NodeProcs", "Proc", "free_port", "isolation_paths", "memory_factor_for", "port_or_free",
+           "release_port"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ _LIVE_LOCK = threading.Lock()
 
 
 _HANDED_OUT: set[int] = set()
+_RESERVED: dict[int, IO[str]] = {}  # preferred ports this process holds, each by a lock on a file (port_or_free)
 _PORTS_LOCK = threading.Lock()
 
 
@@ -90,14 +94,36 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_or_free(preferred: int, host: str = "127.0.0.1") -> int:
-    """`preferred` if it can be bound on all interfaces, else a free port."""
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", preferred))
-            return preferred
-        except OSError:
-            return free_port(host)
+    """`preferred` if it can be bound on all interfaces and no other cluster (of this process or another, such as a
+    second `vgpu demo` started at the same moment) has reserved it, else a free port.  The reservation is an
+    exclusive lock on a file named after the port, held until `release_port` or the process's exit, so that two
+    harnesses cannot both pick a port that neither has bound yet."""
+    with _PORTS_LOCK:
+        if preferred not in _RESERVED:
+            lock = open(Path(tempfile.gettempdir()) / f"vgpu-testbed-port-{preferred}.lock", "a")  # noqa: SIM115
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                lock.close()
+            else:
+                with socket.socket() as sock:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    try:
+                        sock.bind(("", preferred))
+                    except OSError:
+                        lock.close()
+                    else:
+                        _RESERVED[preferred] = lock
+                        return preferred
+    return free_port(host)
+
+
+def release_port(port: int) -> None:
+    """Give back a port `port_or_free` reserved (its listener has stopped)."""
+    with _PORTS_LOCK:
+        lock = _RESERVED.pop(port, None)
+    if lock is not None:
+        lock.close()
 
 
 def isolation_paths() -> tuple[Path, Path]:
@@ -629,6 +655,8 @@ class LocalCluster:
                 log.exception("stopping %s", proc.name)
         for node in self.nodes:
             self.kill_orphan_pods(node)
+        for port in (self.scheduler_metrics_port, *(node.metrics_port for node in self.nodes)):
+            release_port(port)
         self._http.close()
 
     def kill_orphan_pods(self, node: NodeProcs) -> None:
