@@ -152,7 +152,7 @@ class Extender:
         self.scheduler_names = scheduler_names
         self.grant_key = grant_key
         self.claims = claims  # nodes whose GPUs come through DRA (scheduler.claimpath)
-        # pods learned from, by UID, with the parsed form of those not bound yet
+        # pods learned from, by UID, with the parsed form of those not bound yet; a pod's entry goes with the pod
         self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()
         self._seen_max = 200_000
         self._seen_lock = threading.Lock()
@@ -166,6 +166,7 @@ class Extender:
         self._capacity_version = -1
         self._current_epoch = 0  # the policy epoch whose stale results the learner has rescored
         ledger.pod_listeners.append(self.observe_pod)
+        ledger.pod_gone_listeners.append(self.forget_pod)
 
     # ------------------------------------------------------------------ helpers
 
@@ -286,6 +287,13 @@ class Extender:
             if self.ready():  # not serving yet (the initial list): no request waits for the rebuild
                 with self.ledger.lock, self._observe_lock:
                     self.policy.relearn(self._capacity())
+
+    def forget_pod(self, pod: Mapping[str, Any]) -> None:
+        """A pod of the watch was deleted: what was kept of it goes (its UID never comes back)."""
+        meta = pod.get("metadata") or {}
+        key = meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+        with self._seen_lock:
+            self._seen.pop(key, None)
 
     def _resolve(self, names: list[Any], objects: dict[str, Mapping[str, Any]] | None,
                  unresolvable: dict[str, str]) -> tuple[list[NodeState], list[int], np.ndarray]:

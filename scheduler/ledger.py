@@ -60,6 +60,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 NODE_UNKNOWN = "node is not known to vgpu-scheduler (not in its node cache)"
+EXPIRY_SLACK = 4096  # stale entries the expiry queue may hold beyond twice the live charges
 
 
 class ChargeState:
@@ -152,6 +153,7 @@ class Ledger:
         self._number_names = tuple(n.number for n in self.config.name_sets())
         self.scheduler_names = scheduler_names
         self.pod_listeners: list[Callable[[Mapping[str, Any]], None]] = []  # called with every watched pod
+        self.pod_gone_listeners: list[Callable[[Mapping[str, Any]], None]] = []  # called with every deleted pod
         # called with a pod and how its assignment differs from its spec, when its charge is made
         self.grant_listeners: list[Callable[[Mapping[str, Any], list[str]], None]] = []
         self._reported: dict[str, str] = {}  # pod uid -> the claim last reported as inconsistent
@@ -262,7 +264,16 @@ class Ledger:
         if state is not None:
             state.charge(charge.grants)
         if charge.expires:
-            heapq.heappush(self._expiry, (charge.expires, charge.uid))
+            self._expire_at(charge.expires, charge.uid)
+
+    def _expire_at(self, when: float, uid: str) -> None:
+        """Queue a look at `uid`'s charge at `when`.  Entries of charges since removed or re-timed are dropped when
+        their time comes; when they outnumber the live ones, the queue is rebuilt from the charges, so that its size
+        follows the charges that exist rather than the pods that came and went (caller holds the lock)."""
+        heapq.heappush(self._expiry, (when, uid))
+        if len(self._expiry) > 2 * len(self.charges) + EXPIRY_SLACK:
+            self._expiry = [(c.expires, u) for u, c in self.charges.items() if c.expires]
+            heapq.heapify(self._expiry)
 
     def _remove(self, uid: str) -> Charge | None:
         charge = self.charges.pop(uid, None)
@@ -356,6 +367,8 @@ class Ledger:
 
     def on_pod_delete(self, pod: Mapping[str, Any]) -> None:
         """Release whatever a deleted pod held (by UID, whatever its annotations say)."""
+        for listener in self.pod_gone_listeners:
+            listener(pod)
         with self.lock:
             uid = pod_key(pod)
             self._set_compute(uid, None)
@@ -407,7 +420,7 @@ class Ledger:
             charge = self.charges.get(uid)
             if charge is not None and charge.state != ChargeState.OBSERVED:
                 charge.expires = self.clock() + ttl
-                heapq.heappush(self._expiry, (charge.expires, uid))
+                self._expire_at(charge.expires, uid)
 
     def mark_bound(self, uid: str, assignment: Assignment | None = None) -> None:
         """Our binding succeeded: keep the charge until the watch shows the pod (with the bound TTL)."""
@@ -426,7 +439,7 @@ class Ledger:
                 return
             charge.state = ChargeState.BOUND
             charge.expires = self.clock() + self.bound_ttl
-            heapq.heappush(self._expiry, (charge.expires, uid))
+            self._expire_at(charge.expires, uid)
 
     def release(self, uid: str, only_unobserved: bool = True) -> bool:
         """Drop a pod's charge (by default only one of our own reservations); True if something was dropped."""

@@ -51,6 +51,7 @@ MEMO_LIMIT = 200_000  # evaluations kept before the memo starts over
 KEY_LIMIT = 200_000  # distinct GPU states (and pod signatures) numbered before the numbering starts over
 BOARD_LIMIT = 256  # pod shapes whose per-node results are kept (least recently used dropped first)
 LOG_LIMIT = 1 << 20  # change-log entries kept; a board further behind re-evaluates every node
+LOG_TRIM = 1 << 14  # change-log entries added between looks at what every board has read (which is then dropped)
 NO_CONTEXT = -(2**62)  # the context class of a node that reports no allocatable CPU and memory
 ANY_EPOCH = -2  # the epoch of a failed fit that no GPU order can change (a pod with one request)
 FAIL = -np.inf  # the board score of a node the pod does not fit
@@ -139,6 +140,7 @@ class Placement:
         self._rank = np.zeros(0, dtype=np.int64)  # by slot
         self._changes: list[int] = []  # the change log: slots, in order of change
         self._base = 0  # change-log entries dropped so far
+        self._next_trim = LOG_TRIM  # log length at which the entries every board has read are dropped
         self._boards: OrderedDict[int, _Board] = OrderedDict()  # by pod signature, least recently used first
         self.evaluations = 0  # fits computed (for benchmarks)
 
@@ -268,10 +270,8 @@ class Placement:
         sig = self._sig(pod)
         n = len(self._nodes)
         board = self._boards.get(sig)
-        if len(self._changes) > LOG_LIMIT:
-            drop = len(self._changes) // 2
-            del self._changes[:drop]
-            self._base += drop
+        if len(self._changes) >= self._next_trim:
+            self._trim_log()
         if board is None or board.pos < self._base:
             board = _Board(pod, np.full(n, np.nan), np.full(n, -1, dtype=np.int64), [None] * n,
                            self._base + len(self._changes))
@@ -282,6 +282,18 @@ class Placement:
             self._boards.move_to_end(sig)
             self._sync(board)
         return board
+
+    def _trim_log(self) -> None:
+        """Drop the change-log entries every board has read; past LOG_LIMIT, the older half whatever was read (a
+        board that had not read it re-evaluates every node)."""
+        end = self._base + len(self._changes)
+        drop = min((board.pos for board in self._boards.values()), default=end) - self._base
+        if len(self._changes) > LOG_LIMIT:
+            drop = max(drop, len(self._changes) // 2)
+        if drop > 0:
+            del self._changes[:drop]
+            self._base += drop
+        self._next_trim = len(self._changes) + LOG_TRIM
 
     def _sync(self, board: _Board) -> None:
         """Size a board to the registered nodes and mark the nodes changed since its last use."""

@@ -4,10 +4,10 @@ A test that needs a tool or a kernel feature this machine may lack asks here. Wh
 unless the environment variable VGPU_REQUIRE names it (a comma list of the names below), where it fails: `.ci/run`
 names everything a CI machine provides, so CI cannot go green by skipping.
 
-Names: a tool on PATH by its command name (kubectl, promtool, prometheus, strace, unshare, aarch64-linux-gnu-gcc, qemu-aarch64),
-`podman` (podman and runc usable as root: testbed/container_runtime.py), and the features `pid-namespace`,
-`mount-namespace` (a private tmpfs mount), `cgroup-v2` (cgroups this process may create), `port-8888` (the
-extender's default port is free) and `libvgpu-build` (gcc and cuda.h).
+Names: a tool on PATH by its command name (kubectl, promtool, prometheus, strace, unshare, aarch64-linux-gnu-gcc,
+qemu-aarch64), `podman` (podman and runc usable as root: testbed/container_runtime.py), and the features
+`pid-namespace`, `mount-namespace` (a private tmpfs mount), `cgroup-v2` (cgroups this process may create),
+`port-8888` (the extender's default port is free) and `libvgpu-build` (gcc and cuda.h).
 """
 from __future__ import annotations
 

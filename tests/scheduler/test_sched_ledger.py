@@ -193,3 +193,32 @@ def test_with_a_grant_key_an_unsigned_claim_leaves_the_ledgers_record_in_place()
     ledger.on_pod(pod("p", spec, node_name="n1", ids="GPU-b,NVIDIA,1000,10:", uid="u1", annotations=signature))
     assert usage(ledger, "n1") == [(1, 1000, 10), (0, 0, 0)]
     assert reported and "signature" in reported[-1][-1]
+
+
+def test_nothing_of_a_deleted_pod_stays_in_the_extender(monkeypatch):
+    """Pods created, placed, bound and deleted: the extender keeps no entry for any of them, and the ledger's expiry
+    queue follows its live charges (before: one memo entry per pod ever seen, up to 200,000, and an expiry entry per
+    reservation until its TTL passed; the extender's memory grew by kilobytes per pod under churn)."""
+    import vgpu.scheduler.ledger as ledger_module
+
+    monkeypatch.setattr(ledger_module, "EXPIRY_SLACK", 8)
+    ledger = Ledger()
+    ledger.on_node(node("n1", [gpu("GPU-a", memory=8000)]))
+
+    def binder(namespace, name, uid, node_name, annotations):  # the API server, and the watch event of the binding
+        ledger.on_pod({**made[name], "metadata": {**made[name]["metadata"], "annotations": annotations},
+                       "spec": {**made[name]["spec"], "nodeName": node_name}})
+
+    ext = Extender(ledger, make_policy("binpack"), mode="decide", binder=binder)
+    made = {}
+    for i in range(60):
+        p = made[f"p{i}"] = pod(f"p{i}", container(number=1, memory=1000))
+        ledger.on_pod(p)
+        assert ext.filter({"Pod": p, "NodeNames": ["n1"]})["NodeNames"] == ["n1"]
+        meta = p["metadata"]
+        assert not ext.bind({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
+                             "Node": "n1"})["Error"]
+        ledger.on_pod_delete(p)
+        assert len(ledger._expiry) <= 2 * 2 + 8 + 1  # at most two charges live at once, plus the slack
+    assert not ext._seen and not ledger.charges
+    assert usage(ledger, "n1") == [(0, 0, 0)]
