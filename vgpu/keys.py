@@ -28,6 +28,9 @@ USE_GPU_TYPE = "nvidia.com/use-gputype"
 NOUSE_GPU_TYPE = "nvidia.com/nouse-gputype"
 USE_GPU_UUID = "volcano.sh/vgpu-use-gpuuuid"
 NOUSE_GPU_UUID = "volcano.sh/vgpu-nouse-gpuuuid"
+# HAMi's names of the same two lists (HAMi pkg/device/nvidia: GPUUseUUID, GPUNoUseUUID); either name is read
+HAMI_USE_GPU_UUID = "nvidia.com/use-gpuuuid"
+HAMI_NOUSE_GPU_UUID = "nvidia.com/nouse-gpuuuid"
 VGPU_MODE = "volcano.sh/vgpu-mode"
 
 # Request type keyword written in every assignment entry.

@@ -91,13 +91,16 @@ def _split_list(value: str | None, lower: bool = False) -> list[str]:
 
 
 def pod_selectors(pod: Mapping[str, Any]) -> Selectors:
-    """Read the GPU type, UUID and mode selectors from a pod's annotations."""
+    """Read the GPU type, UUID and mode selectors from a pod's annotations (a UUID list under Volcano's or HAMi's
+    name, or both: the UUIDs of either)."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     return Selectors(
         use_types=tuple(_split_list(annotations.get(keys.USE_GPU_TYPE), lower=True)),
         nouse_types=tuple(_split_list(annotations.get(keys.NOUSE_GPU_TYPE), lower=True)),
-        use_uuids=frozenset(_split_list(annotations.get(keys.USE_GPU_UUID))),
-        nouse_uuids=frozenset(_split_list(annotations.get(keys.NOUSE_GPU_UUID))),
+        use_uuids=frozenset(_split_list(annotations.get(keys.USE_GPU_UUID))
+                            + _split_list(annotations.get(keys.HAMI_USE_GPU_UUID))),
+        nouse_uuids=frozenset(_split_list(annotations.get(keys.NOUSE_GPU_UUID))
+                              + _split_list(annotations.get(keys.HAMI_NOUSE_GPU_UUID))),
         mode=(annotations.get(keys.VGPU_MODE) or "").strip(),
     )
 

@@ -122,6 +122,10 @@ def test_v7_uuid_filter(annotations, expected):
         ({keys.NOUSE_GPU_UUID: "GPU-0000B"}, "GPU-0000A"),
         ({keys.USE_GPU_UUID: "GPU-unknown"}, None),
         ({keys.NOUSE_GPU_UUID: "GPU-0000A,GPU-0000B"}, None),
+        # HAMi's names of the same lists (nvidia.com/use-gpuuuid, nouse-gpuuuid), alone and beside Volcano's
+        ({keys.HAMI_USE_GPU_UUID: "GPU-0000A"}, "GPU-0000A"),
+        ({keys.HAMI_NOUSE_GPU_UUID: "GPU-0000B"}, "GPU-0000A"),
+        ({keys.HAMI_NOUSE_GPU_UUID: "GPU-0000A", keys.NOUSE_GPU_UUID: "GPU-0000B"}, None),
     ],
 )
 def test_v8_uuid_constraint_fit(annotations, expected):
