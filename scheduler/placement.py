@@ -226,7 +226,8 @@ class Placement:
             fit_key = (key[0], order_class, key[2])
             known = self._fits.get(fit_key)
             if known is None or known[1] != epoch:
-                order = self.device_order or self.policy.gpu_order(node, pod.context) or self.default_order
+                order = (self.device_order or GPU_ORDERS.get(pod.selectors.gpu_order)
+                         or self.policy.gpu_order(node, pod.context) or self.default_order)
                 known = (fit(state.devices, state.usage, pod.requests, pod.selectors, order), epoch)
                 self.evaluations += 1
                 if len(self._fits) >= MEMO_LIMIT:

@@ -31,6 +31,9 @@ NOUSE_GPU_UUID = "volcano.sh/vgpu-nouse-gpuuuid"
 # HAMi's names of the same two lists (HAMi pkg/device/nvidia: GPUUseUUID, GPUNoUseUUID); either name is read
 HAMI_USE_GPU_UUID = "nvidia.com/use-gpuuuid"
 HAMI_NOUSE_GPU_UUID = "nvidia.com/nouse-gpuuuid"
+# HAMi's per-pod GPU order inside a node (binpack or spread), over the scheduler's --gpu-policy
+HAMI_GPU_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
+GPU_ORDER_NAMES = ("binpack", "spread")
 VGPU_MODE = "volcano.sh/vgpu-mode"
 
 # Request type keyword written in every assignment entry.

@@ -68,6 +68,7 @@ class Selectors:
     use_uuids: frozenset[str] = frozenset()
     nouse_uuids: frozenset[str] = frozenset()
     mode: str = ""
+    gpu_order: str = ""  # binpack or spread: the pod's own GPU order inside a node; "" = the scheduler's
 
     def type_allowed(self, card_type: str) -> bool:
         """Case-insensitive substring match of the card type against the use/nouse lists (use wins)."""
@@ -102,7 +103,15 @@ def pod_selectors(pod: Mapping[str, Any]) -> Selectors:
         nouse_uuids=frozenset(_split_list(annotations.get(keys.NOUSE_GPU_UUID))
                               + _split_list(annotations.get(keys.HAMI_NOUSE_GPU_UUID))),
         mode=(annotations.get(keys.VGPU_MODE) or "").strip(),
+        gpu_order=_gpu_order(annotations.get(keys.HAMI_GPU_SCHEDULER_POLICY)),
     )
+
+
+def _gpu_order(value: str | None) -> str:
+    """HAMi's hami.io/gpu-scheduler-policy: binpack or spread (any case); anything else is not a GPU order and leaves
+    the scheduler's."""
+    word = (value or "").strip().lower()
+    return word if word in keys.GPU_ORDER_NAMES else ""
 
 
 def gpu_containers(pod: Mapping[str, Any]) -> list[tuple[dict[str, Any], bool]]:

@@ -259,3 +259,26 @@ def test_hami_v7_init_container_case():
     assert out["NodeNames"] == ["node1"]
     _node_name, grants = placed(ledger, "p")
     assert sorted(g[1] for g in grants) == [4000, 5000]
+
+
+@pytest.mark.parametrize("scheduler_order, annotation, expected", [
+    ("binpack", None, "GPU-used"),
+    ("binpack", "spread", "GPU-free"),
+    ("spread", None, "GPU-free"),
+    ("spread", "Binpack", "GPU-used"),
+    ("spread", "roundrobin", "GPU-free"),  # not a GPU order: the scheduler's
+])
+def test_hami_gpu_scheduler_policy_orders_the_pods_own_gpus(scheduler_order, annotation, expected):
+    """HAMi's hami.io/gpu-scheduler-policy: a pod's own GPU order inside the node, over --gpu-policy."""
+    busy = pod("busy", ids="GPU-used,NVIDIA,4000,0:", node_name="n1")
+    ledger, ext = make([volcano_node(gpu("GPU-used", 16384), gpu("GPU-free", 16384))], pods=[busy],
+                       gpu_policy=scheduler_order)
+    annotations = {keys.HAMI_GPU_SCHEDULER_POLICY: annotation} if annotation else None
+    for name in ("first", "second"):  # the second pod, of the other order, is not served the first one's fit
+        order = annotations if name == "first" else (
+            {keys.HAMI_GPU_SCHEDULER_POLICY: "spread" if expected == "GPU-used" else "binpack"})
+        out = ext.filter({"Pod": pod(name, container(number=1, memory=1000), annotations=order),
+                          "NodeNames": ["n1"]})
+        assert out["NodeNames"] == ["n1"]
+    assert placed(ledger, "first")[1][0][0] == expected
+    assert placed(ledger, "second")[1][0][0] != expected
