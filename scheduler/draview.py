@@ -274,6 +274,13 @@ class DRAView:
                 self._seen.popitem(last=False)
             return True
 
+    def forget_pod(self, pod: Mapping[str, Any]) -> None:
+        """A pod of the watch was deleted: its first-sight mark goes with it (its UID never comes back)."""
+        meta = pod.get("metadata") or {}
+        key = str(meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}")
+        with self._lock:
+            self._seen.pop(key, None)
+
     def pod_requests(self, pod: Mapping[str, Any]) -> ClaimRequests:
         """What `pod` asks of our driver through the claims it names; claims already allocated ask nothing more.
         A pod or claim of an unexpected shape asks nothing, with the reason in `problem`."""

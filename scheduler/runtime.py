@@ -68,6 +68,7 @@ class SchedulerRuntime:
         self.dra: DRAView | None = None
         if config.dra:
             view = self.dra = DRAView(policy, decide=config.mode == "decide")
+            self.ledger.pod_gone_listeners.append(view.forget_pod)
             slices = WatchCache(self.api, "resourceslices", name="vgpu-scheduler-resourceslices")
             slices.add_handlers(view.on_slice, lambda old, new: view.on_slice(new), view.on_slice_delete)
             claims = WatchCache(self.api, "resourceclaims", name="vgpu-scheduler-resourceclaims")

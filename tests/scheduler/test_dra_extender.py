@@ -258,3 +258,17 @@ def test_a_claim_the_allocator_places_only_by_moving_an_earlier_request_passes(c
     wait_until(lambda: cluster.runtime.dra.pod_requests(pod).requests, what="claim seen")
     result = cluster.post("/filter", args(pod, ["n2"])).json()
     assert result["NodeNames"] == ["n2"], result
+
+
+def test_what_the_view_kept_of_a_pod_goes_with_the_pod(cluster, resource, kube):
+    """The DRA view marks a pod it has learned from; the pod's deletion event takes the mark away, so nothing is kept
+    per pod once it is gone (before: marks stayed for up to 100,000 pods)."""
+    read_json(resource.create_namespaced_resource_claim("default", a_claim("want"), _preload_content=False))
+    created = kube.create_pod(a_pod("p", ["want"]))
+    pod = {**a_pod("p", ["want"]), "metadata": created["metadata"]}
+    wait_until(lambda: cluster.runtime.dra.pod_requests(pod).requests, what="claim seen")
+    cluster.post("/filter", args(pod, ["n1", "n2"]))
+    seen = cluster.runtime.dra._seen
+    assert created["metadata"]["uid"] in seen
+    kube.core.delete_namespaced_pod("p", "default")
+    wait_until(lambda: created["metadata"]["uid"] not in seen, what="the pod's mark gone")
