@@ -37,6 +37,7 @@ from vgpu.inventory import GPUDevice
 from vgpu.keys import DEVICE_TYPE
 from vgpu.requests import ContainerRequest, Selectors, pod_cpu_memory
 from vgpu.scheduler.fit import GPUOrder
+from vgpu.scheduler.ledger import pod_key
 from vgpu.scheduler.nodestate import NodeState
 from vgpu.scheduler.placement import Choice, Placement
 from vgpu.scheduler.policies.base import NodePolicy, PodContext
@@ -264,8 +265,7 @@ class DRAView:
     def first_sight(self, pod: Mapping[str, Any]) -> bool:
         """True the first time a pod (by UID, else namespace/name) is asked about: the node policy learns from it
         once."""
-        meta = pod.get("metadata") or {}
-        key = str(meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}")
+        key = pod_key(pod)
         with self._lock:
             if key in self._seen:
                 return False
@@ -276,8 +276,7 @@ class DRAView:
 
     def forget_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod of the watch was deleted: its first-sight mark goes with it (its UID never comes back)."""
-        meta = pod.get("metadata") or {}
-        key = str(meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}")
+        key = pod_key(pod)
         with self._lock:
             self._seen.pop(key, None)
 

@@ -46,7 +46,7 @@ from vgpu.resources import SCHEDULER_NAME
 from vgpu.scheduler.claimpath import NO_CLAIMS, ClaimPlacement
 from vgpu.scheduler.constraints import constraint_failure
 from vgpu.scheduler.fit import GPU_ORDERS, FitResult, fit
-from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger
+from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger, pod_key
 from vgpu.scheduler.nodestate import NodeState, gpu_types
 from vgpu.scheduler.placement import Placement, PodShape
 from vgpu.scheduler.policies import NodePolicy
@@ -273,7 +273,7 @@ class Extender:
     def observe_pod(self, pod: Mapping[str, Any]) -> None:
         """Let the node policy learn from a pod of the watch (once per pod; invalid or non-vGPU pods are skipped)."""
         meta = pod.get("metadata") or {}
-        key = meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+        key = pod_key(pod)
         with self._seen_lock:
             if key in self._seen:
                 return
@@ -290,10 +290,8 @@ class Extender:
 
     def forget_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod of the watch was deleted: what was kept of it goes (its UID never comes back)."""
-        meta = pod.get("metadata") or {}
-        key = meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
         with self._seen_lock:
-            self._seen.pop(key, None)
+            self._seen.pop(pod_key(pod), None)
 
     def _resolve(self, names: list[Any], objects: dict[str, Mapping[str, Any]] | None,
                  unresolvable: dict[str, str]) -> tuple[list[NodeState], list[int], np.ndarray]:

@@ -32,7 +32,7 @@ from typing import Any
 
 from cel_expr_python import cel  # type: ignore[import-untyped]
 
-__all__ = ["Attributes", "Denied", "PolicyAdmission", "UserInfo"]
+__all__ = ["POLICY_PLURALS", "Attributes", "Denied", "PolicyAdmission", "UserInfo"]
 
 Obj = dict[str, Any]
 
@@ -41,6 +41,9 @@ _ENV = cel.NewEnv(variables={name: cel.Type.DYN for name in
 # metav1.StatusReason -> HTTP code, as policy_decision.go's reasonToCode (anything else: 422)
 _CODES = {"Forbidden": 403, "Unauthorized": 401, "RequestEntityTooLarge": 413, "Invalid": 422}
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+# the resource (plural) of each kind this admission reads, under admissionregistration.k8s.io/v1
+POLICY_PLURALS = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+                  "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}
 
 
 @dataclass(frozen=True)

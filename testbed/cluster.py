@@ -43,6 +43,7 @@ from typing import IO, Any
 import httpx
 import orjson
 
+from vgpu.testbed.admission import POLICY_PLURALS
 from vgpu.testbed.apiserver import write_kubeconfig
 from vgpu.testbed.machine import MachineGPU, machine
 
@@ -611,9 +612,7 @@ class LocalCluster:
         try:
             self.start_apiserver()
             for doc in self.admission_policies or ():
-                plural = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
-                          "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[doc["kind"]]
-                self.api_post(f"/apis/admissionregistration.k8s.io/v1/{plural}", doc)
+                self.api_post(f"/apis/admissionregistration.k8s.io/v1/{POLICY_PLURALS[doc['kind']]}", doc)
             self.extender.start()
             for node in self.nodes:
                 self._prepare_node(node)

@@ -25,7 +25,7 @@ if str(TESTS / "deploy") not in sys.path:
 from deploy_helpers import DEPLOY, load_manifests  # noqa: E402
 
 from vgpu.kube.client import make_api_client  # noqa: E402
-from vgpu.testbed.admission import UserInfo  # noqa: E402
+from vgpu.testbed.admission import POLICY_PLURALS, UserInfo  # noqa: E402
 
 SA = "system:serviceaccount:vgpu-system:{}"
 NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
@@ -61,9 +61,7 @@ def enforce_policies(apiserver: Any, workdir: Path, admin_token: str, node: str)
     objects = k8s.CustomObjectsApi(make_api_client(apiserver.write_kubeconfig(workdir / "kubeconfig-admin",
                                                                               admin_token)))
     for doc in policy_documents():
-        plural = {"ValidatingAdmissionPolicy": "validatingadmissionpolicies",
-                  "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings"}[doc["kind"]]
-        objects.create_cluster_custom_object("admissionregistration.k8s.io", "v1", plural, doc)
+        objects.create_cluster_custom_object("admissionregistration.k8s.io", "v1", POLICY_PLURALS[doc["kind"]], doc)
     sa_groups = ("system:serviceaccounts", "system:serviceaccounts:vgpu-system", "system:authenticated")
     users = {
         admin_token: UserInfo("kubernetes-admin", groups=("system:masters", "system:authenticated")),

@@ -18,7 +18,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from vgpu.kube.client import make_api_client, read_json
-from vgpu.testbed.admission import UserInfo
+from vgpu.testbed.admission import POLICY_PLURALS, UserInfo
 from vgpu.testbed.apiserver import ApiServerStandIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,9 +59,7 @@ def _policy(name: str, validations: list[dict[str, Any]], failure: str = "Fail",
 def _install(srv: Any, docs: list[dict[str, Any]]) -> None:
     objects = k8s.CustomObjectsApi(make_api_client(srv.admin))
     for doc in docs:
-        plural = "validatingadmissionpolicies" if doc["kind"] == "ValidatingAdmissionPolicy" else \
-            "validatingadmissionpolicybindings"
-        objects.create_cluster_custom_object("admissionregistration.k8s.io", "v1", plural, doc)
+        objects.create_cluster_custom_object("admissionregistration.k8s.io", "v1", POLICY_PLURALS[doc["kind"]], doc)
 
 
 def _create(srv: Any, body: dict[str, Any]) -> ApiException | None:
