@@ -1,7 +1,7 @@
 """Packaging: the top-level folders install as one import package, `vgpu`, and the C libraries are built.
 
-`vgpu/` is the core; `scheduler/`, `deviceplugin/`, `draplugin/`, `isolation/`, `proto/`, `replay/` and
-`testbed/` become `vgpu.scheduler`, `vgpu.deviceplugin`, ... (setuptools' package_dir). The test bed (stand-ins,
+`vgpu/` is the core; `scheduler/`, `deviceplugin/`, `draplugin/`, `isolation/`, `proto/`, `replay/`, `webhook/`
+and `testbed/` become `vgpu.scheduler`, `vgpu.deviceplugin`, ... (setuptools' package_dir). The test bed (stand-ins,
 the simulated GPU, `vgpu demo`) is packaged only when its folder is present: the production image's build context
 leaves it out, and with it the `demo` subcommand it registers under the `vgpu.subcommands` entry-point group.
 
@@ -27,6 +27,7 @@ FOLDERS = {
     "vgpu.draplugin": "draplugin",
     "vgpu.isolation": "isolation",
     "vgpu.replay": "replay",
+    "vgpu.webhook": "webhook",
     "vgpu.testbed": "testbed",
 }
 # folders with a Makefile whose outputs ship with the package

@@ -159,7 +159,8 @@ def rss_mib(pid: int) -> float:
 
 def serve(nodes: int, pods: int, mode: str, port: int, policy: str, floor: bool) -> None:
     """The server process: our extender, or (floor) the same stack answering /filter with the names it got."""
-    from vgpu.scheduler.server import create_app, make_uvicorn_server
+    from vgpu.httpserve import make_uvicorn_server
+    from vgpu.scheduler.server import create_app
 
     if floor:
         class Echo:

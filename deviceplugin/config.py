@@ -277,7 +277,7 @@ OPTIONS: tuple[Option, ...] = (
            "write nvidia.com/gpu.product/.memory/.count and volcano.sh/vgpu.mode on the node", default="true"),
     Option("advertise_nvidia_gpu", "--advertise-nvidia-gpu", "ADVERTISE_NVIDIA_GPU", "flags.vgpu.advertiseNvidiaGpu",
            "bool", "also advertise plain nvidia.com/gpu, one per GPU, for whole-GPU pods (needs "
-           "sharing.hami_aliases)", default="false"),
+           "sharing.hami_names: all)", default="false"),
     Option("resource_mode", "--resource-mode", "RESOURCE_MODE", "flags.vgpu.resourceMode", "choice",
            "mib: advertise only vgpu-number, vgpu-memory is MiB on every node; devices: Volcano's layout, memory "
            "and cores as devices in units of the memory factor", choices=("mib", "devices"), default="mib"),
@@ -515,10 +515,10 @@ def check_consistency(config: PluginConfig) -> None:
     if config.advertise_nvidia_gpu:
         if WHOLE_GPU_RESOURCE in config.sharing.resources.all():
             raise ConfigError(f"--advertise-nvidia-gpu: {WHOLE_GPU_RESOURCE} is already one of sharing.resources")
-        if not config.sharing.hami_aliases:
+        if config.sharing.hami_mode() != "all":
             raise ConfigError(
-                f"--advertise-nvidia-gpu: needs sharing.hami_aliases: true (in the sharing section of both "
-                f"components), or the scheduler does not read {HAMI_NAMES.number} in pod specs"
+                f"--advertise-nvidia-gpu: needs sharing.hami_names: all (in the sharing section of both "
+                f"components), or the scheduler does not read {HAMI_NAMES.number} alone in pod specs"
             )
 
 

@@ -66,9 +66,9 @@ def _run_scheduler(args: argparse.Namespace) -> int:
     import logging
     import signal
 
+    from vgpu.httpserve import make_uvicorn_server, parse_listen
     from vgpu.scheduler.config import load_config
     from vgpu.scheduler.runtime import SchedulerRuntime
-    from vgpu.scheduler.server import make_uvicorn_server, parse_listen
 
     config = load_config(args.config, flag_overrides(args))
     host, port = parse_listen(config.listen, 8888)

@@ -87,13 +87,14 @@ def check_listen(config: SchedulerConfig) -> None:
     """Refuse a non-loopback address without TLS, and TLS files given half; raises ConfigError.
 
     `listen` is read as the server reads it ('HOST:PORT', '[V6]:PORT', ':PORT' or 'HOST'); loopback is localhost,
-    127.0.0.0/8 and ::1. Whether the TLS files load is checked when the server is built (server.make_uvicorn_server).
+    127.0.0.0/8 and ::1. Whether the TLS files load is checked when the server is built
+    (vgpu.httpserve.make_uvicorn_server).
     """
     if bool(config.tls_cert_file) != bool(config.tls_key_file):
         raise ConfigError("--tls-cert-file and --tls-key-file: give both or neither")
     if config.tls_client_ca_file and not config.tls_cert_file:
         raise ConfigError("--tls-client-ca-file: needs --tls-cert-file and --tls-key-file")
-    host, sep, _ = config.listen.rpartition(":")  # as server.parse_listen splits it
+    host, sep, _ = config.listen.rpartition(":")  # as vgpu.httpserve.parse_listen splits it
     host = (host if sep else config.listen).strip("[]")
     if not _is_loopback(host) and not config.tls_client_ca_file:
         raise ConfigError(f"--listen {config.listen}: an address other than loopback needs --tls-cert-file, "

@@ -41,6 +41,7 @@ import numpy as np
 from vgpu import grants, keys
 from vgpu.assignment import Assignment, encode, salvage
 from vgpu.errors import ConfigError, VGPUError
+from vgpu.quota import check_quota_totals
 from vgpu.requests import ContainerRequest, Selectors, pod_cpu_memory, pod_requests, pod_selectors
 from vgpu.resources import SCHEDULER_NAME
 from vgpu.scheduler.claimpath import NO_CLAIMS, ClaimPlacement
@@ -198,7 +199,9 @@ class Extender:
             key = None
         known = self._specs.get(key) if key is not None else None
         if known is None:
-            known = (pod_requests(pod, self.config), *pod_cpu_memory(pod))
+            requests = pod_requests(pod, self.config)
+            check_quota_totals(pod, requests, self.config, self.config.require_quota_totals)
+            known = (requests, *pod_cpu_memory(pod))
             if key is not None:
                 if len(self._specs) >= SPEC_CACHE:
                     self._specs.clear()

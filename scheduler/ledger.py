@@ -150,7 +150,10 @@ class Ledger:
         self.charges: dict[str, Charge] = {}
         self._by_node: dict[str, set[str]] = {}
         self._expiry: list[tuple[float, str]] = []
-        self._number_names = tuple(n.number for n in self.config.name_sets())
+        # the GPU-count names a node's device plugin may advertise: HAMi's nvidia.com/gpu only where every
+        # nvidia.com/gpu is ours (hami_names: all); otherwise it is NVIDIA's device plugin's whole GPUs
+        self._number_names = tuple(n.number for n in self.config.name_sets()
+                                   if n == self.config.resources or self.config.hami_mode() == "all")
         self.scheduler_names = scheduler_names
         self.pod_listeners: list[Callable[[Mapping[str, Any]], None]] = []  # called with every watched pod
         self.pod_gone_listeners: list[Callable[[Mapping[str, Any]], None]] = []  # called with every deleted pod

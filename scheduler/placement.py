@@ -36,10 +36,11 @@ from typing import Any
 
 import numpy as np
 
+from vgpu import keys
 from vgpu.requests import ContainerRequest, Selectors
 from vgpu.scheduler.fit import GPU_ORDERS, FitResult, GPUOrder, fit, grants_on
 from vgpu.scheduler.nodestate import NodeState, gpu_state
-from vgpu.scheduler.policies.base import NodePolicy, PodContext
+from vgpu.scheduler.policies.base import NodePolicy, PodContext, make_policy
 
 __all__ = ["REFRESH_BUDGET", "RESCORE_LIMIT", "Choice", "Evaluation", "Placement", "PodShape"]
 
@@ -121,6 +122,8 @@ class Placement:
                  refresh_budget: int = REFRESH_BUDGET, rescore_limit: int = RESCORE_LIMIT, seed: int = 0,
                  device_order: GPUOrder | None = None) -> None:
         self.policy = policy
+        # the node scores a pod may choose over `policy` (HAMi's hami.io/node-scheduler-policy: Selectors.node_order)
+        self._pod_policies = {name: make_policy(name) for name in keys.GPU_ORDER_NAMES}
         # the order devices are really taken in when someone else picks them (DRA mode: kube-scheduler's allocator,
         # first fit); it replaces the policy's GPU order, so nodes are scored on the devices the pod will get
         self.device_order = device_order
@@ -242,8 +245,9 @@ class Placement:
         elif want_score and entry.epoch != epoch:
             if node is None and self.contextual:
                 node = state.context()  # the fit was known: the context is read only now
-            entry.score = float(self.policy.score(state.devices, state.usage, pod.requests, entry.result, node=node,
-                                                  pod=pod.context))
+            policy = self._pod_policies.get(pod.selectors.node_order, self.policy)
+            entry.score = float(policy.score(state.devices, state.usage, pod.requests, entry.result, node=node,
+                                             pod=pod.context))
             entry.epoch = epoch
         return entry
 

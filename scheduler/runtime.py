@@ -14,6 +14,7 @@ from kubernetes import client as k8s
 
 from vgpu.errors import ConfigError, VGPUError
 from vgpu.grants import read_key
+from vgpu.httpserve import parse_listen
 from vgpu.kube import EventRecorder, LeaderElector, WatchCache, bind_pod, make_api_client
 from vgpu.kube.cache import Backoff
 from vgpu.kube.client import read_object
@@ -25,7 +26,7 @@ from vgpu.scheduler.extender import BindConflict, Extender
 from vgpu.scheduler.ledger import Ledger
 from vgpu.scheduler.metrics import SchedulerMetrics
 from vgpu.scheduler.policies import make_policy
-from vgpu.scheduler.server import create_app, parse_listen
+from vgpu.scheduler.server import create_app
 
 __all__ = ["SchedulerRuntime"]
 

@@ -7,7 +7,7 @@ request 200 with `Error`; an unexpected exception is logged and also answered 20
 The four POST verbs are answered by the `ExtenderVerbs` ASGI middleware in front of FastAPI (see its docstring);
 bodies over INLINE_PARSE_BYTES are parsed on a worker thread, LARGE_BODIES_AT_ONCE at a time.
 Built by `create_app`, whose lifespan also runs periodic housekeeping (the ledger's reservation expiry), served
-by uvicorn (`make_uvicorn_server`, with HTTPS and client certificates when configured); started by
+by uvicorn (vgpu.httpserve.make_uvicorn_server, with HTTPS and client certificates when configured); started by
 `vgpu scheduler` (vgpu.scheduler.cli) and by tests.
 """
 
@@ -25,12 +25,11 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from vgpu.errors import ConfigError, VGPUError
+from vgpu.errors import VGPUError
 from vgpu.scheduler.extender import Extender
 from vgpu.scheduler.metrics import SchedulerMetrics
 
-__all__ = ["DEFAULT_MAX_BODY", "ExtenderVerbs", "check_tls_files", "create_app", "make_uvicorn_server",
-           "parse_listen"]
+__all__ = ["DEFAULT_MAX_BODY", "ExtenderVerbs", "create_app"]
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +40,8 @@ INLINE_PARSE_BYTES = 256 * 1024  # bodies up to this size are parsed on the even
 # memory limit. The gate is taken only after the body has arrived, so that a sender who stalls holds none of it.
 # kube-scheduler sends one /filter or /prioritize at a time.
 LARGE_BODIES_AT_ONCE = 2
-# Seconds a client has to send a request's headers (from the connection's start) and then its body; kube-scheduler
-# gives up on a call after its httpTimeout (10 s in deploy/), so a request slower than this has no one waiting.
-HEADER_SECONDS = 10.0
+# Seconds a client has to send a request's body once its headers are in (the headers' own deadline is
+# vgpu.httpserve.HEADER_SECONDS); kube-scheduler gives up on a call after its httpTimeout (10 s in deploy/).
 BODY_SECONDS = 10.0
 
 
@@ -238,72 +236,3 @@ def create_app(
         return Response(b"ok", media_type="text/plain")
 
     return app
-
-
-def parse_listen(value: str, default_port: int) -> tuple[str, int]:
-    """'HOST:PORT', ':PORT' or 'HOST' -> (host, port); an empty host means all interfaces."""
-    host, sep, port = value.rpartition(":")
-    if not sep:
-        host, port = value, str(default_port)
-    host = host.strip("[]") or "0.0.0.0"
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise VGPUError(f"listen address {value!r}: port must be 0..65535")
-    return host, int(port)
-
-
-def check_tls_files(cert_file: str, key_file: str | None, client_ca_file: str | None) -> None:
-    """Load the TLS files as the server will; raises ConfigError naming the flag and file that cannot be used."""
-    import ssl
-
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    try:
-        context.load_cert_chain(cert_file, key_file)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"--tls-cert-file {cert_file} with --tls-key-file {key_file}: cannot be used: {exc}") from exc
-    if client_ca_file:
-        try:
-            context.load_verify_locations(client_ca_file)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"--tls-client-ca-file {client_ca_file}: cannot be used: {exc}") from exc
-
-
-def make_uvicorn_server(app: FastAPI, host: str, port: int, *, tls_cert_file: str | None = None,
-                        tls_key_file: str | None = None, tls_client_ca_file: str | None = None) -> Any:
-    """A uvicorn.Server for `app` (quiet, no access log; uvloop/httptools when installed), over HTTPS with the TLS
-    files, requiring a client certificate signed by `tls_client_ca_file` when given. The TLS files are loaded here
-    once (check_tls_files), so that an unusable one is a ConfigError now rather than a traceback when serving."""
-    import ssl
-
-    import uvicorn
-
-    tls: dict[str, Any] = {}
-    if tls_cert_file:
-        check_tls_files(tls_cert_file, tls_key_file, tls_client_ca_file)
-        tls = {"ssl_certfile": tls_cert_file, "ssl_keyfile": tls_key_file}
-        if tls_client_ca_file:
-            tls.update(ssl_ca_certs=tls_client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_keep_alive=75, http=_with_header_deadline(), **tls)
-    return uvicorn.Server(config)
-
-
-def _with_header_deadline() -> type:
-    """uvicorn's HTTP protocol (httptools when installed, else h11) closing a connection that has not sent a
-    request's headers within HEADER_SECONDS of its start (uvicorn itself times out only idle keep-alive
-    connections, so a client that connects and sends nothing, or half a header, would hold its socket for ever)."""
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
-
-    class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
-        def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
-            self._header_deadline = self.loop.call_later(HEADER_SECONDS, self._no_request_yet)
-
-        def _no_request_yet(self) -> None:
-            if self.cycle is None and not self.transport.is_closing():
-                self.transport.close()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._header_deadline.cancel()
-            super().connection_lost(exc)
-
-    return HeaderDeadline

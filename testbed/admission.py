@@ -81,6 +81,7 @@ class Attributes:
     object: Obj | None
     old_object: Obj | None
     user: UserInfo
+    dry_run: bool = False  # the request's dryRun=All
 
     def request(self) -> Obj:
         """`request` as kube-apiserver hands it to CEL (cel.CreateAdmissionRequest; empty fields left out)."""
@@ -89,7 +90,7 @@ class Attributes:
             kind["group"] = ""
         resource = {"group": self.group, "version": self.version, "resource": self.resource}
         out: Obj = {"kind": kind, "requestKind": kind, "resource": resource, "requestResource": resource,
-                    "operation": self.operation, "userInfo": self.user.as_cel(), "dryRun": False}
+                    "operation": self.operation, "userInfo": self.user.as_cel(), "dryRun": self.dry_run}
         if self.subresource:
             out["subResource"] = out["requestSubResource"] = self.subresource
         if self.name:

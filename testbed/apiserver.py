@@ -15,6 +15,9 @@ Served:
   coordination.k8s.io/v1  leases
   resource.k8s.io/v1      deviceclasses, resourceslices (cluster-scoped), resourceclaims, resourceclaims/status,
                           resourceclaimtemplates (structural checks of testbed.resourceapi)
+  core/v1                 resourcequotas, resourcequotas/status
+  admissionregistration.k8s.io/v1  validatingadmissionpolicies, validatingadmissionpolicybindings,
+                          mutatingwebhookconfigurations (cluster-scoped)
 Verbs: get, list (fieldSelector with = == !=, labelSelector with = == != in notin, exists, !exists),
 watch (`?watch=true&resourceVersion=N`, chunked JSON lines, ADDED/MODIFIED/DELETED/BOOKMARK; an ERROR event with
 a 410 Status when N is older than the retained history), create, update (PUT; 409 on a stale resourceVersion),
@@ -38,14 +41,26 @@ Semantics copied from kube-apiserver where our code depends on them:
   * `POST pods/{name}/binding` sets spec.nodeName, merges the Binding's metadata.annotations into the pod, adds
     the PodScheduled condition, answers 409 when the pod is already bound or when the Binding's metadata.uid
     does not match the pod's uid;
-  * a watch whose selector stops (starts) matching an object receives DELETED (ADDED) for it.
+  * a watch whose selector stops (starts) matching an object receives DELETED (ADDED) for it;
+  * a MutatingWebhookConfiguration is stored with admissionregistration/v1's defaults (failurePolicy Fail,
+    matchPolicy Equivalent, empty selectors, timeoutSeconds 10, reinvocationPolicy Never, rule scope `*`, service
+    port 443); a ResourceQuota's spec.hard must hold non-negative quantities, its status is the controller's.
 Authentication (`users`, or `.authenticate(users)`): a table of bearer tokens, each the UserInfo kube-apiserver's
 authenticators would give (extra included, as a pod-bound ServiceAccount token carries
 `authentication.kubernetes.io/node-name`); any other token gets 401.  Without a table every token is a cluster admin.
 
-Admission (testbed/admission.py): the ValidatingAdmissionPolicies and bindings stored in the stand-in are evaluated,
-as kube-apiserver's admission plugin does, on every create, update, patch, delete and pods/binding, with the
-authenticated user as `request.userInfo`; a denial answers kube-apiserver's Status (403 for reason Forbidden).
+Admission, in kube-apiserver's order (pkg/kubeapiserver/options/plugins.go: the mutating webhooks, then the
+validating plugins, ValidatingAdmissionPolicy before ResourceQuota), on every create, update, patch, delete and
+pods/binding, with the authenticated user as the request's userInfo; a refusal answers kube-apiserver's Status:
+  * mutating webhooks (testbed/webhooks.py): the stored MutatingWebhookConfigurations' webhooks are called over
+    HTTPS BEFORE the lock is taken (upstream mutates before storage too; an update whose object changed meanwhile
+    starts again, as GuaranteedUpdate does); their patches are applied and the object defaulted again; their
+    warnings go to the client as `Warning` headers; a webhook's `service` is reached through `service_resolver`;
+  * ValidatingAdmissionPolicy (testbed/admission.py): the stored policies and bindings are evaluated;
+  * ResourceQuota (testbed/quota.py): a create in a namespace with quotas is checked and charged to their
+    status.used; the quota controller's work (status.hard, usage replenished on deletion or when a pod becomes
+    terminal) is done at once.
+A write with `?dryRun=All` is admitted (webhooks see dryRun: true) and stored nowhere, quotas included.
 
 Not served (on purpose): authorization (RBAC: `request_attributes` below lets a test check what each component
 called against its rules), namespaces as objects, consistent paging
@@ -96,10 +111,11 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from vgpu.testbed import resourceapi
+from vgpu.testbed import quota, resourceapi
 from vgpu.testbed.admission import Attributes, Denied, PolicyAdmission, UserInfo
-from vgpu.testbed.discovery import CORE_VERSIONS, api_groups, as_table, resource_list, wants_table
+from vgpu.testbed.discovery import CORE_VERSIONS, ServedResource, api_groups, as_table, resource_list, wants_table
 from vgpu.testbed.faults import FaultPlan
+from vgpu.testbed.webhooks import MutatingWebhooks, ServiceResolver, default_configuration, warning_header
 
 __all__ = [
     "ApiServerProcess",
@@ -153,10 +169,25 @@ _RESOURCES = {
                   namespaced=False, has_status=True),
         _Resource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
                   "ValidatingAdmissionPolicyBinding", namespaced=False),
+        _Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                  "MutatingWebhookConfiguration", namespaced=False),
+        _Resource("", "v1", "resourcequotas", "ResourceQuota", namespaced=True, has_status=True),
     )
 }
 _POLICIES = "admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 _POLICY_BINDINGS = "admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+_WEBHOOKS = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+_QUOTAS = "v1/resourcequotas"
+# discovery of the kinds served here beyond testbed.discovery's list (as kube-apiserver lists them)
+_ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+_MORE_SERVED = (
+    ServedResource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                   "MutatingWebhookConfiguration", False, _ALL_VERBS, (), ("api-extensions",)),
+    ServedResource("", "v1", "resourcequotas", "ResourceQuota", True, _ALL_VERBS, ("quota",)),
+    ServedResource("", "v1", "resourcequotas/status", "ResourceQuota", True, ("get", "patch", "update")),
+)
+# how often an update whose object changed while webhooks were called is started again (GuaranteedUpdate's retry)
+_UPDATE_ATTEMPTS = 20
 # who a request is when the stand-in authenticates nobody (no `users` table): a cluster admin
 ANONYMOUS_ADMIN = UserInfo("standin-admin", groups=("system:masters", "system:authenticated"))
 
@@ -240,11 +271,14 @@ def _drop_consumable_capacity(spec: Any) -> None:
                 entry.pop("requestPolicy", None)
 
 
-def _default_requests(spec: Any) -> None:
-    """kube-apiserver's defaulting: a container's limit without a request of the same resource is copied to
-    requests."""
+def _default_pod_spec(spec: Any) -> None:
+    """kube-apiserver's defaulting of a pod spec (pkg/apis/core/v1/defaults.go): an empty schedulerName becomes
+    `default-scheduler` (SetDefaults_PodSpec), a container's limit without a request of the same resource is copied
+    to requests."""
     if not isinstance(spec, dict):
         return
+    if not spec.get("schedulerName"):
+        spec["schedulerName"] = "default-scheduler"
     for field in ("initContainers", "containers"):
         for container in spec.get(field) or ():
             resources = container.get("resources") if isinstance(container, dict) else None
@@ -256,6 +290,22 @@ def _default_requests(spec: Any) -> None:
                 if isinstance(requests, dict):
                     for name, value in limits.items():
                         requests.setdefault(name, value)
+
+
+def _denied(exc: Denied) -> StatusError:
+    """An admission refusal as the Status kube-apiserver answers."""
+    status = exc.status
+    return StatusError(exc.code, str(status.get("reason") or ""), str(status.get("message") or ""),
+                       status.get("details") if isinstance(status.get("details"), dict) else None)
+
+
+def _check_quota(name: str, obj: Obj) -> None:
+    """What the stand-in validates of a ResourceQuota (testbed.quota.validate): 422 Invalid naming the field."""
+    why = quota.validate(obj)
+    if why is not None:
+        field, _, what = why.partition(": ")
+        raise StatusError(422, "Invalid", f'ResourceQuota "{name}" is invalid: {why}',
+                          {"name": name, "kind": "resourcequotas", "causes": [{"field": field, "message": what}]})
 
 
 def _not_found(res: _Resource, name: str) -> StatusError:
@@ -481,6 +531,7 @@ class Store:
         self.delivering.set()
         self.consumable_capacity = True  # the DRAConsumableCapacity feature gate
         self.admission = PolicyAdmission()
+        self.webhooks = MutatingWebhooks(json_patch)  # its service_resolver: ApiServerStandIn(service_resolver=...)
         self._data = Path(data_path) if data_path else None
         self._journal: Any = None
         self._journal_entries = 0
@@ -572,6 +623,7 @@ class Store:
         while len(self.history) > self.history_size:
             self.compacted_rv = self.history.popleft().rv
         self.cond.notify_all()
+        self._after_commit(res, typ, obj, prev)
         return obj
 
     def compact(self, drop_watches: bool = False) -> int:
@@ -595,17 +647,101 @@ class Store:
         return obj
 
     def _admit(self, operation: str, res: _Resource, subresource: str | None, name: str, ns: str, obj: Obj | None,
-               old: Obj | None, user: UserInfo | None, kind: str | None = None) -> None:
-        """Validating admission (testbed.admission) of a change about to be stored; lock held."""
+               old: Obj | None, user: UserInfo | None, kind: str | None = None, dry_run: bool = False) -> None:
+        """Validating admission of a change about to be stored, in kube-apiserver's order (lock held):
+        ValidatingAdmissionPolicy (testbed.admission), then ResourceQuota's check (`_charge`, by the caller)."""
         policies = self.objects[_POLICIES]
         if not policies:
             return
-        attrs = Attributes(operation, res.group, res.version, res.plural, subresource or "", kind or res.kind, name,
-                           ns if res.namespaced else "", obj, old, user or ANONYMOUS_ADMIN)
+        attrs = self._attributes(operation, res, subresource, name, ns, obj, old, user, kind, dry_run)
         try:
             self.admission.validate(list(policies.values()), list(self.objects[_POLICY_BINDINGS].values()), attrs)
         except Denied as exc:
-            raise StatusError(exc.code, exc.status["reason"], exc.status["message"], exc.status["details"]) from None
+            raise _denied(exc) from None
+
+    @staticmethod
+    def _attributes(operation: str, res: _Resource, subresource: str | None, name: str, ns: str, obj: Obj | None,
+                    old: Obj | None, user: UserInfo | None, kind: str | None = None,
+                    dry_run: bool = False) -> Attributes:
+        return Attributes(operation, res.group, res.version, res.plural, subresource or "", kind or res.kind, name,
+                          ns if res.namespaced else "", obj, old, user or ANONYMOUS_ADMIN, dry_run)
+
+    def _webhook_configurations(self) -> builtins.list[Obj]:
+        """The stored MutatingWebhookConfigurations (a snapshot, taken under the lock)."""
+        with self.cond:
+            return list(self.objects[_WEBHOOKS].values())
+
+    def _mutate(self, operation: str, res: _Resource, subresource: str | None, name: str, ns: str, obj: Obj | None,
+                old: Obj | None, user: UserInfo | None, dry_run: bool, warnings: builtins.list[str] | None,
+                configurations: builtins.list[Obj], kind: str | None = None, options: Obj | None = None) -> Obj | None:
+        """Mutating admission webhooks (testbed.webhooks), called WITHOUT the lock: the object they leave."""
+        attrs = self._attributes(operation, res, subresource, name, ns, obj, old, user, kind, dry_run)
+        if options is None:
+            options = {"kind": {"CREATE": "CreateOptions", "UPDATE": "UpdateOptions"}.get(operation, "DeleteOptions"),
+                       "apiVersion": "meta.k8s.io/v1"}
+            if dry_run:
+                options["dryRun"] = ["All"]
+        default = (lambda o: _default_pod_spec(o.get("spec"))) if (kind or res.kind) == "Pod" else None
+        try:
+            return self.webhooks.admit(configurations, attrs, options=options, default=default, warnings=warnings)
+        except Denied as exc:
+            raise _denied(exc) from None
+
+    def _charge(self, res: _Resource, ns: str, obj: Obj, old: Obj | None, user: UserInfo | None,
+                dry_run: bool) -> builtins.list[tuple[Obj, Obj]]:
+        """ResourceQuota admission of a create (or, `old` given, an update) of the main resource (testbed.quota, lock
+        held): the quotas to write, old and new."""
+        if not res.namespaced:
+            return []
+        quotas = sorted((q for (n, _), q in self.objects[_QUOTAS].items() if n == ns),
+                        key=lambda q: q["metadata"]["name"])
+        if not quotas:
+            return []
+        attrs = self._attributes("CREATE" if old is None else "UPDATE", res, None, obj["metadata"].get("name", ""),
+                                 ns, obj, old, user, dry_run=dry_run)
+        try:
+            charged = quota.check_request(quotas, attrs)
+        except Denied as exc:
+            raise _denied(exc) from None
+        return [(q, c) for q, c in zip(quotas, charged) if c is not q]
+
+    def _after_commit(self, res: _Resource, typ: str, obj: Obj, prev: Obj | None) -> None:
+        """The resourcequota controller's work, done at once (lock held): a quota's status when it is created or its
+        spec.hard changes; a namespace's quotas replenished when a counted object is deleted or a pod stops being
+        charged (resource_quota_monitor.go)."""
+        if not res.namespaced:
+            return
+        ns = obj["metadata"].get("namespace", "")
+        if res.key == _QUOTAS:
+            if typ != "DELETED" and (prev is None or (prev.get("spec") or {}).get("hard")
+                                     != (obj.get("spec") or {}).get("hard")):
+                self._sync_quota(obj)
+            if typ != "DELETED":
+                return
+        replenish = typ == "DELETED" or (res.key == "v1/pods" and prev is not None and quota.quota_v1_pod(prev)
+                                         and not quota.quota_v1_pod(obj))
+        if not replenish:
+            return
+        evaluator = quota.evaluator_for(res.group, res.plural)
+        if evaluator is None:
+            return
+        for (n, _), q in builtins.list(self.objects[_QUOTAS].items()):
+            if n == ns and evaluator.matching_resources(((q.get("status") or {}).get("hard") or {}).keys()):
+                self._sync_quota(q)
+
+    def _sync_quota(self, q: Obj) -> None:
+        """resource_quota_controller.go syncResourceQuota for one quota (lock held)."""
+        ns = q["metadata"].get("namespace", "")
+
+        def items(evaluator: quota.Evaluator) -> builtins.list[Obj]:
+            key = f"{evaluator.group}/v1/{evaluator.resource}" if evaluator.group else f"v1/{evaluator.resource}"
+            return [o for (n, _), o in self.objects.get(key, {}).items() if n == ns]
+
+        evaluators = [e for r in _RESOURCES.values() if r.namespaced and r.version == "v1"
+                      for e in [quota.evaluator_for(r.group, r.plural)] if e is not None]
+        synced = quota.sync(q, evaluators, items)
+        if synced is not None:
+            self._commit(self._res(_QUOTAS), "MODIFIED", _clone(synced), q)
 
     def get(self, res_key: str, ns: str, name: str) -> Obj:
         """One object or 404."""
@@ -614,27 +750,30 @@ class Store:
             return self._existing(res, ns, name)
 
     def list(self, res_key: str, namespace: str | None = None, field_selector: str | None = None,
-             label_selector: str | None = None) -> tuple[list[Obj], int]:
+             label_selector: str | None = None) -> tuple[builtins.list[Obj], int]:
         """Matching objects and the resourceVersion of the list."""
         sel = _Selector(namespace, field_selector, label_selector)
         with self.cond:
             items = [o for o in self.objects[res_key].values() if sel.matches(o)]
             return items, self.rv
 
-    def create(self, res_key: str, ns: str, body: Obj, user: UserInfo | None = None) -> Obj:
-        """Create an object (name or generateName); 409 AlreadyExists."""
+    def create(self, res_key: str, ns: str, body: Obj, user: UserInfo | None = None, *, dry_run: bool = False,
+               warnings: builtins.list[str] | None = None) -> Obj:
+        """Create an object (name or generateName); 409 AlreadyExists. The mutating webhooks are called first,
+        without the lock; `dry_run` admits everything and stores nothing; the webhooks' warnings go to
+        `warnings`."""
         res = self._res(res_key)
         if not isinstance(body, dict):
             raise StatusError(400, "BadRequest", "request body must be a JSON object")
-        obj = _clone(body)
-        meta = obj.setdefault("metadata", {})
-        if res.namespaced:
-            if meta.get("namespace") not in (None, "", ns):
-                raise StatusError(400, "BadRequest", "the namespace of the object does not match the request")
-            meta["namespace"] = ns
-        else:
-            meta.pop("namespace", None)
-        obj["kind"], obj["apiVersion"] = res.kind, res.api_version
+        obj = self._prepare_create(res, ns, _clone(body))
+        if res.kind == "Pod":
+            _default_pod_spec(obj.get("spec"))  # decoding defaults the object before admission
+        configurations = self._webhook_configurations()
+        if configurations:
+            mutated = self._mutate("CREATE", res, None, obj["metadata"].get("name") or "", ns, obj, None, user,
+                                   dry_run, warnings, configurations)
+            obj = self._prepare_create(res, ns, mutated if isinstance(mutated, dict) else obj)
+        meta = obj["metadata"]
         with self.cond:
             if not meta.get("name"):
                 if not meta.get("generateName"):
@@ -653,19 +792,45 @@ class Store:
             if res.kind == "Pod":
                 _validate_pod(meta["name"], obj.setdefault("spec", {}))
                 obj["status"] = {"phase": "Pending"}
-                _default_requests(obj["spec"])
-            elif res.kind == "ResourceClaim":
-                obj.pop("status", None)  # the allocation is written through the status subresource only
+                _default_pod_spec(obj["spec"])
+            elif res.kind in ("ResourceClaim", "ResourceQuota"):
+                obj.pop("status", None)  # written through the status subresource (a quota's by its controller)
             elif res.kind == "ResourceSlice" and not self.consumable_capacity:
                 _drop_consumable_capacity(obj.get("spec"))
+            elif res.kind == "MutatingWebhookConfiguration":
+                default_configuration(obj)
+            if res.kind == "ResourceQuota":
+                _check_quota(meta["name"], obj)
             _check_resource_api(res, meta["name"], lambda: resourceapi.check_create(res.kind, obj))
-            self._admit("CREATE", res, None, meta["name"], ns, obj, None, user)
+            self._admit("CREATE", res, None, meta["name"], ns, obj, None, user, dry_run=dry_run)
+            charged = self._charge(res, ns, obj, None, user, dry_run)
+            if dry_run:
+                return obj
+            for old_quota, new_quota in charged:
+                self._commit(self._res(_QUOTAS), "MODIFIED", _clone(new_quota), old_quota)
             return self._commit(res, "ADDED", obj, None)
 
+    @staticmethod
+    def _prepare_create(res: _Resource, ns: str, obj: Obj) -> Obj:
+        """The request's namespace, kind and apiVersion on a created object (again after the webhooks)."""
+        meta = obj.get("metadata")
+        if not isinstance(meta, dict):
+            meta = obj["metadata"] = {}
+        if res.namespaced:
+            if meta.get("namespace") not in (None, "", ns):
+                raise StatusError(400, "BadRequest", "the namespace of the object does not match the request")
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+        obj["kind"], obj["apiVersion"] = res.kind, res.api_version
+        return obj
+
     def _store_update(self, res: _Resource, old: Obj, new: Obj, subresource: str | None,
-                      user: UserInfo | None) -> Obj:
+                      user: UserInfo | None, dry_run: bool = False) -> Obj:
         """Keep the fields a client may not change, then commit unless nothing changed (lock held)."""
         m_old, m_new = old["metadata"], new.setdefault("metadata", {})
+        if not isinstance(m_new, dict):
+            m_new = new["metadata"] = {}
         if m_new.get("name", m_old["name"]) != m_old["name"]:
             raise StatusError(400, "BadRequest", "metadata.name cannot be changed")
         for k in ("name", "namespace", "uid", "creationTimestamp"):
@@ -684,41 +849,77 @@ class Store:
         new["metadata"]["resourceVersion"] = m_old.get("resourceVersion")
         if res.kind == "ResourceSlice" and not self.consumable_capacity:
             _drop_consumable_capacity(new.get("spec"))
-        self._admit("UPDATE", res, subresource, m_old["name"], m_old.get("namespace", ""), new, old, user)
+        elif res.kind == "MutatingWebhookConfiguration":
+            default_configuration(new)
+        elif res.kind == "ResourceQuota" and subresource is None:
+            _check_quota(m_old["name"], new)
+        self._admit("UPDATE", res, subresource, m_old["name"], m_old.get("namespace", ""), new, old, user,
+                    dry_run=dry_run)
         if new == old:
             return old
         if subresource is None:
             _check_resource_api(res, m_old["name"], lambda: resourceapi.check_update(res.kind, old, new))
+        charged = self._charge(res, m_old.get("namespace", ""), new, old, user, dry_run) if subresource is None else []
+        if dry_run:
+            return new
+        for old_quota, new_quota in charged:
+            self._commit(self._res(_QUOTAS), "MODIFIED", _clone(new_quota), old_quota)
         return self._commit(res, "MODIFIED", new, old)
 
+    def _update_with(self, res: _Resource, ns: str, name: str, prepare: Callable[[Obj], Obj],
+                     subresource: str | None, user: UserInfo | None, dry_run: bool,
+                     warnings: builtins.list[str] | None) -> Obj:
+        """An update as GuaranteedUpdate makes it: `prepare` the new object from the current one; with mutating
+        webhooks stored, call them without the lock and start again when the object changed meanwhile."""
+        for _ in range(_UPDATE_ATTEMPTS):
+            with self.cond:
+                old = self._existing(res, ns, name)
+                new = prepare(old)
+                configurations = list(self.objects[_WEBHOOKS].values())
+                if not configurations:
+                    return self._store_update(res, old, new, subresource, user, dry_run)
+            mutated = self._mutate("UPDATE", res, subresource, name, ns, new, old, user, dry_run, warnings,
+                                   configurations)
+            new = mutated if isinstance(mutated, dict) else new
+            with self.cond:
+                if self.objects[res.key].get((ns if res.namespaced else "", name)) is not old:
+                    continue
+                return self._store_update(res, old, new, subresource, user, dry_run)
+        raise _conflict(res, name, "the object has been modified; please apply your changes to the latest version "
+                                   "and try again")
+
     def update(self, res_key: str, ns: str, name: str, body: Obj, subresource: str | None = None,
-               user: UserInfo | None = None) -> Obj:
+               user: UserInfo | None = None, *, dry_run: bool = False,
+               warnings: builtins.list[str] | None = None) -> Obj:
         """PUT: replace the object; 409 when body.metadata.resourceVersion is set and stale."""
         res = self._res(res_key)
         if not isinstance(body, dict):
             raise StatusError(400, "BadRequest", "request body must be a JSON object")
-        with self.cond:
-            old = self._existing(res, ns, name)
-            want = (body.get("metadata") or {}).get("resourceVersion")
+        want = (body.get("metadata") or {}).get("resourceVersion")
+
+        def prepare(old: Obj) -> Obj:
             if want and want != old["metadata"]["resourceVersion"]:
                 raise _conflict(res, name, "the object has been modified; please apply your changes to the latest "
                                            "version and try again")
-            return self._store_update(res, old, _clone(body), subresource, user)
+            return _clone(body)
+
+        return self._update_with(res, ns, name, prepare, subresource, user, dry_run, warnings)
 
     def patch(self, res_key: str, ns: str, name: str, patch: Any, content_type: str,
-              subresource: str | None = None, user: UserInfo | None = None) -> Obj:
+              subresource: str | None = None, user: UserInfo | None = None, *, dry_run: bool = False,
+              warnings: builtins.list[str] | None = None) -> Obj:
         """PATCH (merge, strategic merge, JSON patch); 409 when the patch carries a stale resourceVersion."""
         res = self._res(res_key)
         ctype = content_type.split(";")[0].strip().lower()
-        with self.cond:
-            old = self._existing(res, ns, name)
+
+        def prepare(old: Obj) -> Obj:
             if ctype == "application/merge-patch+json" or ctype == "application/strategic-merge-patch+json":
                 if not isinstance(patch, dict):
                     raise StatusError(400, "BadRequest", f"a {ctype} body must be a JSON object")
                 want = (patch.get("metadata") or {}).get("resourceVersion")
                 new = merge_patch(old, patch, strategic=ctype.startswith("application/strategic"))
             elif ctype == "application/json-patch+json":
-                if not isinstance(patch, list):
+                if not isinstance(patch, builtins.list):
                     raise StatusError(400, "BadRequest", "a JSON patch body must be a JSON array")
                 new = json_patch(old, patch)
                 want = (new.get("metadata") or {}).get("resourceVersion")
@@ -728,41 +929,72 @@ class Store:
             if want and want != old["metadata"]["resourceVersion"]:
                 raise _conflict(res, name, "the object has been modified; please apply your changes to the latest "
                                            "version and try again")
-            return self._store_update(res, old, _clone(new), subresource, user)
+            return _clone(new)
+
+        return self._update_with(res, ns, name, prepare, subresource, user, dry_run, warnings)
 
     def delete(self, res_key: str, ns: str, name: str, options: Obj | None = None,
-               user: UserInfo | None = None) -> Obj:
+               user: UserInfo | None = None, *, dry_run: bool = False,
+               warnings: builtins.list[str] | None = None) -> Obj:
         """Remove the object at once (no graceful deletion); honours preconditions uid / resourceVersion."""
         res = self._res(res_key)
         pre = (options or {}).get("preconditions") or {}
-        with self.cond:
-            old = self._existing(res, ns, name)
-            if pre.get("uid") and pre["uid"] != old["metadata"].get("uid"):
-                raise _conflict(res, name, f"Precondition failed: UID in precondition: {pre['uid']}, "
-                                           f"UID in object meta: {old['metadata'].get('uid')}")
-            if pre.get("resourceVersion") and pre["resourceVersion"] != old["metadata"]["resourceVersion"]:
-                raise _conflict(res, name, "Precondition failed: resourceVersion does not match")
-            self._admit("DELETE", res, None, name, ns, None, old, user)
-            gone = _clone(old)
-            gone["metadata"]["deletionTimestamp"] = _now()
-            gone["metadata"]["deletionGracePeriodSeconds"] = 0
-            return self._commit(res, "DELETED", gone, old)
+        for _ in range(_UPDATE_ATTEMPTS):
+            with self.cond:
+                old = self._existing(res, ns, name)
+                if pre.get("uid") and pre["uid"] != old["metadata"].get("uid"):
+                    raise _conflict(res, name, f"Precondition failed: UID in precondition: {pre['uid']}, "
+                                               f"UID in object meta: {old['metadata'].get('uid')}")
+                if pre.get("resourceVersion") and pre["resourceVersion"] != old["metadata"]["resourceVersion"]:
+                    raise _conflict(res, name, "Precondition failed: resourceVersion does not match")
+                configurations = list(self.objects[_WEBHOOKS].values())
+                if not configurations:
+                    return self._finish_delete(res, ns, name, old, user, dry_run)
+            opts = {**(options or {}), "kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1"}
+            if dry_run:
+                opts["dryRun"] = ["All"]
+            self._mutate("DELETE", res, None, name, ns, None, old, user, dry_run, warnings, configurations,
+                         options=opts)
+            with self.cond:
+                if self.objects[res.key].get((ns if res.namespaced else "", name)) is not old:
+                    continue
+                return self._finish_delete(res, ns, name, old, user, dry_run)
+        raise _conflict(res, name, "the object has been modified; please apply your changes to the latest version "
+                                   "and try again")
 
-    def bind(self, ns: str, name: str, binding: Obj, user: UserInfo | None = None) -> None:
+    def _finish_delete(self, res: _Resource, ns: str, name: str, old: Obj, user: UserInfo | None,
+                       dry_run: bool) -> Obj:
+        """Validating admission of a delete, then the delete (lock held)."""
+        self._admit("DELETE", res, None, name, ns, None, old, user, dry_run=dry_run)
+        gone = _clone(old)
+        gone["metadata"]["deletionTimestamp"] = _now()
+        gone["metadata"]["deletionGracePeriodSeconds"] = 0
+        if dry_run:
+            return gone
+        return self._commit(res, "DELETED", gone, old)
+
+    def bind(self, ns: str, name: str, binding: Obj, user: UserInfo | None = None, *, dry_run: bool = False,
+             warnings: builtins.list[str] | None = None) -> None:
         """pods/binding: set spec.nodeName and merge the Binding's annotations, as kube-apiserver does."""
         res = self._res("v1/pods")
         if not isinstance(binding, dict):
             raise StatusError(400, "BadRequest", "request body must be a JSON object")
-        target = (binding.get("target") or {}).get("name")
-        if not target:
-            raise StatusError(422, "Invalid", "Binding.target.name: Required value")
         bmeta = binding.get("metadata") or {}
         if bmeta.get("name") not in (None, "", name):
             raise StatusError(400, "BadRequest", "Binding.metadata.name does not match the pod name")
+        obj = {**_clone(binding), "kind": "Binding", "apiVersion": "v1",
+               "metadata": {**_clone(bmeta), "name": name, "namespace": ns}}
+        configurations = self._webhook_configurations()
+        if configurations:
+            mutated = self._mutate("CREATE", res, "binding", name, ns, obj, None, user, dry_run, warnings,
+                                   configurations, kind="Binding")
+            obj = mutated if isinstance(mutated, dict) else obj
+            bmeta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+        target = (obj.get("target") or {}).get("name") if isinstance(obj.get("target"), dict) else None
+        if not target:
+            raise StatusError(422, "Invalid", "Binding.target.name: Required value")
         with self.cond:
-            self._admit("CREATE", res, "binding", name, ns, {**_clone(binding), "kind": "Binding", "apiVersion": "v1",
-                                                             "metadata": {**bmeta, "name": name, "namespace": ns}},
-                        None, user, kind="Binding")
+            self._admit("CREATE", res, "binding", name, ns, obj, None, user, kind="Binding", dry_run=dry_run)
             old = self._existing(res, ns, name)
             if bmeta.get("uid") and bmeta["uid"] != old["metadata"].get("uid"):
                 raise _conflict(res, name, f"Precondition failed: UID in precondition: {bmeta['uid']}, "
@@ -780,7 +1012,8 @@ class Store:
             conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
                           "lastTransitionTime": _now()})
             status["conditions"] = conds
-            self._commit(res, "MODIFIED", new, old)
+            if not dry_run:
+                self._commit(res, "MODIFIED", new, old)
 
     # -- watch
     def watch(self, res_key: str, sel: _Selector, since: int | None, deadline: float,
@@ -935,6 +1168,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     _raw = b""
     _user = ANONYMOUS_ADMIN
+    _warnings: list[str]
 
     def setup(self) -> None:
         super().setup()
@@ -948,6 +1182,12 @@ class _Handler(BaseHTTPRequestHandler):
         data = orjson.dumps(body)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        seen: set[str] = set()
+        for text in getattr(self, "_warnings", ()):  # the warning recorder: each text once, in order
+            header = warning_header(text)
+            if header is not None and text not in seen:
+                seen.add(text)
+                self.send_header("Warning", header)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -963,6 +1203,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         n = int(self.headers.get("Content-Length") or 0)
         self._raw = self.rfile.read(n) if n else b""
+        self._warnings = []
         scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
         token = token.strip() if scheme.lower() == "bearer" else ""
         if self.server.recorded is not None:
@@ -1090,6 +1331,7 @@ class _Handler(BaseHTTPRequestHandler):
         if (sub == "binding" and method != "POST") or (sub == "status" and method not in ("GET", "PUT", "PATCH")):
             raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {res.plural}/{sub}")
 
+        dry_run = self._dry_run(method, sub, parse_qs(url.query).get("dryRun") or [])
         if method == "GET" and name is None:
             if q.get("watch") in ("true", "1"):
                 self._watch(res, m.group("ns"), q)
@@ -1111,22 +1353,39 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, obj)
         elif method == "POST" and name is None:
             if not res.namespaced or m.group("ns") is not None:
-                self._send_json(201, store.create(res.key, ns, self._body(), user=self._user))
+                self._send_json(201, store.create(res.key, ns, self._body(), user=self._user, dry_run=dry_run,
+                                                  warnings=self._warnings))
             else:
                 raise StatusError(405, "MethodNotAllowed", f"create {res.plural} in a namespace")
         elif method == "POST" and sub == "binding":
-            store.bind(ns, name, self._body(), user=self._user)
+            store.bind(ns, name, self._body(), user=self._user, dry_run=dry_run, warnings=self._warnings)
             self._send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                   "code": 201})
         elif method == "PUT" and name is not None:
-            self._send_json(200, store.update(res.key, ns, name, self._body(), sub, user=self._user))
+            self._send_json(200, store.update(res.key, ns, name, self._body(), sub, user=self._user, dry_run=dry_run,
+                                              warnings=self._warnings))
         elif method == "PATCH" and name is not None:
-            self._send_json(200, store.patch(res.key, ns, name, self._body(),
-                                             self.headers.get("Content-Type", ""), sub, user=self._user))
+            self._send_json(200, store.patch(res.key, ns, name, self._body(), self.headers.get("Content-Type", ""),
+                                             sub, user=self._user, dry_run=dry_run, warnings=self._warnings))
         elif method == "DELETE" and name is not None:
-            self._send_json(200, store.delete(res.key, ns, name, self._body(), user=self._user))
+            self._send_json(200, store.delete(res.key, ns, name, self._body(), user=self._user, dry_run=dry_run,
+                                              warnings=self._warnings))
         else:
             raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {url.path}")
+
+    @staticmethod
+    def _dry_run(method: str, sub: str | None, values: list[str]) -> bool:
+        """The `dryRun` query parameter of a write: only `All` is valid (ValidateDryRun), else 422 as
+        kube-apiserver's options validation answers."""
+        if not values or method in ("GET", "HEAD"):
+            return False
+        if any(v != "All" for v in values):
+            kind = {"POST": "CreateOptions", "PUT": "UpdateOptions", "PATCH": "PatchOptions"}.get(method,
+                                                                                                 "DeleteOptions")
+            shown = "[]string{" + ", ".join(f'"{v}"' for v in values) + "}"
+            raise StatusError(422, "Invalid", f'{kind}.meta.k8s.io "" is invalid: dryRun: Unsupported value: {shown}: '
+                                              'supported values: "All"')
+        return True
 
     def _discovery(self, path: str) -> bool:
         """Answer a discovery path (testbed.discovery); False when `path` is not one."""
@@ -1141,6 +1400,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif path.startswith("/apis/") and path.count("/") == 3:
             _, _, group, version = path.split("/")
             body = resource_list(group, version)
+        if isinstance(body, dict) and body.get("kind") == "APIResourceList":
+            group, _, version = str(body["groupVersion"]).rpartition("/")
+            body["resources"] += [r.entry() for r in _MORE_SERVED if r.group == group and r.version == version]
         if body is None:
             return False
         self._send_json(200, body)
@@ -1251,9 +1513,10 @@ class ApiServerStandIn:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, data_path: str | os.PathLike[str] | None = None,
                  history_size: int = 10000, watch_timeout: float = 1800.0, bookmark_interval: float = 60.0,
                  record_requests: bool = False, consumable_capacity: bool = True,
-                 users: dict[str, UserInfo] | None = None) -> None:
+                 users: dict[str, UserInfo] | None = None, service_resolver: ServiceResolver | None = None) -> None:
         self.store = Store(data_path, history_size)
         self.store.consumable_capacity = consumable_capacity
+        self.store.webhooks.service_resolver.update(service_resolver or {})
         self._server = _Server((host, port), self.store, watch_timeout, bookmark_interval, record_requests, users)
         self._thread: threading.Thread | None = None
         self.kubeconfig: str | None = None  # set by write_kubeconfig()
@@ -1263,6 +1526,12 @@ class ApiServerStandIn:
         """Base URL, e.g. http://127.0.0.1:34567."""
         host, port = self._server.server_address[:2]
         return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
+
+    @property
+    def service_resolver(self) -> dict[tuple[str, str, int], tuple[str, int]]:
+        """Where a webhook's `service` is reached: (namespace, name, port) -> (host, port); change it at will (the
+        stand-in has no Service network; the TLS server name stays `<name>.<namespace>.svc`)."""
+        return self.store.webhooks.service_resolver
 
     @property
     def open_watches(self) -> int:
@@ -1402,6 +1671,14 @@ class ApiServerProcess:
         self.stop()
 
 
+def _parse_service_route(text: str) -> tuple[tuple[str, str, int], tuple[str, int]]:
+    """`NS/NAME:PORT=HOST:PORT` (--webhook-service) as a service_resolver entry; ValueError otherwise."""
+    m = re.fullmatch(r"([^/=]+)/([^/:=]+):(\d+)=(.+):(\d+)", text.strip())
+    if not m:
+        raise ValueError(f"--webhook-service {text!r}: expected NS/NAME:PORT=HOST:PORT")
+    return (m[1], m[2], int(m[3])), (m[4], int(m[5]))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line entry: serve until SIGTERM / SIGINT."""
     ap = argparse.ArgumentParser(prog="python -m vgpu.testbed.apiserver",
@@ -1417,6 +1694,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="NAME=true|false,... as kube-apiserver's; known: DRAConsumableCapacity (default true)")
     ap.add_argument("--users-file", default=None,
                     help="JSON {token: {username, uid, groups, extra}}: only these bearer tokens are accepted")
+    ap.add_argument("--webhook-service", action="append", default=[], metavar="NS/NAME:PORT=HOST:PORT",
+                    help="where an admission webhook's service is reached (repeatable)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -1425,9 +1704,10 @@ def main(argv: list[str] | None = None) -> int:
              for k, _, v in (g.partition("=") for g in args.feature_gates.split(",") if g.strip())}
     try:
         users = read_users(args.users_file) if args.users_file else None
+        services = dict(_parse_service_route(text) for text in args.webhook_service)
         srv = ApiServerStandIn(host or "127.0.0.1", int(port), args.data, args.history, args.watch_timeout,
                                args.bookmark_interval, consumable_capacity=gates.get("DRAConsumableCapacity", True),
-                               users=users)
+                               users=users, service_resolver=services)
     except (OSError, ValueError) as exc:
         print(f"apiserver stand-in: cannot start: {exc}", file=sys.stderr)
         return 2

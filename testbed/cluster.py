@@ -14,6 +14,10 @@ authenticates every component by a token of its own, as the identity it has in a
 plugins as their ServiceAccounts, a plugin's token bound to a pod on its node, kubelets as `system:node:<name>`,
 kube-scheduler as `system:kube-scheduler`), evaluates the policies on every write, and `tenant_kubeconfig` is a
 tenant's (a plain user); the harness itself stays a cluster admin.
+With `webhook_configuration` (a MutatingWebhookConfiguration, such as the Helm chart's), our admission webhook
+(`vgpu webhook`) runs too, over HTTPS with a certificate of the test bed's own CA, and is registered by that
+configuration with each clientConfig pointed at it by URL (the stand-in has no Service network), so pods are created
+unedited and opted in by it.
 Each piece can be killed (SIGKILL to its process group), stopped and restarted on the same ports and paths, which
 is what the fault tests do. `stop()` (also run at interpreter exit) ends every group it started, whatever
 happened before.
@@ -22,6 +26,8 @@ happened before.
 from __future__ import annotations
 
 import atexit
+import base64
+import copy
 import ctypes
 import fcntl
 import logging
@@ -29,6 +35,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -46,6 +53,7 @@ import orjson
 from vgpu.testbed.admission import POLICY_PLURALS
 from vgpu.testbed.apiserver import write_kubeconfig
 from vgpu.testbed.machine import MachineGPU, machine
+from vgpu.testbed.pki import make_pki
 
 ADMIN_TOKEN = "standin"  # the token of the kubeconfig the API server writes (testbed.apiserver.write_kubeconfig)
 
@@ -283,7 +291,8 @@ class LocalCluster:
                  scheduler_args: Iterable[str] = (), plugin_args: Iterable[str] = (),
                  unschedulable_flush: float = 5.0, memory_factor: int | None = None,
                  resource_mode: str = "mib", cgroup_root: str | None = None, container_runtime: str = "processes",
-                 dra: bool = False, admission_policies: Iterable[dict] | None = None) -> None:
+                 dra: bool = False, admission_policies: Iterable[dict] | None = None,
+                 webhook_configuration: dict | None = None, webhook_args: Iterable[str] = ()) -> None:
         self.workdir = Path(workdir).resolve()
         self.dra = dra
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -337,6 +346,19 @@ class LocalCluster:
             sharing = self.workdir / "scheduler-sharing.yaml"
             sharing.write_text(f"sharing:\n  gpu_memory_factor: {self.memory_factor}\n")
             self.scheduler_args = ["--config", str(sharing), *self.scheduler_args]
+        self.webhook: Proc | None = None
+        self.webhook_configuration = webhook_configuration
+        if webhook_configuration is not None:
+            self.webhook_port = free_port()
+            (self.workdir / "webhook-pki").mkdir(exist_ok=True)
+            self.webhook_pki = make_pki(self.workdir / "webhook-pki")
+            # the scheduler's configuration file, whose sharing section the webhook reads too
+            shared = self.scheduler_args[self.scheduler_args.index("--config"):][:2] \
+                if "--config" in self.scheduler_args else []
+            self.webhook = Proc("webhook", _vgpu(
+                "--log-level", log_level, "webhook", "--listen", f"127.0.0.1:{self.webhook_port}",
+                "--tls-cert-file", str(self.webhook_pki["cert"]), "--tls-private-key-file",
+                str(self.webhook_pki["key"]), *shared, *webhook_args), self.logs / "webhook.log")
         self.trace = self.workdir / "trace.jsonl"
         identity = self._identities() if self.admission_policies is not None else {}
         users_args = ["--users-file", str(self.workdir / "users.json")] if identity else []
@@ -592,6 +614,31 @@ class LocalCluster:
 
         self.wait("the extender", ready, timeout, procs=[self.extender])
 
+    def start_webhook(self, timeout: float = 30.0) -> None:
+        """Start (or restart) `vgpu webhook`, wait for its /healthz over HTTPS, and register it (once)."""
+        assert self.webhook is not None
+        self.webhook.start()
+        ca = self.webhook_pki["ca"]
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"https://127.0.0.1:{self.webhook_port}/healthz", timeout=2,
+                                 verify=ssl.create_default_context(cafile=str(ca))).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        self.wait("the webhook", ready, timeout, procs=[self.webhook])
+        assert self.webhook_configuration is not None
+        doc = copy.deepcopy(self.webhook_configuration)
+        path = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+        if self.api_get(f"{path}/{doc['metadata']['name']}") is None:
+            bundle = base64.b64encode(ca.read_bytes()).decode()
+            for hook in doc.get("webhooks") or ():
+                where = (hook.get("clientConfig") or {}).get("service") or {}
+                hook["clientConfig"] = {"url": f"https://127.0.0.1:{self.webhook_port}{where.get('path', '/')}",
+                                        "caBundle": bundle}
+            self.api_post(path, doc)
+
     def start_driver(self, timeout: float = 30.0) -> None:
         """Start (or restart) the kube-scheduler stand-in and wait for its `ready` line."""
         size = self.driver.log_path.stat().st_size if self.driver.log_path.exists() else 0
@@ -613,6 +660,8 @@ class LocalCluster:
             self.start_apiserver()
             for doc in self.admission_policies or ():
                 self.api_post(f"/apis/admissionregistration.k8s.io/v1/{POLICY_PLURALS[doc['kind']]}", doc)
+            if self.webhook is not None:
+                self.start_webhook()
             self.extender.start()
             for node in self.nodes:
                 self._prepare_node(node)
@@ -636,14 +685,14 @@ class LocalCluster:
 
     def processes(self) -> list[Proc]:
         """Every process of the cluster."""
-        procs = [self.apiserver, self.extender, self.driver]
+        procs = [self.apiserver, self.extender, self.driver, *([self.webhook] if self.webhook else [])]
         for node in self.nodes:
             procs += [p for p in (node.kubelet, node.plugin) if p is not None]
         return procs
 
     def stop(self) -> None:
         """Stop every process (scheduler side first, the API server last); never raises."""
-        order = [self.driver, self.extender]
+        order = [self.driver, self.extender, *([self.webhook] if self.webhook else [])]
         for node in self.nodes:
             order += [p for p in (node.plugin, node.kubelet) if p is not None]
         order.append(self.apiserver)

@@ -13,16 +13,22 @@ the product (an import-linter contract keeps the stand-ins off the product's qua
   `defaultContainerRequests`; the API stand-in does not default pod-level requests, so a test writes them).
 * `resource_amount`: the unit kube-scheduler counts in (`pkg/scheduler/framework/types.go` `Resource`: CPU in
   milli-cores, everything else in its own unit).
+* `Quantity` / `format_quantity`: a quantity that keeps its format and prints in apimachinery's canonical form
+  (`quantity.go` `CanonicalizeBytes`), for messages that print quantities as kube-apiserver does (the ResourceQuota
+  stand-in's); `pod_resource_lists`: a pod's requests and limits in such quantities (component-helpers `PodRequests`,
+  `PodLimits`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-__all__ = ["QuantityError", "parse_quantity", "pod_requests", "resource_amount"]
+__all__ = ["BINARY_SI", "DECIMAL_EXPONENT", "DECIMAL_SI", "Quantity", "QuantityError", "ResourceList",
+           "format_quantity", "parse_quantity", "pod_requests", "pod_resource_lists", "resource_amount"]
 
 _QUANTITY = re.compile(r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
                        r"(?:(?P<binary>[KMGTPE]i)|(?P<exponent>[eE][+-]?[0-9]+)|(?P<decimal>[numkMGTPE]?))$")
@@ -110,3 +116,161 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, Fraction]:
     if isinstance(overhead, Mapping):
         _add(result, {str(n): resource_amount(str(n), raw) for n, raw in overhead.items()})
     return result
+
+
+# ------------------------------------------------------------------------- quantities that print as apimachinery's
+
+DECIMAL_SI, BINARY_SI, DECIMAL_EXPONENT = "DecimalSI", "BinarySI", "DecimalExponent"
+_NANO = Fraction(1, 10**9)
+_DECIMAL_SUFFIXES = {-9: "n", -6: "u", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
+_BINARY_SUFFIXES = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+@dataclass(frozen=True, slots=True)
+class Quantity:
+    """A resource quantity that remembers its format, as apimachinery's `resource.Quantity` does, and prints in its
+    canonical form (`String()` / `CanonicalizeBytes` of kubernetes/apimachinery `pkg/api/resource/quantity.go`):
+
+    * the format is the suffix's kind when parsed (`Ki`..`Ei`: BinarySI, `e<n>`: DecimalExponent, else DecimalSI;
+      a BinarySI value strictly between 0 and 1 becomes DecimalSI, as `ParseQuantity` does); a value is rounded up
+      (away from zero) to a whole nano when parsed;
+    * zero prints `0`; DecimalSI and DecimalExponent print the integer mantissa with the largest exponent that is a
+      multiple of 3 and loses nothing (`AsCanonicalBytes`: 1.5 -> `1500m`, 2000 -> `2k`, 1e3 -> `1e3`); BinarySI
+      prints the largest power of 1024 that divides the value (`AsCanonicalBase1024Bytes`: 1.5Gi -> `1536Mi`), unless
+      the value is within (-1024, 1024) or not whole, which print as DecimalSI;
+    * `a + b` and `a - b` keep `a`'s format unless `a` is zero, which takes `b`'s (`Quantity.Add` / `Sub`).
+    """
+
+    value: Fraction
+    format: str = DECIMAL_SI
+
+    @classmethod
+    def parse(cls, raw: object) -> Quantity:
+        """`resource.ParseQuantity` (an int, as JSON carries small ones, reads as its decimal string)."""
+        text = str(raw).strip() if isinstance(raw, int) and not isinstance(raw, bool) else raw
+        value = parse_quantity(text)
+        match = _QUANTITY.match(text.strip()) if isinstance(text, str) else None
+        assert match is not None
+        fmt = BINARY_SI if match["binary"] else DECIMAL_EXPONENT if match["exponent"] else DECIMAL_SI
+        value = _round_up_to_nano(value)
+        if fmt == BINARY_SI and 0 < abs(value) < 1:
+            fmt = DECIMAL_SI
+        return cls(value, fmt)
+
+    def __add__(self, other: Quantity) -> Quantity:
+        return Quantity(self.value + other.value, other.format if self.value == 0 else self.format)
+
+    def __sub__(self, other: Quantity) -> Quantity:
+        return Quantity(self.value - other.value, other.format if self.value == 0 else self.format)
+
+    def __str__(self) -> str:
+        return format_quantity(self.value, self.format)
+
+
+def _round_up_to_nano(value: Fraction) -> Fraction:
+    scaled = value / _NANO
+    if scaled.denominator == 1:
+        return value
+    whole = -((-abs(scaled.numerator)) // scaled.denominator)  # ceil of |scaled|
+    return Fraction(whole if value > 0 else -whole) * _NANO
+
+
+def format_quantity(value: Fraction, fmt: str = DECIMAL_SI) -> str:
+    """The canonical text of `value` in format `fmt` (see `Quantity`)."""
+    value = _round_up_to_nano(Fraction(value))
+    if value == 0:
+        return "0"
+    if fmt == BINARY_SI and (-1024 < value < 1024 or value.denominator != 1):
+        fmt = DECIMAL_SI
+    if fmt == BINARY_SI:
+        mantissa, power = int(value), 0
+        while power < len(_BINARY_SUFFIXES) - 1 and mantissa % 1024 == 0:
+            mantissa //= 1024
+            power += 1
+        return f"{mantissa}{_BINARY_SUFFIXES[power]}"
+    mantissa, exponent = int(value / _NANO), -9
+    while mantissa % 10 == 0:
+        mantissa //= 10
+        exponent += 1
+    while exponent % 3:
+        mantissa *= 10
+        exponent -= 1
+    if fmt == DECIMAL_SI and exponent in _DECIMAL_SUFFIXES:
+        return f"{mantissa}{_DECIMAL_SUFFIXES[exponent]}"
+    return f"{mantissa}e{exponent}" if exponent else str(mantissa)
+
+
+ResourceList = dict[str, Quantity]
+
+
+def _quantities(resources: object, kind: str) -> ResourceList:
+    """A container's `resources.requests` or `resources.limits` as quantities (unreadable values left out)."""
+    if not isinstance(resources, Mapping) or not isinstance(resources.get(kind), Mapping):
+        return {}
+    out: ResourceList = {}
+    for name, raw in resources[kind].items():
+        try:
+            out[str(name)] = Quantity.parse(raw)
+        except QuantityError:
+            continue
+    return out
+
+
+def _add_list(into: ResourceList, more: Mapping[str, Quantity]) -> None:
+    for name, quantity in more.items():
+        into[name] = into[name] + quantity if name in into else quantity
+
+
+def _max_list(into: ResourceList, more: Mapping[str, Quantity]) -> None:
+    for name, quantity in more.items():
+        if name not in into or quantity.value > into[name].value:
+            into[name] = quantity
+
+
+def _pod_level(name: str) -> bool:
+    return name in _POD_LEVEL or name.startswith("hugepages-")
+
+
+def pod_resource_lists(pod: Mapping[str, Any]) -> tuple[ResourceList, ResourceList]:
+    """The pod's requests and limits as component-helpers `resource/helpers.go` `PodRequests` and `PodLimits`
+    compute them from the spec (the algorithm of `pod_requests`, over each container's own requests or limits, in
+    quantities that keep their format): containers summed, sidecars added, the largest init-container need taken,
+    pod-level values for CPU, memory and hugepages; the overhead added to every request and to the limits that are
+    set and non-zero. Requests are read as stored, after the API server's defaulting (no limit is copied here)."""
+    spec = pod.get("spec") or {}
+    pod_level = spec.get("resources") if isinstance(spec.get("resources"), Mapping) else {}
+    overhead = _quantities({"overhead": spec.get("overhead")}, "overhead")
+    out: list[ResourceList] = []
+    for kind in ("requests", "limits"):
+        total: ResourceList = {}
+        for container in spec.get("containers") or ():
+            if isinstance(container, Mapping):
+                _add_list(total, _quantities(container.get("resources"), kind))
+        sidecars: ResourceList = {}
+        init_peak: ResourceList = {}
+        for container in spec.get("initContainers") or ():
+            if not isinstance(container, Mapping):
+                continue
+            own = _quantities(container.get("resources"), kind)
+            if container.get("restartPolicy") == "Always":
+                _add_list(total, own)
+                _add_list(sidecars, own)
+                need = sidecars
+            else:
+                need = dict(own)
+                _add_list(need, sidecars)
+            _max_list(init_peak, need)
+        _max_list(total, init_peak)
+        level = _quantities(pod_level, kind)
+        if kind == "requests":
+            if any(_pod_level(n) for n in level):
+                total.update({n: q for n, q in level.items() if _pod_level(n)})
+            _add_list(total, overhead)
+        else:
+            if any(_pod_level(n) for n in {**_quantities(pod_level, "requests"), **level}):
+                total.update({n: q for n, q in level.items() if _pod_level(n)})
+            for name, quantity in overhead.items():
+                if name in total and total[name].value != 0:
+                    total[name] = total[name] + quantity
+        out.append(total)
+    return out[0], out[1]

@@ -23,6 +23,7 @@ from vgpu.isolation import cli as isolation_cli
 from vgpu.isolation.doctor import cli as doctor_cli
 from vgpu.replay import cli as replay_cli
 from vgpu.scheduler import cli as scheduler_cli
+from vgpu.webhook import cli as webhook_cli
 
 __all__ = ["PLUGIN_GROUP", "build_parser", "main"]
 
@@ -35,6 +36,7 @@ COMPONENTS: tuple[Callable[[Any], None], ...] = (
     isolation_cli.register,
     doctor_cli.register,
     replay_cli.register,
+    webhook_cli.register,
 )
 
 

@@ -33,6 +33,8 @@ HAMI_USE_GPU_UUID = "nvidia.com/use-gpuuuid"
 HAMI_NOUSE_GPU_UUID = "nvidia.com/nouse-gpuuuid"
 # HAMi's per-pod GPU order inside a node (binpack or spread), over the scheduler's --gpu-policy
 HAMI_GPU_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
+# HAMi's per-pod node order (binpack or spread), over the scheduler's --node-policy
+HAMI_NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"
 GPU_ORDER_NAMES = ("binpack", "spread")
 VGPU_MODE = "volcano.sh/vgpu-mode"
 

@@ -69,6 +69,7 @@ class Selectors:
     nouse_uuids: frozenset[str] = frozenset()
     mode: str = ""
     gpu_order: str = ""  # binpack or spread: the pod's own GPU order inside a node; "" = the scheduler's
+    node_order: str = ""  # binpack or spread: the pod's own node score; "" = the scheduler's node policy
 
     def type_allowed(self, card_type: str) -> bool:
         """Case-insensitive substring match of the card type against the use/nouse lists (use wins)."""
@@ -92,8 +93,8 @@ def _split_list(value: str | None, lower: bool = False) -> list[str]:
 
 
 def pod_selectors(pod: Mapping[str, Any]) -> Selectors:
-    """Read the GPU type, UUID and mode selectors from a pod's annotations (a UUID list under Volcano's or HAMi's
-    name, or both: the UUIDs of either)."""
+    """Read the GPU type, UUID and mode selectors and HAMi's GPU and node orders from a pod's annotations (a UUID
+    list under Volcano's or HAMi's name, or both: the UUIDs of either)."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     return Selectors(
         use_types=tuple(_split_list(annotations.get(keys.USE_GPU_TYPE), lower=True)),
@@ -103,13 +104,14 @@ def pod_selectors(pod: Mapping[str, Any]) -> Selectors:
         nouse_uuids=frozenset(_split_list(annotations.get(keys.NOUSE_GPU_UUID))
                               + _split_list(annotations.get(keys.HAMI_NOUSE_GPU_UUID))),
         mode=(annotations.get(keys.VGPU_MODE) or "").strip(),
-        gpu_order=_gpu_order(annotations.get(keys.HAMI_GPU_SCHEDULER_POLICY)),
+        gpu_order=_order_word(annotations.get(keys.HAMI_GPU_SCHEDULER_POLICY)),
+        node_order=_order_word(annotations.get(keys.HAMI_NODE_SCHEDULER_POLICY)),
     )
 
 
-def _gpu_order(value: str | None) -> str:
-    """HAMi's hami.io/gpu-scheduler-policy: binpack or spread (any case); anything else is not a GPU order and leaves
-    the scheduler's."""
+def _order_word(value: str | None) -> str:
+    """HAMi's hami.io/gpu-scheduler-policy and node-scheduler-policy: binpack or spread (any case); anything else is
+    not an order and leaves the scheduler's."""
     word = (value or "").strip().lower()
     return word if word in keys.GPU_ORDER_NAMES else ""
 
@@ -212,6 +214,22 @@ def _lookup(resources: Mapping[str, Any], names: tuple[ResourceNames, ...], attr
     return getattr(names[0], attr), None
 
 
+_SHARE_FIELDS = ("memory", "memory_percentage", "cores")
+
+
+def _name_sets(resources: Mapping[str, Any], config: SharingConfig) -> tuple[ResourceNames, ...]:
+    """The name sets to read for one container: under `hami_names: shared`, HAMi's set only where the container asks
+    for one of HAMi's share names (nvidia.com/gpu alone is a whole GPU of NVIDIA's device plugin, not ours)."""
+    names = config.name_sets()
+    if len(names) < 2 or config.hami_mode() != "shared":
+        return names
+    tables = [t for t in (resources.get("limits"), resources.get("requests")) if isinstance(t, Mapping)]
+    hami = names[1]
+    if any(getattr(hami, field) in table for field in _SHARE_FIELDS for table in tables):
+        return names
+    return names[:1]
+
+
 def _integer(container: str, resource: str, raw: Any, low: int, high: int) -> int:
     try:
         value = parse_integer_quantity(raw)
@@ -231,7 +249,7 @@ def _container_request(
     resources = container.get("resources") or {}
     if not isinstance(resources, Mapping):
         return None
-    names = config.name_sets()
+    names = _name_sets(resources, config)
     n_name, n_raw = _lookup(resources, names, "number")
     m_name, m_raw = _lookup(resources, names, "memory")
     p_name, p_raw = _lookup(resources, names, "memory_percentage")

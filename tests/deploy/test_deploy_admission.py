@@ -13,7 +13,7 @@ from cluster_scenario import ADMIN, NODE
 from deploy_helpers import load_manifests
 
 from vgpu import grants, keys
-from vgpu.resources import ResourceNames
+from vgpu.resources import HAMI_NAMES, ResourceNames
 from vgpu.testbed.apiserver import merge_patch
 
 ASSIGNMENT = "vgpu-sharing-assignment-annotations"
@@ -82,7 +82,8 @@ def test_the_policies_name_the_codes_keys_resources_and_service_accounts():
     assert assignment.constant("schedulers") == [EXTENDER.username]
     assert assignment.constant("devicePlugin") == plugin().username
     assert {u.rsplit(":", 1)[1] for u in (EXTENDER.username, plugin().username)} <= accounts
-    assert policies()[PLACEMENT].constant("resources") == list(ResourceNames().all())
+    assert policies()[PLACEMENT].constant("resources") == [
+        *ResourceNames().all(), HAMI_NAMES.memory, HAMI_NAMES.memory_percentage, HAMI_NAMES.cores]
 
 
 # ------------------------------------------------------------------------------ the round's writes, replayed

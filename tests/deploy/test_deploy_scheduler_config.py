@@ -8,7 +8,7 @@ import pytest
 import yaml
 from deploy_helpers import NAMESPACE, find, flag, mounted_file
 
-from vgpu.resources import SCHEDULER_NAME, ResourceNames, SharingConfig
+from vgpu.resources import HAMI_NAMES, QUOTA_CORES, QUOTA_MEMORY, SCHEDULER_NAME, ResourceNames, SharingConfig
 
 # Field names of kubescheduler.config.k8s.io/v1 (k8s.io/kube-scheduler/config/v1/types.go); kube-scheduler
 # decodes strictly, so a misspelt key (say `enableHttps`, the removed Policy API's spelling) stops it.
@@ -77,7 +77,8 @@ def test_extender_entry():
 def test_managed_resources_are_the_codes_default_names():
     (ext,) = scheduler_config()["extenders"]
     names = [r["name"] for r in ext["managedResources"]]
-    assert names == list(ResourceNames().all())
+    assert names == [*ResourceNames().all(), HAMI_NAMES.memory, HAMI_NAMES.memory_percentage, HAMI_NAMES.cores,
+                     QUOTA_MEMORY, QUOTA_CORES]
     assert {"volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "volcano.sh/vgpu-cores"} <= set(names)
     assert all(r["ignoredByScheduler"] is True for r in ext["managedResources"])
 
@@ -178,8 +179,12 @@ def test_sharing_config_names_the_managed_resources(tmp_path):
     cfg = load_scheduler_config(path, {}).sharing
     (ext,) = scheduler_config()["extenders"]
     managed = {r["name"] for r in ext["managedResources"]}
-    for names in cfg.name_sets():
-        assert set(names.all()) <= managed
+    assert all(r["ignoredByScheduler"] for r in ext["managedResources"])
+    # ours, HAMi's share names (read by default) and the webhook's quota totals; nvidia.com/gpu alone is a whole GPU
+    # of NVIDIA's device plugin under hami_names: shared, which NodeResourcesFit must keep counting
+    assert cfg.hami_mode() == "shared"
+    assert managed == {*cfg.resources.all(), HAMI_NAMES.memory, HAMI_NAMES.memory_percentage, HAMI_NAMES.cores,
+                       QUOTA_MEMORY, QUOTA_CORES}
 
 
 def test_the_daemonsets_count_memory_in_mib():

@@ -107,7 +107,7 @@ INVALID = [
     ({"backend": "cuda"}, {}, r"^--backend: unknown value 'cuda'"),
     ({"backend": "nvml", "sim_gpus": "1xT4"}, {}, r"^--sim-gpus: only meaningful with --backend sim"),
     ({"backend": "sim"}, {}, r"^--sim-gpus: required with --backend sim"),
-    ({"advertise_nvidia_gpu": "true"}, {}, r"^--advertise-nvidia-gpu: needs sharing.hami_aliases: true"),
+    ({"advertise_nvidia_gpu": "true"}, {}, r"^--advertise-nvidia-gpu: needs sharing.hami_names: all"),
     ({"node_name": ""}, {}, r"^--node-name: required"),
     ({}, {"CONFIG_FILE": "/nonexistent/options.yaml"}, r"^--config-file /nonexistent/options.yaml: No such file"),
 ]
@@ -305,7 +305,7 @@ def test_node_labels_off(cluster):
 
 def test_whole_gpu_mode_advertises_nvidia_gpu_and_grants_whole_cards(cluster, tmp_path):
     config = tmp_path / "device-plugin.yaml"
-    config.write_text("sharing:\n  hami_aliases: true\n")
+    config.write_text("sharing:\n  hami_names: all\n")
     cluster.start_plugin("2xT4", "--config", str(config), "--advertise-nvidia-gpu",
                          resources=(*RESOURCES, "nvidia.com/gpu"))
     a, b = cluster.wait_inventory()

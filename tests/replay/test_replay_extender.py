@@ -74,10 +74,10 @@ def _replayed(nodes: list[TraceNode], pods: list[TracePod]) -> tuple[list[str], 
 @pytest.fixture
 def cluster(tmp_path):
     """API-server stand-in, `vgpu scheduler` served over HTTP in this process, and the kube-scheduler driver."""
+    from vgpu.httpserve import make_uvicorn_server
     from vgpu.kube import make_api_client
     from vgpu.scheduler.config import load_config
     from vgpu.scheduler.runtime import SchedulerRuntime
-    from vgpu.scheduler.server import make_uvicorn_server
     from vgpu.testbed.apiserver import ApiServerStandIn
     from vgpu.testbed.cluster import free_port
     from vgpu.testbed.scheduler_driver import SchedulerDriver, find_deploy_config, load_scheduler_config

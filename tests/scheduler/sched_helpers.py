@@ -69,9 +69,9 @@ class ServedExtender:
     """SchedulerRuntime + uvicorn in threads of this process, on a free port."""
 
     def __init__(self, kubeconfig: str, **overrides):
+        from vgpu.httpserve import make_uvicorn_server
         from vgpu.scheduler.config import load_config
         from vgpu.scheduler.runtime import SchedulerRuntime
-        from vgpu.scheduler.server import make_uvicorn_server
 
         overrides.setdefault("metrics_listen", "")
         self.config = load_config(None, {"kubeconfig": kubeconfig, **overrides})

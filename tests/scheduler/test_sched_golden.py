@@ -282,3 +282,22 @@ def test_hami_gpu_scheduler_policy_orders_the_pods_own_gpus(scheduler_order, ann
         assert out["NodeNames"] == ["n1"]
     assert placed(ledger, "first")[1][0][0] == expected
     assert placed(ledger, "second")[1][0][0] != expected
+
+
+@pytest.mark.parametrize("node_policy, annotation, expected", [
+    ("binpack", None, ("node2", "device4")),
+    ("binpack", "spread", ("node1", "device1")),
+    ("spread", "binpack", ("node2", "device4")),
+    ("fragaware", None, ("node1", "device1")),
+    ("fragaware", "Spread", ("node2", "device3")),  # the GPU order stays fragaware's: an idle GPU of node2 wins
+    ("spread", "leastused", ("node1", "device1")),  # not a node order: the scheduler's
+])
+def test_hami_node_scheduler_policy_scores_nodes_for_the_pod(node_policy, annotation, expected):
+    """HAMi's hami.io/node-scheduler-policy: the pod's own node score (binpack or spread), over --node-policy; the
+    same pod shape under another annotation is not served the first one's scores."""
+    ledger, ext = make(v7_nodes(), V7_EXISTING, node_policy)
+    annotations = {keys.HAMI_NODE_SCHEDULER_POLICY: annotation} if annotation else None
+    out = ext.filter({"Pod": pod("p", container(number=1, memory=1000, cores=20), annotations=annotations),
+                      "NodeNames": ["node1", "node2"]})
+    assert out["NodeNames"] == [expected[0]]
+    assert placed(ledger, "p") == (expected[0], [(expected[1], 1000, 20)])

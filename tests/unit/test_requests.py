@@ -57,8 +57,25 @@ def test_whole_gpu_mode_makes_number_only_containers_exclusive():
     assert shared.cores == 0  # an explicit 0 stays best effort
 
 
-def test_hami_names_are_ignored_without_the_switch():
+def test_by_default_hami_names_are_read_where_they_ask_for_a_share():
+    """hami_names: shared (the default): a container asking nvidia.com/gpu alone is NVIDIA's device plugin's whole
+    GPU, not ours; with any of HAMi's share names beside it, the whole HAMi request is ours."""
     assert pod_requests(pod(("c", {"nvidia.com/gpu": 1})), VOLCANO) == ()
+    (shared,) = pod_requests(pod(("c", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000})), VOLCANO)
+    assert (shared.count, shared.memory, shared.cores) == (2, 3000, 0)
+    (cores,) = pod_requests(pod(("c", {"nvidia.com/gpu": 3, "nvidia.com/gpucores": 30})), VOLCANO)
+    assert (cores.count, cores.memory_percent, cores.cores) == (3, 100, 30)
+    # two containers of one pod: the whole-GPU one is left to NVIDIA's plugin
+    mixed = pod(("whole", {"nvidia.com/gpu": 1}), ("share", {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25}))
+    assert [(r.container, r.memory_percent) for r in pod_requests(mixed, VOLCANO)] == [("share", 25)]
+
+
+def test_hami_names_off_and_all():
+    hami = pod(("c", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000}))
+    assert pod_requests(hami, SharingConfig(hami_names="off")) == ()
+    (whole,) = pod_requests(pod(("c", {"nvidia.com/gpu": 1})), SharingConfig(hami_names="all"))
+    assert (whole.count, whole.memory_percent, whole.cores) == (1, 100, 100)
+    assert SharingConfig(hami_aliases=True).hami_mode() == "all"  # the older switch
 
 
 def test_memory_or_cores_alone_mean_one_gpu():
