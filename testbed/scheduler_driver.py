@@ -24,6 +24,33 @@ the bare document or the ConfigMap that carries it), watches pods whose `spec.sc
   4. assume the pod on the node, then in a binding goroutine (a thread here) `POST {urlPrefix}/{bindVerb}` with
      ExtenderBindingArgs `{"PodName", "PodNamespace", "PodUID", "Node"}` when an interested extender binds, else
      the default binder (`pods/binding`).
+  Nominated pods (pkg/scheduler/backend/queue/nominator.go, framework/runtime RunFilterPluginsWithNominatedPods):
+     a pending pod of this scheduler with `status.nominatedNodeName` (or nominated in memory by the last PostFilter)
+     counts on that node for the in-tree filters of every pod of lower or equal priority (addGENominatedPods: a
+     first pass with them, a second without them when they were added; both must pass); a pod that has a
+     nominated node tries that node alone first (evaluateNominatedNode: in-tree filters, then the extenders'
+     filterVerb with just that node) and takes it when it passes; assuming a pod drops its nomination.
+  PostFilter, when no node fits (schedulingCycle after a FitError; testbed/preemption.py has the plugin and its
+     fidelity notes): unless the driver is told `preemption=False` (CLI `--no-preemption`), with DefaultPreemption
+     enabled in the profile (not in `plugins.postFilter.disabled` / `plugins.multiPoint.disabled` by name or
+     `'*'`, unless listed again under `enabled`; pluginConfig `DefaultPreemption` args minCandidateNodesPercentage /
+     minCandidateNodesAbsolute, defaults 10 / 100), DefaultPreemption dry-runs the nodes whose status is
+     Unschedulable with the in-tree filters only (NOT the extenders' filterVerb: a node only an extender rejected
+     yields no victim and no candidate, `expected at least one victim pod on node "n"` -- see
+     testbed/preemption.py, this is upstream's behaviour and is kept), then `POST {urlPrefix}/{preemptVerb}` with
+     ExtenderPreemptionArgs `{"Pod", "NodeNameToVictims", "NodeNameToMetaVictims"}` (NodeNameToMetaVictims, pods
+     as `{"UID"}`, when `nodeCacheCapable`, else NodeNameToVictims with whole pods; the other one null) to each
+     interested extender with a preemptVerb, whose ExtenderPreemptionResult `{"NodeNameToMetaVictims"}` replaces
+     the candidates (convertToVictims: an unknown node or a uid not on that node is an error; a node with no
+     victims is an error unless the extender is ignorable, then it is dropped); the best candidate is nominated
+     (`status.nominatedNodeName`, patched with the PodScheduled condition) and its victims are preempted in the
+     background (async preemption, 1.34's default) while the preemptor is held out of the queue: DisruptionTarget
+     condition, delete, `Preempted` event. The FailedScheduling message gains the PostFilter's message
+     (" preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod.", " preemption: not
+     eligible due to preemptionPolicy=Never.", ...; nothing when a node was nominated). Without PostFilter
+     (`--no-preemption`, or DefaultPreemption disabled) and after a scheduling error or a failed binding, the pod's
+     nomination is cleared (clearNominatedNode), as upstream does. `preemption` is on by default, as
+     DefaultPreemption is in kube-scheduler's default profile.
 DRA (`resource.k8s.io/v1`): testbed/dra_scheduling.py adds kube-scheduler's DynamicResources plugin (pods wait
 for their claims, the in-tree filters are followed by structured-parameters allocation per node, PreBind writes the
 allocations and reservations before the binding; extended resources served by DRA skip the in-tree fit on nodes
@@ -56,7 +83,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -76,6 +103,27 @@ from vgpu.testbed.dra_allocator import (
 )
 from vgpu.testbed.dra_scheduling import DraBindError, DynamicResources, PodDra
 from vgpu.testbed.kubemath import pod_requests, resource_amount
+from vgpu.testbed.preemption import (
+    DEFAULT_MIN_CANDIDATE_NODES_ABSOLUTE,
+    DEFAULT_MIN_CANDIDATE_NODES_PERCENTAGE,
+    ERROR,
+    NO_CANDIDATE,
+    UNRESOLVABLE,
+    UNSCHEDULABLE,
+    NodeStatus,
+    Victims,
+    aggregate_errors,
+    disruption_target_condition,
+    eligible_to_preempt,
+    fit_error,
+    nominated_node_name,
+    now_rfc3339,
+    num_candidates,
+    pick_one_node,
+    pod_priority,
+    preempted_message,
+    select_victims,
+)
 
 __all__ = [
     "BUILTIN_CONFIG",
@@ -205,6 +253,9 @@ class Profile:
     percentage_of_nodes_to_score: int = 0
     ignored_resources: frozenset[str] = frozenset()  # pluginConfig NodeResourcesFit args.ignoredResources
     ignored_groups: frozenset[str] = frozenset()  # pluginConfig NodeResourcesFit args.ignoredResourceGroups
+    default_preemption: bool = True  # the PostFilter plugin DefaultPreemption is enabled (kube-scheduler's default)
+    min_candidate_nodes_percentage: int = DEFAULT_MIN_CANDIDATE_NODES_PERCENTAGE  # DefaultPreemptionArgs
+    min_candidate_nodes_absolute: int = DEFAULT_MIN_CANDIDATE_NODES_ABSOLUTE
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,9 +318,7 @@ def parse_scheduler_config(text: str, where: str = "<config>") -> SchedulerConfi
         raise ConfigError(f"{where}: apiVersion {api_version!r} is not kubescheduler.config.k8s.io/*")
     top_pct = int(doc.get("percentageOfNodesToScore") or 0)
     profiles = tuple(
-        Profile(str(p.get("schedulerName") or "default-scheduler"),
-                int(p.get("percentageOfNodesToScore") or top_pct),
-                *_fit_ignored(p, where))
+        _profile(p, top_pct, where)
         for p in doc.get("profiles") or [{}]
         if isinstance(p, dict)
     ) or (Profile(),)
@@ -309,6 +358,64 @@ def parse_scheduler_config(text: str, where: str = "<config>") -> SchedulerConfi
     if binders > 1:
         raise ConfigError(f"{where}: only one extender can implement bind, found {binders}")
     return SchedulerConfig(profiles, tuple(extenders), top_pct, where)
+
+
+def _profile(doc: Obj, top_pct: int, where: str) -> Profile:
+    ignored, groups = _fit_ignored(doc, where)
+    percentage, absolute = _preemption_args(doc, where)
+    return Profile(scheduler_name=str(doc.get("schedulerName") or "default-scheduler"),
+                   percentage_of_nodes_to_score=int(doc.get("percentageOfNodesToScore") or top_pct),
+                   ignored_resources=ignored, ignored_groups=groups,
+                   default_preemption=_post_filter_enabled(doc, where),
+                   min_candidate_nodes_percentage=percentage, min_candidate_nodes_absolute=absolute)
+
+
+def _post_filter_enabled(profile: Obj, where: str) -> bool:
+    """Whether the profile keeps DefaultPreemption at PostFilter: kube-scheduler's default plugins are all
+    multiPoint; `disabled` (postFilter or multiPoint) by name or `'*'` drops it, unless `enabled` lists it."""
+    plugins = profile.get("plugins") or {}
+    if not isinstance(plugins, dict):
+        raise ConfigError(f"{where}: profiles[].plugins: must be a mapping")
+    names: dict[str, set[str]] = {"enabled": set(), "disabled": set()}
+    for point in ("multiPoint", "postFilter"):
+        section = plugins.get(point) or {}
+        if not isinstance(section, dict):
+            raise ConfigError(f"{where}: profiles[].plugins.{point}: must be a mapping")
+        for kind in names:
+            for entry in section.get(kind) or ():
+                if not isinstance(entry, dict) or not entry.get("name"):
+                    raise ConfigError(f"{where}: profiles[].plugins.{point}.{kind}: entries need a name")
+                names[kind].add(str(entry["name"]))
+    if "DefaultPreemption" in names["enabled"]:
+        return True
+    return not names["disabled"] & {"DefaultPreemption", "*"}
+
+
+def _preemption_args(profile: Obj, where: str) -> tuple[int, int]:
+    """DefaultPreemptionArgs (defaults 10 and 100), checked as ValidateDefaultPreemptionArgs does."""
+    args: Obj = {}
+    for entry in profile.get("pluginConfig") or ():
+        if isinstance(entry, dict) and entry.get("name") == "DefaultPreemption":
+            args = entry.get("args") or {}
+    values = []
+    for key, default in (("minCandidateNodesPercentage", DEFAULT_MIN_CANDIDATE_NODES_PERCENTAGE),
+                         ("minCandidateNodesAbsolute", DEFAULT_MIN_CANDIDATE_NODES_ABSOLUTE)):
+        value = args.get(key, default)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{where}: pluginConfig DefaultPreemption args.{key}: must be an integer")
+        values.append(value)
+    percentage, absolute = values
+    prefix = f"{where}: pluginConfig DefaultPreemption args"
+    if not 0 <= percentage <= 100:
+        raise ConfigError(f"{prefix}.minCandidateNodesPercentage: Invalid value: {percentage}: not in valid range "
+                          f"[0, 100]")
+    if absolute < 0:
+        raise ConfigError(f"{prefix}.minCandidateNodesAbsolute: Invalid value: {absolute}: not in valid range "
+                          f"[0, inf)")
+    if percentage == 0 and absolute == 0:
+        raise ConfigError(f"{prefix}.minCandidateNodesPercentage: Invalid value: 0: cannot be zero at the same "
+                          f"time as minCandidateNodesAbsolute")
+    return percentage, absolute
 
 
 def _fit_ignored(profile: Obj, where: str) -> tuple[frozenset[str], frozenset[str]]:
@@ -447,6 +554,11 @@ class _Api:
         self.core.patch_namespaced_pod_status(meta["name"], meta.get("namespace") or "default", patch,
                                               _preload_content=False)
 
+    def delete_pod(self, pod: Obj) -> None:
+        """DELETE the pod (util.DeletePod: no options, so the pod's own grace period)."""
+        meta = pod["metadata"]
+        self.core.delete_namespaced_pod(meta["name"], meta.get("namespace") or "default", _preload_content=False)
+
     def create_event(self, namespace: str, body: Obj) -> None:
         """Create a core/v1 Event."""
         self.core.create_namespaced_event(namespace, body, _preload_content=False)
@@ -479,6 +591,27 @@ def _field(doc: Any, name: str) -> Any:
     return None
 
 
+def _short(exc: BaseException) -> str:
+    """The first line of an exception's text, for a log line."""
+    text = str(exc)
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _not_found(exc: BaseException) -> bool:
+    """An API answer of 404 (the official client's ApiException)."""
+    return getattr(exc, "status", None) == 404
+
+
+@dataclass(slots=True)
+class _Cycle:
+    """What one scheduling cycle sees (kube-scheduler's snapshot plus the nominator's pods)."""
+
+    nodes: dict[str, Obj]
+    usage: dict[str, dict[str, Fraction]]
+    on_node: dict[str, list[Obj]]
+    nominated: dict[str, list[Obj]]
+
+
 @dataclass(slots=True)
 class _QueuedPod:
     attempts: int = 0
@@ -496,8 +629,12 @@ class SchedulerDriver:
     def __init__(self, config: SchedulerConfig, kubeconfig: str | None, trace: str | None = None,
                  unschedulable_flush: float = 30.0, bind_workers: int = 16, seed: int | None = None,
                  api: Any = None, dra: bool = True,
-                 kubernetes_version: KubernetesVersion = DEFAULT_KUBERNETES_VERSION) -> None:
+                 kubernetes_version: KubernetesVersion = DEFAULT_KUBERNETES_VERSION,
+                 preemption: bool = True) -> None:
         self.config = config
+        # PostFilter: DefaultPreemption for the profiles that keep it (see the module docstring for the default)
+        self.preemption = preemption
+        self.profiles = {p.scheduler_name: p for p in config.profiles}
         self.kubernetes_version = parse_kubernetes_version(kubernetes_version)
         self.api = api if api is not None else _Api(kubeconfig)
         # DRA (testbed/dra_scheduling.py): the DynamicResources plugin and the resourceclaim controller
@@ -512,6 +649,8 @@ class SchedulerDriver:
         self.assumed: dict[str, tuple[str, Obj]] = {}  # pod key -> (node, pod)
         self.bound_at: dict[str, float] = {}  # pod key -> when its bind was answered (assumed until seen bound)
         self.queue_state: dict[str, _QueuedPod] = {}
+        self.nominated: dict[str, tuple[str, Obj]] = {}  # the nominator: pod key -> (nominated node, pod)
+        self.preempting: dict[str, str] = {}  # preemptor key -> its last victim's key ("" until registered)
         self.active: list[tuple[float, str]] = []  # heap of (enqueue time, key)
         self.in_active: set[str] = set()
         self.in_flight: set[str] = set()
@@ -627,10 +766,11 @@ class SchedulerDriver:
             for key in list(self.pods):
                 if key not in fresh:
                     self._forget_pod(key)
-            self.pods = fresh
+            old_pods, self.pods = self.pods, fresh
             for key, pod in fresh.items():
                 if self.dra is not None:
                     self.dra.pod_event(None, pod)
+                self._track_nomination(key, old_pods.get(key), pod)
                 self._consider(key, pod)
 
     def _apply(self, kind: str, typ: str | None, obj: Obj) -> None:
@@ -653,6 +793,7 @@ class SchedulerDriver:
                 return
             old = self.pods.get(key)
             self.pods[key] = obj
+            self._track_nomination(key, old, obj)
             if old is not None and _terminal(obj) and not _terminal(old):
                 self._flush_unschedulable("pod finished")
             if self.dra is not None and self.dra.pod_event(old, obj):
@@ -666,7 +807,22 @@ class SchedulerDriver:
         with self.lock:
             self._flush_unschedulable(why)
 
+    def _track_nomination(self, key: str, old: Obj | None, new: Obj) -> None:
+        """Caller holds the lock. The nominator's updateNominatedPod: a pod update keeps an in-memory nomination
+        only when neither version carries status.nominatedNodeName, else the new status decides; a pod that is
+        bound, finished or not ours is nominated nowhere."""
+        if not self._wants(new):
+            self.nominated.pop(key, None)
+            return
+        if not nominated_node_name(old) and not nominated_node_name(new) and key in self.nominated:
+            self.nominated[key] = (self.nominated[key][0], new)
+        elif nominated_node_name(new):
+            self.nominated[key] = (nominated_node_name(new), new)
+        else:
+            self.nominated.pop(key, None)
+
     def _forget_pod(self, key: str) -> None:
+        self.nominated.pop(key, None)
         self.cycle_seq.pop(key, None)
         self.assumed.pop(key, None)
         self.bound_at.pop(key, None)
@@ -740,6 +896,13 @@ class SchedulerDriver:
                     pod = self.pods.get(key)
                     if pod is None or not self._wants(pod) or key in self.assumed:
                         continue
+                    if key in self.preempting and self._running_preemption(key):
+                        # DefaultPreemption's PreEnqueue: "waiting for the preemption for this pod to be finished";
+                        # the pod waits with the unschedulable ones until a pod deletion moves it again
+                        held = self.queue_state.get(key)
+                        if held is not None:
+                            held.unschedulable_since = now
+                        continue
                     self.in_flight.add(key)
                     return key
                 wait = 1.0 if not self.active else min(1.0, max(0.0, self.active[0][0] - now))
@@ -759,14 +922,35 @@ class SchedulerDriver:
                     self.in_flight.discard(key)
                     self._requeue_with_backoff(key, "internal error")
 
-    def _node_usage(self) -> dict[str, dict[str, Fraction]]:
-        """Caller holds the lock. Requests of running/pending pods per node, assumed pods included."""
+    def _running_preemption(self, key: str) -> bool:
+        """Caller holds the lock. Evaluator.IsPodRunningPreemption: until the last victim is gone or being
+        deleted."""
+        last = self.preempting.get(key)
+        if last is None:
+            return False
+        if not last:
+            return True
+        victim = self.pods.get(last)
+        return victim is not None and not (victim.get("metadata") or {}).get("deletionTimestamp")
+
+    def _nominated_by_node(self) -> dict[str, list[Obj]]:
+        """Caller holds the lock. The nominator's pods per node."""
+        out: dict[str, list[Obj]] = {}
+        for node, pod in self.nominated.values():
+            out.setdefault(node, []).append(pod)
+        return out
+
+    def _snapshot(self) -> tuple[dict[str, dict[str, Fraction]], dict[str, list[Obj]]]:
+        """Caller holds the lock. Requests of running/pending pods per node and the pods themselves, assumed pods
+        included (kube-scheduler's NodeInfo)."""
         usage: dict[str, dict[str, Fraction]] = {}
+        on_node: dict[str, list[Obj]] = {}
         counted: set[str] = set()
 
         def add(node: str, pod: Obj) -> None:
             table = usage.setdefault(node, {"pods": Fraction(0)})
             table["pods"] += 1
+            on_node.setdefault(node, []).append(pod)
             for name, value in self._requests(pod).items():
                 table[name] = table.get(name, Fraction(0)) + value
 
@@ -778,7 +962,7 @@ class SchedulerDriver:
         for key, (node, pod) in self.assumed.items():
             if key not in counted:
                 add(node, pod)
-        return usage
+        return usage, on_node
 
     def _requests(self, pod: Obj) -> dict[str, Fraction]:
         """kubemath.pod_requests, cached per pod uid (a pod's requests never change)."""
@@ -790,8 +974,12 @@ class SchedulerDriver:
             found = self._request_cache[uid] = pod_requests(pod)
         return found
 
-    def _in_tree_filter(self, pod: Obj, node: Obj, used: dict[str, Fraction]) -> list[str]:
-        """Reasons the node fails kube-scheduler's default filter plugins (empty: it passes)."""
+    def _in_tree_status(self, pod: Obj, node: Obj, used: dict[str, Fraction]) -> NodeStatus | None:
+        """kube-scheduler's default filter plugins on one node: None when it passes, else the reasons (all of them,
+        where kube-scheduler stops at the first failing plugin) and the status code of the first failing plugin
+        in kube-scheduler's order: NodeUnschedulable, TaintToleration and NodeAffinity answer
+        UnschedulableAndUnresolvable; NodeResourcesFit answers Unschedulable unless a request exceeds the node's
+        whole allocatable (fit.go: `Unresolvable: podRequest > allocatable`)."""
         spec = pod.get("spec") or {}
         nspec = node.get("spec") or {}
         reasons = []
@@ -808,6 +996,7 @@ class SchedulerDriver:
         selector = spec.get("nodeSelector") or {}
         if any(labels.get(k) != v for k, v in selector.items()):
             reasons.append("node(s) didn't match Pod's node affinity/selector")
+        code = UNRESOLVABLE if reasons else UNSCHEDULABLE
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         max_pods = resource_amount("pods", allocatable.get("pods", DEFAULT_MAX_PODS))
         if used.get("pods", Fraction(0)) + 1 > max_pods:
@@ -824,7 +1013,40 @@ class SchedulerDriver:
             have = resource_amount(name, allocatable[name]) if name in allocatable else Fraction(0)
             if value > have - used.get(name, Fraction(0)):
                 reasons.append(f"Insufficient {name}")
-        return reasons
+                if value > have:
+                    code = UNRESOLVABLE
+        return NodeStatus(code, tuple(dict.fromkeys(reasons))) if reasons else None
+
+    def _filter_with_nominated(self, pod: Obj, node: Obj, used: dict[str, Fraction],
+                               nominated: list[Obj] | None) -> NodeStatus | None:
+        """RunFilterPluginsWithNominatedPods for the in-tree filters: first with the pods of equal or higher
+        priority nominated to the node counted on it (addGENominatedPods), then, if any was added and that
+        passed, without them."""
+        priority = pod_priority(pod)
+        uid = (pod.get("metadata") or {}).get("uid")
+        added = [other for other in nominated or ()
+                 if pod_priority(other) >= priority and (other.get("metadata") or {}).get("uid") != uid]
+        if added:
+            with_nominated = dict(used)
+            for other in added:
+                with_nominated["pods"] = with_nominated.get("pods", Fraction(0)) + 1
+                for name, value in self._requests(other).items():
+                    with_nominated[name] = with_nominated.get(name, Fraction(0)) + value
+            status = self._in_tree_status(pod, node, with_nominated)
+            if status is not None:
+                return status
+        return self._in_tree_status(pod, node, used)
+
+    def _node_filter(self, pod: Obj, node: Obj, cycle: _Cycle, dra_state: PodDra | None) -> NodeStatus | None:
+        """All filter plugins on one node (the in-tree ones with the nominated pods, then DynamicResources, whose
+        statuses are UnschedulableAndUnresolvable); AllocationError propagates."""
+        name = str((node.get("metadata") or {}).get("name"))
+        status = self._filter_with_nominated(pod, node, cycle.usage.get(name, {}), cycle.nominated.get(name))
+        if status is None and self.dra is not None and dra_state is not None:
+            reason = self.dra.filter(pod, dra_state, node)
+            if reason:
+                status = NodeStatus(UNRESOLVABLE, (reason,))
+        return status
 
     def _in_tree_score(self, pod: Obj, node: Obj, used: dict[str, Fraction]) -> int:
         """NodeResourcesFit LeastAllocated on cpu and memory, 0..100."""
@@ -906,9 +1128,10 @@ class SchedulerDriver:
             if pod is None or not self._wants(pod):
                 self.in_flight.discard(key)
                 return
-            nodes = dict(self.nodes)
-            usage = self._node_usage()
+            usage, on_node = self._snapshot()
+            cycle = _Cycle(nodes=dict(self.nodes), usage=usage, on_node=on_node, nominated=self._nominated_by_node())
             self.cycle_seq[key] = self.flush_seq
+        nodes = cycle.nodes
         total = len(nodes)
         dra_state: PodDra | None = None
         if self.dra is not None:
@@ -917,49 +1140,65 @@ class SchedulerDriver:
                 self._wait_for_claims(key, message)
                 return
             if message:
-                self._fail(key, pod, "Unschedulable", f"0/{total} nodes are available: {message}.", started)
+                # a PreFilter rejection: every node gets its status (UnschedulableAndUnresolvable), PostFilter runs
+                nominating, post = self._post_filter(key, pod, cycle, {}, dra_state)
+                self._fail(key, pod, "Unschedulable", f"0/{total} nodes are available: {message}." +
+                           (f" {post}" if post else ""), started, nominating=nominating)
                 return
-        reasons: Counter[str] = Counter()
+        statuses: dict[str, NodeStatus] = {}
         feasible: list[str] = []
-        for name in sorted(nodes):
-            why = self._in_tree_filter(pod, nodes[name], usage.get(name, {}))
-            if not why and self.dra is not None and dra_state is not None:
+        nominated_node = nominated_node_name(pod)
+        if nominated_node in nodes:
+            feasible = self._evaluate_nominated_node(key, pod, nominated_node, cycle, dra_state)
+        if not feasible:
+            for name in sorted(nodes):
                 try:
-                    why = [reason] if (reason := self.dra.filter(pod, dra_state, nodes[name])) else []
+                    status = self._node_filter(pod, nodes[name], cycle, dra_state)
                 except AllocationError as exc:
                     self._fail(key, pod, "SchedulerError", f'running "DynamicResources" filter plugin: {exc}',
-                               started)
+                               started, nominating="")
                     return
-            if why:
-                reasons.update(set(why))
-            else:
-                feasible.append(name)
-        feasible = feasible[:self._num_feasible_to_find(total)]
-        for ext in self.config.extenders:
-            if not feasible:
-                break
-            if not ext.filter_verb or not ext.is_interested(pod):
-                continue
-            try:
-                feasible, failed, unresolvable = self._extender_filter(ext, pod, feasible, nodes)
-            except _ExtenderError as exc:
-                if ext.ignorable:
-                    log.info("ignorable extender failed filter pod=%s error=%s", key, exc)
+                if status is not None:
+                    statuses[name] = status
+                else:
+                    feasible.append(name)
+            feasible = feasible[:self._num_feasible_to_find(total)]
+            for ext in self.config.extenders:
+                if not feasible:
+                    break
+                if not ext.filter_verb or not ext.is_interested(pod):
                     continue
-                self._fail(key, pod, "SchedulerError", f"running \"{ext.url_prefix}\" filter extender: {exc}",
-                           started)
-                return
-            reasons.update(failed.values())
-            reasons.update(unresolvable.values())
+                try:
+                    feasible, failed, unresolvable = self._extender_filter(ext, pod, feasible, nodes)
+                except _ExtenderError as exc:
+                    if ext.ignorable:
+                        log.info("ignorable extender failed filter pod=%s error=%s", key, exc)
+                        continue
+                    self._fail(key, pod, "SchedulerError", f"running \"{ext.url_prefix}\" filter extender: {exc}",
+                               started, nominating="")
+                    return
+                # findNodesThatPassExtenders: FailedAndUnresolvableNodes first, FailedNodes do not override them
+                for name, reason in unresolvable.items():
+                    statuses[name] = NodeStatus(UNRESOLVABLE, (str(reason),))
+                for name, reason in failed.items():
+                    statuses[name] = NodeStatus(UNSCHEDULABLE, (str(reason),))
         if not feasible:
-            parts = sorted(f"{count} {reason}" for reason, count in reasons.items())
-            message = f"0/{total} nodes are available" + (": " + ", ".join(parts) if parts else "") + "."
-            self._fail(key, pod, "Unschedulable", message, started)
+            counts: Counter[str] = Counter()
+            for status in statuses.values():
+                counts.update(status.reasons)
+            parts = sorted(f"{count} {reason}" for reason, count in counts.items())
+            nominating, post = "", ""
+            if total:
+                nominating, post = self._post_filter(key, pod, cycle, statuses, dra_state)
+            message = f"0/{total} nodes are available" + (": " + ", ".join(parts) + "." if parts else
+                                                          ":" if post else ".")
+            self._fail(key, pod, "Unschedulable", message + (f" {post}" if post else ""), started,
+                       nominating=nominating)
             return
         if len(feasible) == 1:
             chosen = feasible[0]
         else:
-            scores = {name: self._in_tree_score(pod, nodes[name], usage.get(name, {})) for name in feasible}
+            scores = {name: self._in_tree_score(pod, nodes[name], cycle.usage.get(name, {})) for name in feasible}
             for ext in self.config.extenders:
                 if not ext.prioritize_verb or not ext.is_interested(pod):
                     continue
@@ -973,11 +1212,265 @@ class SchedulerDriver:
             chosen = self.random.choice([name for name in feasible if scores[name] == best])
         with self.lock:
             self.assumed[key] = (chosen, pod)
+            self.nominated.pop(key, None)  # assume: DeleteNominatedPodIfExists
             self.cycle_seq.pop(key, None)
         if self.dra is not None and dra_state is not None:
             self.dra.reserve(key, pod, dra_state, chosen)
         self.stats["scheduled"] += 1
         self.binder.submit(self._bind, key, pod, chosen, started, time.time(), dra_state)
+
+    def _evaluate_nominated_node(self, key: str, pod: Obj, name: str, cycle: _Cycle,
+                                 dra_state: PodDra | None) -> list[str]:
+        """evaluateNominatedNode: the filters and then the interested extenders' filterVerb on the nominated node
+        alone; [name] when it passes. An error is logged and the cycle goes on with every node, as upstream."""
+        try:
+            if self._node_filter(pod, cycle.nodes[name], cycle, dra_state) is not None:
+                return []
+            feasible = [name]
+            for ext in self.config.extenders:
+                if not feasible:
+                    break
+                if not ext.filter_verb or not ext.is_interested(pod):
+                    continue
+                try:
+                    feasible, _failed, _unresolvable = self._extender_filter(ext, pod, feasible, cycle.nodes)
+                except _ExtenderError:
+                    if ext.ignorable:
+                        continue
+                    raise
+            return feasible
+        except (AllocationError, _ExtenderError) as exc:
+            log.info("evaluation failed on nominated node pod=%s node=%s error=%s", key, name, exc)
+            return []
+
+    # -- PostFilter: DefaultPreemption (testbed/preemption.py)
+    def _post_filter(self, key: str, pod: Obj, cycle: _Cycle, statuses: dict[str, NodeStatus],
+                     dra_state: PodDra | None) -> tuple[str | None, str]:
+        """RunPostFilterPlugins after a FitError: (nominating, message). `nominating` is the PostFilterResult's
+        NominatingInfo: None leaves the pod's nomination as it is, "" clears it, a name nominates that node;
+        `message` is the PostFilter status message (with DefaultPreemption's "preemption: " prefix), "" when a node
+        was nominated. Without a PostFilter plugin: clearNominatedNode and no message."""
+        profile = self.profiles.get((pod.get("spec") or {}).get("schedulerName") or "default-scheduler")
+        if not self.preemption or profile is None or not profile.default_preemption:
+            return "", ""
+        nominating, message = self._preempt(key, cycle, statuses, dra_state, profile)
+        return nominating, f"preemption: {message}" if message else ""
+
+    def _preempt(self, key: str, cycle: _Cycle, statuses: dict[str, NodeStatus], dra_state: PodDra | None,
+                 profile: Profile) -> tuple[str | None, str]:
+        """Evaluator.Preempt: (nominating, status message)."""
+        with self.lock:
+            pod = self.pods.get(key)  # 0) the latest version of the pod, from the informer's cache
+        if pod is None:
+            return None, f'pod "{key.split("/", 1)[-1]}" not found'
+        nominated = nominated_node_name(pod)
+        ok, why = eligible_to_preempt(pod, statuses.get(nominated, NodeStatus(UNRESOLVABLE)) if nominated else None,
+                                      cycle.on_node.get(nominated, []) if nominated in cycle.nodes else None)
+        if not ok:
+            return None, why
+        # findCandidates: the nodes whose status is Unschedulable may fit once pods are removed
+        potential = [name for name in sorted(cycle.nodes)
+                     if (status := statuses.get(name)) is not None and status.code == UNSCHEDULABLE]
+        if not potential:
+            return "", fit_error(len(cycle.nodes), {})
+        offset = self.random.randrange(len(potential))
+        wanted = num_candidates(len(potential), profile.min_candidate_nodes_percentage,
+                                profile.min_candidate_nodes_absolute)
+        candidates: dict[str, Victims] = {}
+        node_statuses: dict[str, NodeStatus] = {}
+        errors: list[str] = []
+        for i in range(len(potential)):  # DryRunPreemption
+            name = potential[(offset + i) % len(potential)]
+            victims, status = self._select_victims(pod, name, cycle, dra_state)
+            if status is None and victims:
+                candidates[name] = Victims(victims)
+                if len(candidates) >= wanted:
+                    break
+                continue
+            if status is None:
+                status = NodeStatus(ERROR, (f'expected at least one victim pod on node "{name}"',))
+            if status.code == ERROR:
+                errors.append(status.message)
+            node_statuses[name] = status
+        if not candidates:
+            if errors:
+                return None, aggregate_errors(errors)
+            return "", fit_error(len(cycle.nodes), node_statuses)
+        try:
+            candidates = self._call_extenders(key, pod, candidates, cycle)
+        except _ExtenderError as exc:
+            return None, str(exc)
+        order = list(candidates)
+        self.random.shuffle(order)  # Go's map iteration order
+        best = order[0] if len(order) == 1 else pick_one_node(candidates, order)
+        if not best:
+            return None, NO_CANDIDATE
+        log.info("event=preempting preemptor=%s node=%s victims=%s", key, best,
+                 ",".join(_pod_key(v) for v in candidates[best].pods))
+        self._prepare_candidate_async(key, pod, best, candidates[best].pods)
+        return best, ""
+
+    def _select_victims(self, pod: Obj, name: str, cycle: _Cycle,
+                        dra_state: PodDra | None) -> tuple[list[Obj], NodeStatus | None]:
+        """SelectVictimsOnNode on a copy of the node: the filters run with the removed pods' requests taken off."""
+        node = cycle.nodes[name]
+        base = cycle.usage.get(name, {})
+        dra_status: list[NodeStatus | None] = []  # DynamicResources has no PreFilterExtensions: one answer per node
+
+        def fits(removed: Sequence[Obj]) -> NodeStatus | None:
+            used = dict(base)
+            for other in removed:
+                used["pods"] = used.get("pods", Fraction(0)) - 1
+                for resource, value in self._requests(other).items():
+                    used[resource] = used.get(resource, Fraction(0)) - value
+            status = self._filter_with_nominated(pod, node, used, cycle.nominated.get(name))
+            if status is not None or self.dra is None or dra_state is None:
+                return status
+            if not dra_status:
+                try:
+                    reason = self.dra.filter(pod, dra_state, node)
+                    dra_status.append(NodeStatus(UNRESOLVABLE, (reason,)) if reason else None)
+                except AllocationError as exc:
+                    dra_status.append(NodeStatus(ERROR, (f'running "DynamicResources" filter plugin: {exc}',)))
+            return dra_status[0]
+
+        return select_victims(pod, cycle.on_node.get(name, []), fits)
+
+    def _call_extenders(self, key: str, pod: Obj, candidates: dict[str, Victims],
+                        cycle: _Cycle) -> dict[str, Victims]:
+        """Evaluator.callExtenders: each extender with a preemptVerb that is interested in the pod replaces the
+        candidates with its answer; _ExtenderError fails the PostFilter (unless the extender is ignorable)."""
+        if not self.config.extenders:
+            return candidates
+        victims = dict(candidates)
+        for ext in self.config.extenders:
+            if not ext.preempt_verb or not ext.is_interested(pod):
+                continue
+            try:
+                answer = self._extender_preempt(ext, pod, victims, cycle)
+            except _ExtenderError as exc:
+                if ext.ignorable:
+                    log.info("ignorable extender failed preemption pod=%s error=%s", key, exc)
+                    continue
+                raise
+            for name, found in list(answer.items()):
+                if not found.pods:
+                    if ext.ignorable:
+                        del answer[name]
+                        continue
+                    raise _ExtenderError(f'expected at least one victim pod on node "{name}"')
+            victims = answer
+            if not victims:
+                break
+        return victims
+
+    def _extender_preempt(self, ext: ExtenderConfig, pod: Obj, victims: dict[str, Victims],
+                          cycle: _Cycle) -> dict[str, Victims]:
+        """HTTPExtender.ProcessPreemption: `POST {urlPrefix}/{preemptVerb}` with ExtenderPreemptionArgs, the answer's
+        NodeNameToMetaVictims turned back into pods of the snapshot (convertToVictims)."""
+        if ext.node_cache_capable:
+            args: Obj = {"Pod": pod, "NodeNameToVictims": None, "NodeNameToMetaVictims": {
+                name: {"Pods": [{"UID": (p.get("metadata") or {}).get("uid")} for p in found.pods],
+                       "NumPDBViolations": found.num_pdb_violations}
+                for name, found in victims.items()}}
+        else:
+            args = {"Pod": pod, "NodeNameToMetaVictims": None, "NodeNameToVictims": {
+                name: {"Pods": found.pods, "NumPDBViolations": found.num_pdb_violations}
+                for name, found in victims.items()}}
+        result = self._post(ext, ext.preempt_verb, args)
+        answer: dict[str, Victims] = {}
+        for name, meta_victims in (_field(result, "NodeNameToMetaVictims") or {}).items():
+            if name not in cycle.nodes:
+                raise _ExtenderError(f'nodeinfo not found for node name "{name}"')
+            found = Victims(num_pdb_violations=int(_field(meta_victims, "NumPDBViolations") or 0))
+            for meta_pod in _field(meta_victims, "Pods") or ():
+                uid = _field(meta_pod, "UID")
+                match = next((p for p in cycle.on_node.get(name, ()) if (p.get("metadata") or {}).get("uid") == uid),
+                             None)
+                if match is None:
+                    raise _ExtenderError(f"extender: {ext.url_prefix} claims to preempt pod (UID: &{{{uid}}}) on "
+                                         f"node: {name}, but the pod is not found on that node")
+                found.pods.append(match)
+            answer[str(name)] = found
+        return answer
+
+    def _prepare_candidate_async(self, key: str, pod: Obj, node: str, victims: list[Obj]) -> None:
+        """Evaluator.prepareCandidateAsync: the preemptor is held (PreEnqueue) while a background task preempts the
+        victims that are not already being deleted."""
+        to_preempt = [v for v in victims if not (v.get("metadata") or {}).get("deletionTimestamp")]
+        if not to_preempt:
+            return
+        with self.lock:
+            self.preempting[key] = ""
+        self.binder.submit(self._preempt_victims, key, pod, node, to_preempt)
+
+    def _preempt_victims(self, key: str, pod: Obj, node: str, victims: list[Obj]) -> None:
+        """The preemption goroutine: clear the lower-priority nominations on the node, preempt every victim but
+        the last, register the last one, preempt it; on an error the preemptor is activated."""
+        failed = False
+        try:
+            with self.lock:
+                lower = [other for where, other in self.nominated.values()
+                         if where == node and pod_priority(other) < pod_priority(pod)]
+            for other in lower:  # clearNominatedNodeName (no APICacher: SchedulerAsyncAPICalls is off in 1.34)
+                if not nominated_node_name(other):
+                    continue
+                try:
+                    self.api.patch_status(other, {"status": {"nominatedNodeName": None}})
+                except Exception as exc:
+                    failed = True
+                    log.info("cannot clear nominatedNodeName pod=%s error=%s", _pod_key(other), _short(exc))
+            preempt_last = True
+            for victim in victims[:-1]:
+                try:
+                    self._preempt_pod(pod, victim, node)
+                except Exception as exc:
+                    failed, preempt_last = True, False
+                    log.info("preemption failed preemptor=%s victim=%s error=%s", key, _pod_key(victim), _short(exc))
+                    break
+            if preempt_last:
+                with self.lock:
+                    self.preempting[key] = _pod_key(victims[-1])
+                try:
+                    self._preempt_pod(pod, victims[-1], node)
+                except Exception as exc:
+                    failed = True
+                    log.info("preemption failed preemptor=%s victim=%s error=%s", key, _pod_key(victims[-1]),
+                             _short(exc))
+        finally:
+            with self.lock:
+                self.preempting.pop(key, None)
+                if failed:  # Activate: the pod could be stuck with the unschedulable ones
+                    state = self.queue_state.get(key)
+                    if state is not None and key not in self.in_flight:
+                        state.unschedulable_since = 0.0
+                        self._push(key, time.monotonic())
+
+    def _preempt_pod(self, preemptor: Obj, victim: Obj, node: str) -> None:
+        """Evaluator.PreemptPod: the DisruptionTarget condition through the status subresource, the deletion, the
+        victim's `Preempted` event. A victim that is already gone is no error (and gets no event)."""
+        scheduler = (preemptor.get("spec") or {}).get("schedulerName") or "default-scheduler"
+        existing = next((c for c in (victim.get("status") or {}).get("conditions") or ()
+                         if isinstance(c, dict) and c.get("type") == "DisruptionTarget"), None)
+        condition = disruption_target_condition(scheduler, existing, now_rfc3339())
+        if condition is not None:
+            generation = (victim.get("metadata") or {}).get("generation")
+            if isinstance(generation, int):
+                condition["observedGeneration"] = generation  # PodObservedGenerationTracking (beta in 1.34)
+            try:
+                self.api.patch_status(victim, {"status": {"conditions": [condition]}})
+            except Exception as exc:
+                if _not_found(exc):
+                    return
+                raise
+        try:
+            self.api.delete_pod(victim)
+        except Exception as exc:
+            if _not_found(exc):
+                return
+            raise
+        self._event(victim, "Normal", "Preempted", preempted_message(preemptor, node), action="Preempting",
+                    related=preemptor)
 
     def _wait_for_claims(self, key: str, message: str) -> None:
         """PreEnqueue: the pod waits, without an event, until its claims exist (a claim or pod event moves it)."""
@@ -1023,7 +1516,8 @@ class SchedulerDriver:
             with self.lock:
                 self.assumed.pop(key, None)
                 self.in_flight.discard(key)
-            self._fail(key, pod, "SchedulerError", f"Binding rejected: {error}", started, requeue_only=False)
+            self._fail(key, pod, "SchedulerError", f"Binding rejected: {error}", started, requeue_only=False,
+                       nominating="")
             return
         self.stats["bound"] += 1
         with self.lock:
@@ -1052,7 +1546,10 @@ class SchedulerDriver:
         return state
 
     def _fail(self, key: str, pod: Obj, reason: str, message: str, started: float,
-              requeue_only: bool = False) -> None:
+              requeue_only: bool = False, nominating: str | None = None) -> None:
+        """handleSchedulingFailure: requeue, the nominator (AddNominatedPod), the FailedScheduling event, and one
+        status patch with the PodScheduled condition and, when `nominating` (None: leave it; "": clear it; a node:
+        nominate it) changes it, status.nominatedNodeName."""
         self.stats["failed_cycles"] += 1
         with self.lock:
             self.in_flight.discard(key)
@@ -1064,22 +1561,32 @@ class SchedulerDriver:
                 self._push(key, state.backoff_until)
             changed = state.last_message != message
             state.last_message = message
+            current = self.pods.get(key)
+            node = nominating if nominating is not None else nominated_node_name(current)
+            if current is not None and self._wants(current) and node:
+                self.nominated[key] = (node, current)
+            else:
+                self.nominated.pop(key, None)
         self._record(ev="failed", pod=key, uid=(pod.get("metadata") or {}).get("uid"), reason=reason,
                      message=message, attempts=state.attempts)
         log.info("FailedScheduling pod=%s reason=%s message=%s", key, reason, message)
         self._event(pod, "Warning", "FailedScheduling", message, state=state, repeat=not changed)
+        status: Obj = {}
         if changed and not requeue_only:
-            patch = {"status": {"conditions": [{
+            status["conditions"] = [{
                 "type": "PodScheduled", "status": "False", "reason": reason, "message": message,
                 "lastProbeTime": None, "lastTransitionTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            }]}}
+            }]
+        if nominating is not None and nominated_node_name(pod) != nominating:
+            status["nominatedNodeName"] = nominating or None
+        if status:
             try:
-                self.api.patch_status(pod, patch)
+                self.api.patch_status(pod, {"status": status})
             except Exception as exc:
-                log.info("condition patch failed pod=%s error=%s", key, str(exc).splitlines()[0] if str(exc) else exc)
+                log.info("condition patch failed pod=%s error=%s", key, _short(exc))
 
     def _event(self, pod: Obj, typ: str, reason: str, message: str, state: _QueuedPod | None = None,
-               repeat: bool = False) -> None:
+               repeat: bool = False, action: str = "Scheduling", related: Obj | None = None) -> None:
         meta = pod.get("metadata") or {}
         ns = meta.get("namespace") or "default"
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -1097,7 +1604,10 @@ class SchedulerDriver:
                 "reason": reason, "message": message, "type": typ, "count": 1,
                 "firstTimestamp": now, "lastTimestamp": now,
                 "source": {"component": next(iter(sorted(self.names)), "default-scheduler")},
-                "reportingComponent": "vgpu-scheduler-driver", "action": "Scheduling",
+                "reportingComponent": "vgpu-scheduler-driver", "action": action,
+                **({"related": {"apiVersion": "v1", "kind": "Pod", "name": (related.get("metadata") or {}).get("name"),
+                                "namespace": (related.get("metadata") or {}).get("namespace") or "default",
+                                "uid": (related.get("metadata") or {}).get("uid")}} if related else {}),
             })
             if state is not None:
                 state.event_name, state.event_count = name, 1
@@ -1136,6 +1646,8 @@ def main(argv: list[str] | None = None) -> int:
                     default=".".join(str(part) for part in DEFAULT_KUBERNETES_VERSION),
                     help="answer DRA allocation as this kube-scheduler release does (1.34, 1.35 or 1.36; default "
                          "%(default)s)")
+    ap.add_argument("--no-preemption", dest="preemption", action="store_false",
+                    help="no PostFilter (DefaultPreemption runs by default, as in kube-scheduler's default profile)")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -1157,7 +1669,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     driver = SchedulerDriver(config, args.kubeconfig, trace=args.trace, unschedulable_flush=args.unschedulable_flush,
-                             dra=not args.no_dra, kubernetes_version=args.kubernetes_version)
+                             dra=not args.no_dra, kubernetes_version=args.kubernetes_version,
+                             preemption=args.preemption)
     try:
         driver.start()
     except RuntimeError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import re
 import shutil
 import subprocess
 import sys
@@ -80,7 +81,8 @@ def image_wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
 
 def test_the_dockerfile_copies_every_shipped_folder_and_not_the_test_bed():
     sources = _build_stage_sources()
-    shipped = {"vgpu", "scheduler", "node", "deviceplugin", "draplugin", "isolation", "proto", "replay", "setup.py"}
+    shipped = {"vgpu", "scheduler", "node", "deviceplugin", "draplugin", "isolation", "proto", "replay", "webhook",
+               "setup.py"}
     assert shipped <= set(sources), shipped - set(sources)
     assert "testbed" not in sources and "tests" not in sources
 
@@ -100,6 +102,32 @@ def test_the_image_holds_one_import_package_without_the_test_bed_or_the_simulate
     for module in sorted(m for m in imported if m.startswith("vgpu.")):
         path = module.replace(".", "/")
         assert f"{path}/__init__.py" in names or f"{path}.py" in names, module
+
+
+def test_every_subcommand_runs_from_the_image_wheel_alone(image_wheel, tmp_path):
+    """The image's wheel installed by itself (its dependencies from this environment, our own editable checkout out of
+    sight: no site hooks, the wheel first on the path) answers `--help` for each subcommand, and `demo` is not one."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                    str(image_wheel.filename)], check=True, capture_output=True, timeout=300)
+    dependencies = [p for p in sys.path if p.endswith("site-packages")]
+    env = {"PYTHONPATH": ":".join([str(target), *dependencies]), "PATH": "/usr/bin:/bin"}
+
+    def vgpu(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-S", "-m", "vgpu.cli", *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    where = subprocess.run([sys.executable, "-S", "-c", "import vgpu; print(vgpu.__file__)"], env=env, cwd=tmp_path,
+                           capture_output=True, text=True, timeout=60)
+    assert where.stdout.startswith(str(target)), where.stdout + where.stderr
+    top = vgpu("--help")
+    assert top.returncode == 0, top.stderr
+    subcommands = sorted(set(re.findall(r"^    (\w[\w-]*) ", top.stdout, re.M)))
+    expected = {"scheduler", "inspect", "device-plugin", "dra-plugin", "run", "doctor", "replay", "webhook"}
+    assert expected <= set(subcommands) and "demo" not in subcommands, subcommands
+    for name in subcommands:
+        answer = vgpu(name, "--help")
+        assert answer.returncode == 0 and answer.stdout.startswith(f"usage: vgpu {name}"), (name, answer.stderr)
 
 
 def test_the_full_wheel_holds_exactly_one_top_level_import_package(tmp_path):

@@ -166,14 +166,14 @@ def test_options_page_config_example_uses_the_documented_keys():
             walk(doc["flags"], "flags")
 
 
-def test_readmes_short_install_creates_the_grant_key_before_applying_the_manifests():
+def test_readmes_short_install_creates_the_grant_key_before_installing_the_chart():
     """The components mount the Secret `vgpu-grant-key` and the ConfigMap `vgpu-grant-public-keys`: without them
     they wait in ContainerCreating."""
     text = (DEPLOY.parent / "README.md").read_text()
     install = text[text.index("## Install on a real cluster"):]
     for step in ("create secret generic vgpu-grant-key", "create configmap vgpu-grant-public-keys"):
         assert step in install
-        assert install.index(step) < install.index("kubectl apply -k deploy/")
+        assert install.index(step) < install.index("helm install vgpu-sharing ./charts/vgpu-sharing")
 
 
 def test_readme_says_the_step_the_demos_over_limit_pod_allocates_in():

@@ -18,6 +18,11 @@ from vgpu.testbed.scheduler_driver import SchedulerDriver, parse_scheduler_confi
 
 __all__ = ["cluster"]  # the fixture, imported from the helpers
 
+# DynamicResources' refusals are UnschedulableAndUnresolvable, so DefaultPreemption (on, as in kube-scheduler's
+# default profile) tries no node and says so after the filters' reasons
+NOT_HELPFUL = " preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+CANNOT_ALLOCATE = "0/1 nodes are available: 1 cannot allocate all claims." + NOT_HELPFUL
+
 
 def _results(claim: dict | None) -> list[dict]:
     assert claim is not None
@@ -42,7 +47,7 @@ def test_first_fit_in_slice_order_and_whole_devices(cluster: Cluster) -> None:
         result = _results(cluster.get_claim(f"c{i + 1}"))
         assert result == [{"request": "gpu", "driver": DRIVER, "pool": "n1", "device": f"gpu-{i}"}]
     cluster.pod("p3", [{"name": "gpu", "resourceClaimName": "c3"}])
-    assert cluster.unschedulable("p3") == "0/1 nodes are available: 1 cannot allocate all claims."
+    assert cluster.unschedulable("p3") == CANNOT_ALLOCATE
     assert not (cluster.get_claim("c3") or {}).get("status", {}).get("allocation")
     events = cluster.events("p3")
     assert events and events[0]["reason"] == "FailedScheduling" and events[0]["type"] == "Warning"
@@ -105,9 +110,9 @@ def test_claims_share_a_device_within_its_capacity_then_wait(cluster: Cluster) -
     assert first["device"] == second["device"] == "gpu-0"
     assert first["shareID"] != second["shareID"]
     cluster.pod("p-c", [{"name": "gpu", "resourceClaimName": "c"}])  # 12Gi > 10Gi
-    assert cluster.unschedulable("p-c") == "0/1 nodes are available: 1 cannot allocate all claims."
+    assert cluster.unschedulable("p-c") == CANNOT_ALLOCATE
     assert cluster.drivers[0].pending_reasons()["default/p-c"] == \
-        "0/1 nodes are available: 1 cannot allocate all claims."
+        CANNOT_ALLOCATE
 
 
 def test_shared_claim_pins_its_node_and_reserves_for_each_pod(cluster: Cluster) -> None:
@@ -167,7 +172,7 @@ def test_count_two_on_one_shared_device_follows_the_chosen_release(cluster: Clus
         assert [(r["device"], r["consumedCapacity"]["memory"]) for r in results] == [("gpu-0", "4Gi")] * 2
         assert results[0]["shareID"] != results[1]["shareID"]
     else:
-        assert cluster.unschedulable("p") == "0/1 nodes are available: 1 cannot allocate all claims."
+        assert cluster.unschedulable("p") == CANNOT_ALLOCATE
 
 
 def test_the_driver_takes_the_kubernetes_version_flag(monkeypatch: pytest.MonkeyPatch,
@@ -206,7 +211,7 @@ def test_all_mode_takes_every_matching_device(cluster: Cluster) -> None:
     cluster.bound("p")
     assert [r["device"] for r in _results(cluster.get_claim("all"))] == ["gpu-0", "gpu-1", "gpu-2"]
     cluster.pod("q", [{"name": "gpu", "resourceClaimName": "one"}])
-    assert cluster.unschedulable("q") == "0/1 nodes are available: 1 cannot allocate all claims."
+    assert cluster.unschedulable("q") == CANNOT_ALLOCATE
 
 
 def test_device_class_and_request_selectors_exclude_devices(cluster: Cluster) -> None:
@@ -244,7 +249,8 @@ def test_missing_device_class_keeps_the_pod_pending(cluster: Cluster) -> None:
     cluster.claim("c", [exactly("nope")])
     cluster.start_scheduler()
     cluster.pod("p", [{"name": "gpu", "resourceClaimName": "c"}])
-    assert cluster.unschedulable("p") == "0/1 nodes are available: request gpu: device class nope does not exist."
+    assert cluster.unschedulable("p") == (
+        "0/1 nodes are available: request gpu: device class nope does not exist." + NOT_HELPFUL)
     cluster.device_class("nope")  # a class event retries the pod
     cluster.bound("p")
 
@@ -333,7 +339,7 @@ def test_release_frees_capacity_and_a_pending_pod_schedules(cluster: Cluster) ->
     cluster.pod("first", [{"name": "gpu", "resourceClaimTemplateName": "six"}])
     first_claim = cluster.bound("first")["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
     cluster.pod("second", [{"name": "gpu", "resourceClaimTemplateName": "six"}])
-    assert cluster.unschedulable("second") == "0/1 nodes are available: 1 cannot allocate all claims."
+    assert cluster.unschedulable("second") == CANNOT_ALLOCATE
     resp = cluster.http.delete("/api/v1/namespaces/default/pods/first")
     assert resp.status_code == 200, resp.text
     wait(lambda: cluster.get_claim(first_claim) is None, what="the generated claim deleted")
@@ -370,7 +376,7 @@ def test_a_new_slice_retries_a_pending_pod(cluster: Cluster) -> None:
     cluster.claim("c", [exactly("gpu")])
     cluster.start_scheduler()
     cluster.pod("p", [{"name": "gpu", "resourceClaimName": "c"}])
-    assert cluster.unschedulable("p") == "0/1 nodes are available: 1 cannot allocate all claims."
+    assert cluster.unschedulable("p") == CANNOT_ALLOCATE
     cluster.slice("n1", [device("gpu-0", shared=False)])
     cluster.bound("p")
 
@@ -401,7 +407,7 @@ def test_the_extended_resource_claim_goes_with_its_pod(cluster: Cluster) -> None
     cluster.bound("first")
     name = wait(lambda: cluster.get_pod("first")["status"].get("extendedResourceClaimStatus"))["resourceClaimName"]
     cluster.pod("second", limits={"example.com/gpu": "1"})
-    assert cluster.unschedulable("second") == "0/1 nodes are available: 1 cannot allocate all claims."
+    assert cluster.unschedulable("second") == CANNOT_ALLOCATE
     assert cluster.http.delete("/api/v1/namespaces/default/pods/first").status_code == 200
     wait(lambda: cluster.get_claim(name) is None, what="the extended resource claim deleted")
     cluster.bound("second")

@@ -9,15 +9,13 @@ our components; the real extender is covered by the end-to-end tests.
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
 import pytest
+from scripted_extender import ScriptedExtender
 
 from vgpu.testbed.apiserver import ApiServerStandIn
 from vgpu.testbed.kubemath import pod_requests
@@ -30,58 +28,6 @@ from vgpu.testbed.scheduler_driver import (
     parse_duration,
     parse_scheduler_config,
 )
-
-
-class ScriptedExtender:
-    """An HTTP extender whose answers are functions of the request; records every call."""
-
-    def __init__(self, api_url: str) -> None:
-        self.calls: list[tuple[str, dict]] = []
-        self.api_url = api_url
-        self.filter: Callable[[dict], Any] = lambda body: {"NodeNames": body["NodeNames"], "FailedNodes": {}}
-        self.prioritize: Callable[[dict], Any] = lambda body: [{"Host": n, "Score": 0} for n in body["NodeNames"]]
-        self.answering = threading.Event()   # cleared: every call is held unanswered until it is set again
-        self.answering.set()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.calls.append((self.path, body))
-                outer.answering.wait(60)
-                if self.path == "/filter":
-                    answer = outer.filter(body)
-                elif self.path == "/prioritize":
-                    answer = outer.prioritize(body)
-                else:
-                    binding = {"apiVersion": "v1", "kind": "Binding",
-                               "metadata": {"name": body["PodName"], "uid": body["PodUID"]},
-                               "target": {"kind": "Node", "name": body["Node"]}}
-                    resp = httpx.post(f"{outer.api_url}/api/v1/namespaces/{body['PodNamespace']}/pods/"
-                                      f"{body['PodName']}/binding", json=binding)
-                    answer = {"Error": "" if resp.status_code < 300 else resp.text}
-                data = json.dumps(answer).encode()
-                try:
-                    self.send_response(200)
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except OSError:
-                    pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def verbs(self) -> list[str]:
-        return [path for path, _ in self.calls]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture()
@@ -206,7 +152,9 @@ def test_unschedulable_records_reasons_then_retries_when_room_appears(env):
 
     cond = _wait(condition)
     assert cond["reason"] == "Unschedulable"
-    assert cond["message"] == "0/3 nodes are available: 3 insufficient memory."
+    # the PostFilter (DefaultPreemption, on as in kube-scheduler's default profile) adds why it could not help
+    assert cond["message"] == ("0/3 nodes are available: 3 insufficient memory. preemption: 0/3 nodes are available: "
+                               "3 No preemption victims found for incoming pod.")
     events = http.get("/api/v1/namespaces/default/events").json()["items"]
     assert any(e["reason"] == "FailedScheduling" and e["involvedObject"]["name"] == "wait" for e in events)
     room["open"] = True
