@@ -1163,25 +1163,11 @@ class SchedulerDriver:
                 else:
                     feasible.append(name)
             feasible = feasible[:self._num_feasible_to_find(total)]
-            for ext in self.config.extenders:
-                if not feasible:
-                    break
-                if not ext.filter_verb or not ext.is_interested(pod):
-                    continue
-                try:
-                    feasible, failed, unresolvable = self._extender_filter(ext, pod, feasible, nodes)
-                except _ExtenderError as exc:
-                    if ext.ignorable:
-                        log.info("ignorable extender failed filter pod=%s error=%s", key, exc)
-                        continue
-                    self._fail(key, pod, "SchedulerError", f"running \"{ext.url_prefix}\" filter extender: {exc}",
-                               started, nominating="")
-                    return
-                # findNodesThatPassExtenders: FailedAndUnresolvableNodes first, FailedNodes do not override them
-                for name, reason in unresolvable.items():
-                    statuses[name] = NodeStatus(UNRESOLVABLE, (str(reason),))
-                for name, reason in failed.items():
-                    statuses[name] = NodeStatus(UNSCHEDULABLE, (str(reason),))
+            try:
+                feasible = self._pass_extenders(key, pod, feasible, nodes, statuses)
+            except _ExtenderError as exc:
+                self._fail(key, pod, "SchedulerError", str(exc), started, nominating="")
+                return
         if not feasible:
             counts: Counter[str] = Counter()
             for status in statuses.values():
@@ -1219,6 +1205,30 @@ class SchedulerDriver:
         self.stats["scheduled"] += 1
         self.binder.submit(self._bind, key, pod, chosen, started, time.time(), dra_state)
 
+    def _pass_extenders(self, key: str, pod: Obj, feasible: list[str], nodes: dict[str, Obj],
+                        statuses: dict[str, NodeStatus] | None = None) -> list[str]:
+        """findNodesThatPassExtenders: the interested extenders' filterVerb in turn over the nodes still feasible; an
+        ignorable extender's error skips it, another's raises _ExtenderError naming the extender. With `statuses`,
+        the nodes an extender refused get its reasons (FailedAndUnresolvableNodes, then FailedNodes)."""
+        for ext in self.config.extenders:
+            if not feasible:
+                break
+            if not ext.filter_verb or not ext.is_interested(pod):
+                continue
+            try:
+                feasible, failed, unresolvable = self._extender_filter(ext, pod, feasible, nodes)
+            except _ExtenderError as exc:
+                if ext.ignorable:
+                    log.info("ignorable extender failed filter pod=%s error=%s", key, exc)
+                    continue
+                raise _ExtenderError(f'running "{ext.url_prefix}" filter extender: {exc}') from exc
+            if statuses is not None:
+                for name, reason in unresolvable.items():
+                    statuses[name] = NodeStatus(UNRESOLVABLE, (str(reason),))
+                for name, reason in failed.items():
+                    statuses[name] = NodeStatus(UNSCHEDULABLE, (str(reason),))
+        return feasible
+
     def _evaluate_nominated_node(self, key: str, pod: Obj, name: str, cycle: _Cycle,
                                  dra_state: PodDra | None) -> list[str]:
         """evaluateNominatedNode: the filters and then the interested extenders' filterVerb on the nominated node
@@ -1226,19 +1236,7 @@ class SchedulerDriver:
         try:
             if self._node_filter(pod, cycle.nodes[name], cycle, dra_state) is not None:
                 return []
-            feasible = [name]
-            for ext in self.config.extenders:
-                if not feasible:
-                    break
-                if not ext.filter_verb or not ext.is_interested(pod):
-                    continue
-                try:
-                    feasible, _failed, _unresolvable = self._extender_filter(ext, pod, feasible, cycle.nodes)
-                except _ExtenderError:
-                    if ext.ignorable:
-                        continue
-                    raise
-            return feasible
+            return self._pass_extenders(key, pod, [name], cycle.nodes)
         except (AllocationError, _ExtenderError) as exc:
             log.info("evaluation failed on nominated node pod=%s node=%s error=%s", key, name, exc)
             return []

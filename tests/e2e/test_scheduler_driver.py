@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+from e2e_helpers import wait_until
 from scripted_extender import ScriptedExtender
 
 from vgpu.testbed.apiserver import ApiServerStandIn
@@ -66,13 +67,7 @@ def _pod(name: str, gpu: bool = True, cpu: str = "500m", **spec: Any) -> dict:
 
 
 def _wait(predicate: Callable[[], Any], timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition not reached")
+    return wait_until("condition", predicate, timeout, interval=0.05)
 
 
 def _get(http: httpx.Client, name: str) -> dict:
