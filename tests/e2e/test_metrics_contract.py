@@ -140,6 +140,9 @@ def prometheus(cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) 
         def scraped_enough() -> bool:
             assert proc.poll() is None, (work / "prometheus.log").read_text()[-3000:]
             try:
+                # Prometheus answers 503 in plain text until its storage is ready (slow on a loaded machine)
+                if httpx.get(f"{base}/-/ready", timeout=5).status_code != 200:
+                    return False
                 up = _query(base, "count_over_time(up[1m]) >= 5 and up == 1")
             except httpx.HTTPError:
                 return False
