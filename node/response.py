@@ -1,9 +1,8 @@
 """The container's part of an Allocate response: environment, mounts, device specs and annotations.
 
-The response is the contract's (../shared/compat/CONTRACT.md, "Device plugin"), byte-compatible with
-volcano-vgpu-device-plugin under the default options; the NVIDIA device-plugin options (device list strategy,
-device ID strategy, pass-device-specs) change how the GPUs are named to the container runtime
-(docs/deviceplugin-options.md). Pure: no I/O (host set-up is node.host).
+The response is byte-compatible with volcano-vgpu-device-plugin under the default options; the NVIDIA device-plugin
+options (device list strategy, device ID strategy, pass-device-specs) change how the GPUs are named to the container
+runtime (docs/deviceplugin-options.md). Pure: no I/O (host set-up is node.host).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The arrival sequence of one seed under the FGD protocol (`../shared/research/fgd-benchmark.md` sections 2, 7).
+"""The arrival sequence of one seed under the FGD protocol (USENIX ATC'23; docs/placement.md).
 
 Per seed the pods (sorted by name) are shuffled, then inflated to 130 % of the cluster's GPU capacity by appending
 uniform resamples (never deleted); every node gets a random rank that breaks score ties. Every policy replays the

@@ -16,6 +16,9 @@ Served:
   resource.k8s.io/v1      deviceclasses, resourceslices (cluster-scoped), resourceclaims, resourceclaims/status,
                           resourceclaimtemplates (structural checks of testbed.resourceapi)
   core/v1                 resourcequotas, resourcequotas/status
+  policy/v1               poddisruptionbudgets, poddisruptionbudgets/status; core/v1 pods/eviction (testbed.disruption)
+  apps/v1                 deployments, replicasets, statefulsets (+ status): stored only, for the scale the
+                          disruption controller reads (no workload controller acts on them)
   admissionregistration.k8s.io/v1  validatingadmissionpolicies, validatingadmissionpolicybindings,
                           mutatingwebhookconfigurations (cluster-scoped)
 Verbs: get, list (fieldSelector with = == !=, labelSelector with = == != in notin, exists, !exists),
@@ -44,7 +47,20 @@ Semantics copied from kube-apiserver where our code depends on them:
   * a watch whose selector stops (starts) matching an object receives DELETED (ADDED) for it;
   * a MutatingWebhookConfiguration is stored with admissionregistration/v1's defaults (failurePolicy Fail,
     matchPolicy Equivalent, empty selectors, timeoutSeconds 10, reinvocationPolicy Never, rule scope `*`, service
-    port 443); a ResourceQuota's spec.hard must hold non-negative quantities, its status is the controller's.
+    port 443); a ResourceQuota's spec.hard must hold non-negative quantities, its status is the controller's;
+  * a PodDisruptionBudget, ReplicaSet, Deployment or StatefulSet is created with generation 1 and no status, and its
+    generation goes up by one when an update changes its spec (pkg/registry/policy/poddisruptionbudget/strategy.go
+    PrepareForCreate / PrepareForUpdate, rest.BeforeUpdate; the apps strategies alike); a budget's spec and status
+    are validated as pkg/apis/policy/validation does (testbed.disruption.validate, validate_status);
+  * the disruption controller's work (pkg/controller/disruption/disruption.go, testbed.disruption.sync) is done at
+    once, like the quota controller's: a budget's status is recomputed when it is created or updated and when a pod
+    it selects (before or after the change) is created, changed or deleted; `disruption_controller=False` leaves
+    budgets' status to clients (kube-controller-manager without that controller);
+  * `POST pods/{name}/eviction` (a policy/v1 or v1beta1 Eviction) is pkg/registry/core/pod/storage/eviction.go
+    EvictionREST.Create: admission as a CREATE of pods/eviction whose object is the Eviction, then the pod (404),
+    the PDB check (testbed.disruption), the budget's status written, the pod given the DisruptionTarget condition
+    and deleted with the Eviction's deleteOptions (preconditions honoured, no delete admission: the registry's
+    delete); 201 with a Success Status, or the Status upstream answers (429 with Retry-After when it says so).
 Authentication (`users`, or `.authenticate(users)`): a table of bearer tokens, each the UserInfo kube-apiserver's
 authenticators would give (extra included, as a pod-bound ServiceAccount token carries
 `authentication.kubernetes.io/node-name`); any other token gets 401.  Without a table every token is a cluster admin.
@@ -102,7 +118,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -111,7 +127,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from vgpu.testbed import quota, resourceapi
+from vgpu.testbed import disruption, quota, resourceapi
 from vgpu.testbed.admission import Attributes, Denied, PolicyAdmission, UserInfo
 from vgpu.testbed.discovery import CORE_VERSIONS, ServedResource, api_groups, as_table, resource_list, wants_table
 from vgpu.testbed.faults import FaultPlan
@@ -152,7 +168,7 @@ class _Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
-TABLE_KINDS = ("Pod", "Node", "Event", "Lease")  # what testbed.discovery prints as a Table
+TABLE_KINDS = ("Pod", "Node", "Event", "Lease", "PodDisruptionBudget")  # what testbed.discovery prints as a Table
 _RESOURCES = {
     r.key: r
     for r in (
@@ -172,12 +188,21 @@ _RESOURCES = {
         _Resource("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
                   "MutatingWebhookConfiguration", namespaced=False),
         _Resource("", "v1", "resourcequotas", "ResourceQuota", namespaced=True, has_status=True),
+        _Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", namespaced=True, has_status=True),
+        _Resource("apps", "v1", "deployments", "Deployment", namespaced=True, has_status=True),
+        _Resource("apps", "v1", "replicasets", "ReplicaSet", namespaced=True, has_status=True),
+        _Resource("apps", "v1", "statefulsets", "StatefulSet", namespaced=True, has_status=True),
     )
 }
 _POLICIES = "admissionregistration.k8s.io/v1/validatingadmissionpolicies"
 _POLICY_BINDINGS = "admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
 _WEBHOOKS = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 _QUOTAS = "v1/resourcequotas"
+_PODS = "v1/pods"
+_PDBS = "policy/v1/poddisruptionbudgets"
+_EVENTS = "v1/events"
+# kinds with metadata.generation kept by their registry strategy (created 1, bumped by a change of spec)
+_GENERATION_KINDS = ("PodDisruptionBudget", "Deployment", "ReplicaSet", "StatefulSet")
 # discovery of the kinds served here beyond testbed.discovery's list (as kube-apiserver lists them)
 _ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 _MORE_SERVED = (
@@ -297,6 +322,32 @@ def _denied(exc: Denied) -> StatusError:
     status = exc.status
     return StatusError(exc.code, str(status.get("reason") or ""), str(status.get("message") or ""),
                        status.get("details") if isinstance(status.get("details"), dict) else None)
+
+
+def _check_budget(name: str, errors: list[str]) -> None:
+    """What pkg/apis/policy/validation refuses of a PodDisruptionBudget: 422 Invalid naming each field."""
+    if not errors:
+        return
+    causes = [{"field": e.partition(": ")[0], "message": e.partition(": ")[2]} for e in errors]
+    shown = errors[0] if len(errors) == 1 else "[" + ", ".join(errors) + "]"
+    raise StatusError(422, "Invalid", f'PodDisruptionBudget.policy "{name}" is invalid: {shown}',
+                      {"name": name, "group": "policy", "kind": "PodDisruptionBudget", "causes": causes})
+
+
+class _EvictionAttributes(Attributes):
+    """A pods/eviction CREATE as admission sees it: resource core/v1 pods, subresource eviction, and the object a
+    policy/v1 Eviction (EvictionREST.GroupVersionKind)."""
+
+    def request(self) -> Obj:
+        out = super().request()
+        out["kind"] = out["requestKind"] = {"group": "policy", "version": "v1", "kind": "Eviction"}
+        return out
+
+
+def _pod_conflict(name: str, why: str) -> StatusError:
+    """errors.NewConflict(schema.GroupResource{Resource: "Pod"}, ...) of addConditionAndDeletePod."""
+    return StatusError(409, "Conflict", f'Operation cannot be fulfilled on Pod "{name}": {why}',
+                       {"name": name, "kind": "Pod"})
 
 
 def _check_quota(name: str, obj: Obj) -> None:
@@ -530,6 +581,7 @@ class Store:
         self.delivering = threading.Event()  # cleared by ApiServerStandIn.hold_watches(): changes wait to be sent
         self.delivering.set()
         self.consumable_capacity = True  # the DRAConsumableCapacity feature gate
+        self.disruption_controller = True  # kube-controller-manager's disruption controller runs (testbed.disruption)
         self.admission = PolicyAdmission()
         self.webhooks = MutatingWebhooks(json_patch)  # its service_resolver: ApiServerStandIn(service_resolver=...)
         self._data = Path(data_path) if data_path else None
@@ -708,9 +760,10 @@ class Store:
     def _after_commit(self, res: _Resource, typ: str, obj: Obj, prev: Obj | None) -> None:
         """The resourcequota controller's work, done at once (lock held): a quota's status when it is created or its
         spec.hard changes; a namespace's quotas replenished when a counted object is deleted or a pod stops being
-        charged (resource_quota_monitor.go)."""
+        charged (resource_quota_monitor.go). Before that, the disruption controller's (`_disruption`)."""
         if not res.namespaced:
             return
+        self._disruption(res, typ, obj, prev)
         ns = obj["metadata"].get("namespace", "")
         if res.key == _QUOTAS:
             if typ != "DELETED" and (prev is None or (prev.get("spec") or {}).get("hard")
@@ -728,6 +781,62 @@ class Store:
         for (n, _), q in builtins.list(self.objects[_QUOTAS].items()):
             if n == ns and evaluator.matching_resources(((q.get("status") or {}).get("hard") or {}).keys()):
                 self._sync_quota(q)
+
+    def _disruption(self, res: _Resource, typ: str, obj: Obj, prev: Obj | None) -> None:
+        """The disruption controller's event handlers, done at once (lock held): a created or updated budget is
+        synced; a pod's change syncs the budgets of its namespace that select it before or after the change."""
+        if not self.disruption_controller:
+            return
+        if res.key == _PDBS:
+            if typ != "DELETED":
+                self._sync_budget(obj)
+            return
+        if res.key != _PODS:
+            return
+        ns = obj["metadata"].get("namespace", "")
+        for (n, name), pdb in builtins.list(self.objects[_PDBS].items()):
+            if n != ns or not (disruption.matching_budgets([pdb], obj)
+                               or (prev is not None and disruption.matching_budgets([pdb], prev))):
+                continue
+            current = self.objects[_PDBS].get((n, name))  # an earlier sync may have written it
+            if current is not None:
+                self._sync_budget(current)
+
+    def _sync_budget(self, pdb: Obj) -> None:
+        """disruption.go sync for one budget (testbed.disruption.sync): its events recorded, its status written when
+        it changed (which syncs it again and finds nothing more to do)."""
+        ns = pdb["metadata"].get("namespace", "")
+        pods = [p for (n, _), p in self.objects[_PODS].items() if n == ns]
+        result = disruption.sync(pdb, pods, lambda key, n, name: self.objects[key].get((n, name)))
+        for kind, reason, message in result.events:
+            self._record_event(pdb, kind, reason, message)
+        if result.status is not None:
+            new = _clone(pdb)
+            new["status"] = result.status
+            self._commit(self._res(_PDBS), "MODIFIED", new, pdb)
+
+    def _record_event(self, pdb: Obj, kind: str, reason: str, message: str) -> None:
+        """An event about a budget as the controller's recorder writes it (source controllermanager); the same event
+        again bumps its count and lastTimestamp, as client-go's event correlator does (lock held)."""
+        meta, ns, now = pdb["metadata"], pdb["metadata"].get("namespace", ""), _now()
+        for (n, _), ev in self.objects[_EVENTS].items():
+            involved = ev.get("involvedObject") or {}
+            if (n == ns and involved.get("uid") == meta.get("uid") and ev.get("reason") == reason
+                    and ev.get("message") == message and ev.get("type") == kind):
+                bumped = _clone(ev)
+                bumped["count"], bumped["lastTimestamp"] = int(ev.get("count") or 1) + 1, now
+                self._commit(self._res(_EVENTS), "MODIFIED", bumped, ev)
+                return
+        event = {"kind": "Event", "apiVersion": "v1",
+                 "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": ns, "uid": str(uuid.uuid4()),
+                              "creationTimestamp": now},
+                 "involvedObject": {"kind": "PodDisruptionBudget", "namespace": ns, "name": meta["name"],
+                                    "uid": meta.get("uid"), "apiVersion": "policy/v1",
+                                    "resourceVersion": meta.get("resourceVersion")},
+                 "reason": reason, "message": message, "source": {"component": "controllermanager"},
+                 "firstTimestamp": now, "lastTimestamp": now, "count": 1, "type": kind, "eventTime": None,
+                 "reportingComponent": "controllermanager", "reportingInstance": ""}
+        self._commit(self._res(_EVENTS), "ADDED", event, None)
 
     def _sync_quota(self, q: Obj) -> None:
         """resource_quota_controller.go syncResourceQuota for one quota (lock held)."""
@@ -793,7 +902,7 @@ class Store:
                 _validate_pod(meta["name"], obj.setdefault("spec", {}))
                 obj["status"] = {"phase": "Pending"}
                 _default_pod_spec(obj["spec"])
-            elif res.kind in ("ResourceClaim", "ResourceQuota"):
+            elif res.kind in ("ResourceClaim", "ResourceQuota", *_GENERATION_KINDS):
                 obj.pop("status", None)  # written through the status subresource (a quota's by its controller)
             elif res.kind == "ResourceSlice" and not self.consumable_capacity:
                 _drop_consumable_capacity(obj.get("spec"))
@@ -801,6 +910,10 @@ class Store:
                 default_configuration(obj)
             if res.kind == "ResourceQuota":
                 _check_quota(meta["name"], obj)
+            if res.kind in _GENERATION_KINDS:
+                meta["generation"] = 1
+            if res.kind == "PodDisruptionBudget":
+                _check_budget(meta["name"], disruption.validate(obj))
             _check_resource_api(res, meta["name"], lambda: resourceapi.check_create(res.kind, obj))
             self._admit("CREATE", res, None, meta["name"], ns, obj, None, user, dry_run=dry_run)
             charged = self._charge(res, ns, obj, None, user, dry_run)
@@ -847,6 +960,13 @@ class Store:
             else:
                 new.pop("status", None)
         new["metadata"]["resourceVersion"] = m_old.get("resourceVersion")
+        if res.kind in _GENERATION_KINDS:
+            generation = int(m_old.get("generation") or 0)
+            changed = subresource is None and new.get("spec") != old.get("spec")
+            new["metadata"]["generation"] = generation + 1 if changed else generation
+        if res.kind == "PodDisruptionBudget":
+            _check_budget(m_old["name"], disruption.validate(new) if subresource is None
+                          else disruption.validate_status(new))
         if res.kind == "ResourceSlice" and not self.consumable_capacity:
             _drop_consumable_capacity(new.get("spec"))
         elif res.kind == "MutatingWebhookConfiguration":
@@ -1015,6 +1135,137 @@ class Store:
             if not dry_run:
                 self._commit(res, "MODIFIED", new, old)
 
+    # -- eviction
+    def evict(self, ns: str, name: str, body: Any, user: UserInfo | None = None, *, dry_run: bool = False,
+              warnings: builtins.list[str] | None = None) -> Obj:
+        """pods/eviction as EvictionREST.Create does it (pkg/registry/core/pod/storage/eviction.go, with
+        testbed.disruption): the answer's Status (201 Success), or StatusError as kube-apiserver answers."""
+        res = self._res(_PODS)
+        if not isinstance(body, dict):
+            raise StatusError(400, "BadRequest", "request body must be a JSON object")
+        version, kind = body.get("apiVersion"), body.get("kind")
+        if version not in (None, "", "policy/v1", "policy/v1beta1") or kind not in (None, "", "Eviction"):
+            # AcceptsGroupVersion: policy/v1 and policy/v1beta1 Evictions (an empty type is policy/v1's)
+            raise StatusError(400, "BadRequest", f"the API version in the data ({version}) does not match the "
+                                                 "expected API version (policy/v1)")
+        raw_meta = body.get("metadata")
+        meta: Obj = raw_meta if isinstance(raw_meta, dict) else {}
+        if meta.get("namespace") not in (None, "", ns):  # rest.EnsureObjectNamespaceMatchesRequestNamespace
+            raise StatusError(400, "BadRequest", "the namespace of the provided object does not match the namespace "
+                                                 "sent on the request")
+        eviction: Obj = {**_clone(body), "apiVersion": "policy/v1", "kind": "Eviction",
+                         "metadata": {**_clone(meta), "namespace": ns}}
+        attrs = _EvictionAttributes("CREATE", res.group, res.version, res.plural, "eviction", "Eviction", name, ns,
+                                    eviction, None, user or ANONYMOUS_ADMIN, dry_run)
+        configurations = self._webhook_configurations()
+        if configurations:  # mutating admission of the Eviction, before the registry's Create
+            options: Obj = {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"}
+            if dry_run:
+                options["dryRun"] = ["All"]
+            try:
+                mutated = self.webhooks.admit(configurations, attrs, options=options, warnings=warnings)
+            except Denied as exc:
+                raise _denied(exc) from None
+            if isinstance(mutated, dict):
+                eviction = mutated
+                attrs = replace(attrs, object=eviction)
+        if (eviction.get("metadata") or {}).get("name") != name:
+            raise StatusError(400, "BadRequest", "name in URL does not match name in Eviction object")
+        delete_options = self._propagate_dry_run(eviction, dry_run)
+        dry = bool(delete_options.get("dryRun"))  # dryrun.IsDryRun
+        rv_unset = not (delete_options.get("preconditions") or {}).get("resourceVersion")
+        with self.cond:
+            policies = self.objects[_POLICIES]
+            if policies:  # createValidation: the validating admission of the Eviction
+                try:
+                    self.admission.validate(list(policies.values()), list(self.objects[_POLICY_BINDINGS].values()),
+                                            attrs)
+                except Denied as exc:
+                    raise _denied(exc) from None
+            pod = self._existing(res, ns, name)
+            if disruption.can_ignore_pdb(pod):
+                options = delete_options
+                if disruption.should_enforce_resource_version(pod) and rv_unset:
+                    options = self._with_resource_version(options, pod)
+                self._evicted(res, ns, name, options, dry)
+                return disruption.eviction_success()
+            budgets = disruption.matching_budgets(
+                [p for (n, _), p in self.objects[_PDBS].items() if n == ns], pod)
+            if len(budgets) > 1:
+                raise _denied(disruption.several_budgets())
+            pin_version = False
+            if budgets:
+                pdb = budgets[0]
+                if disruption.unready_may_go(pdb, pod):
+                    pin_version = True  # deleted without touching the budget, if the pod is still what we saw
+                else:
+                    try:
+                        decremented = disruption.check_and_decrement(pdb, name, dry)
+                    except Denied as exc:
+                        raise _denied(exc) from None
+                    if decremented is not None:
+                        self._commit(self._res(_PDBS), "MODIFIED", _clone(decremented), pdb)
+            options = self._with_resource_version(delete_options, pod) if pin_version else delete_options
+            try:
+                self._evicted(res, ns, name, options, dry)
+            except StatusError as exc:
+                if exc.code == 409 and pin_version and rv_unset:
+                    raise _denied(disruption.still_processing(budgets[0]["metadata"]["name"])) from None
+                raise
+            return disruption.eviction_success()
+
+    @staticmethod
+    def _propagate_dry_run(eviction: Obj, dry_run: bool) -> Obj:
+        """eviction.go propagateDryRun: the Eviction's deleteOptions with the request's dryRun."""
+        request = ["All"] if dry_run else []
+        options = eviction.get("deleteOptions")
+        if not isinstance(options, dict):
+            return {"dryRun": request} if request else {}
+        options = _clone(options)
+        if not options.get("dryRun"):
+            if request:
+                options["dryRun"] = request
+            return options
+        if request and options["dryRun"] != request:
+            raise StatusError(500, "", "Non-matching dry-run options in request and content: "
+                                       f"[{' '.join(request)}] and [{' '.join(map(str, options['dryRun']))}]")
+        return options
+
+    @staticmethod
+    def _with_resource_version(options: Obj, pod: Obj) -> Obj:
+        """setPreconditionsResourceVersion: the options with the pod's resourceVersion as a precondition."""
+        out = _clone(options)
+        out.setdefault("preconditions", {})["resourceVersion"] = pod["metadata"]["resourceVersion"]
+        return out
+
+    def _evicted(self, res: _Resource, ns: str, name: str, options: Obj, dry_run: bool) -> None:
+        """addConditionAndDeletePod (lock held): the preconditions checked against the pod, the DisruptionTarget
+        condition added, then the registry's delete (immediate, no delete admission). A dry run deletes nothing."""
+        pod = self._existing(res, ns, name)
+        pre = options.get("preconditions") or {}
+        if dry_run:  # the registry's Delete alone, which writes nothing on a dry run
+            if pre.get("uid") and pre["uid"] != pod["metadata"].get("uid"):
+                raise _conflict(res, name, f"Precondition failed: UID in precondition: {pre['uid']}, "
+                                           f"UID in object meta: {pod['metadata'].get('uid')}")
+            if pre.get("resourceVersion") and pre["resourceVersion"] != pod["metadata"]["resourceVersion"]:
+                raise _conflict(res, name, "Precondition failed: resourceVersion does not match")
+            return
+        if pre.get("uid") and pre["uid"] != pod["metadata"].get("uid"):
+            raise _pod_conflict(name, f"the UID in the precondition ({pre['uid']}) does not match the UID in record "
+                                      f"({pod['metadata'].get('uid')}). The object might have been deleted and then "
+                                      "recreated")
+        if pre.get("resourceVersion") and pre["resourceVersion"] != pod["metadata"]["resourceVersion"]:
+            raise _pod_conflict(name, f"the ResourceVersion in the precondition ({pre['resourceVersion']}) does not "
+                                      f"match the ResourceVersion in record ({pod['metadata']['resourceVersion']}). "
+                                      "The object might have been modified")
+        marked = disruption.disruption_target(_clone(pod))
+        if marked != pod:
+            pod = self._commit(res, "MODIFIED", marked, pod)
+        gone = _clone(pod)
+        gone["metadata"]["deletionTimestamp"] = _now()
+        gone["metadata"]["deletionGracePeriodSeconds"] = 0
+        self._commit(res, "DELETED", gone, pod)
+
     # -- watch
     def watch(self, res_key: str, sel: _Selector, since: int | None, deadline: float,
               alive: Any = None, bookmark_every: float | None = None) -> Iterator[builtins.list[Obj]]:
@@ -1182,6 +1433,10 @@ class _Handler(BaseHTTPRequestHandler):
         data = orjson.dumps(body)
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        details = body.get("details") if isinstance(body, dict) and body.get("kind") == "Status" else None
+        if isinstance(details, dict) and isinstance(details.get("retryAfterSeconds"), int) \
+                and details["retryAfterSeconds"] > 0:  # responsewriters.ErrorNegotiated
+            self.send_header("Retry-After", str(details["retryAfterSeconds"]))
         seen: set[str] = set()
         for text in getattr(self, "_warnings", ()):  # the warning recorder: each text once, in order
             header = warning_header(text)
@@ -1326,9 +1581,11 @@ class _Handler(BaseHTTPRequestHandler):
         if not res.namespaced and ns is not None:
             raise StatusError(404, "NotFound", f"{res.plural} is cluster-scoped")
         ns = ns or ""
-        if sub is not None and not ((sub == "status" and res.has_status) or (sub == "binding" and res.kind == "Pod")):
+        if sub is not None and not ((sub == "status" and res.has_status)
+                                    or (sub in ("binding", "eviction") and res.kind == "Pod")):
             raise StatusError(404, "NotFound", f"subresource {sub!r} of {res.plural} is not served")
-        if (sub == "binding" and method != "POST") or (sub == "status" and method not in ("GET", "PUT", "PATCH")):
+        if (sub in ("binding", "eviction") and method != "POST") \
+                or (sub == "status" and method not in ("GET", "PUT", "PATCH")):
             raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {res.plural}/{sub}")
 
         dry_run = self._dry_run(method, sub, parse_qs(url.query).get("dryRun") or [])
@@ -1361,6 +1618,9 @@ class _Handler(BaseHTTPRequestHandler):
             store.bind(ns, name, self._body(), user=self._user, dry_run=dry_run, warnings=self._warnings)
             self._send_json(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                                   "code": 201})
+        elif method == "POST" and sub == "eviction":
+            self._send_json(201, store.evict(ns, name, self._body(), user=self._user, dry_run=dry_run,
+                                             warnings=self._warnings))
         elif method == "PUT" and name is not None:
             self._send_json(200, store.update(res.key, ns, name, self._body(), sub, user=self._user, dry_run=dry_run,
                                               warnings=self._warnings))
@@ -1513,9 +1773,11 @@ class ApiServerStandIn:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, data_path: str | os.PathLike[str] | None = None,
                  history_size: int = 10000, watch_timeout: float = 1800.0, bookmark_interval: float = 60.0,
                  record_requests: bool = False, consumable_capacity: bool = True,
-                 users: dict[str, UserInfo] | None = None, service_resolver: ServiceResolver | None = None) -> None:
+                 users: dict[str, UserInfo] | None = None, service_resolver: ServiceResolver | None = None,
+                 disruption_controller: bool = True) -> None:
         self.store = Store(data_path, history_size)
         self.store.consumable_capacity = consumable_capacity
+        self.store.disruption_controller = disruption_controller  # False: budgets' status is left to clients
         self.store.webhooks.service_resolver.update(service_resolver or {})
         self._server = _Server((host, port), self.store, watch_timeout, bookmark_interval, record_requests, users)
         self._thread: threading.Thread | None = None

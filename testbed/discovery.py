@@ -6,9 +6,10 @@ with verbs, short names and subresources), in the legacy (unaggregated) form; ku
 first and falls back to this one when the answer is a plain list.
 
 Server-side printing: kubectl asks for a `meta.k8s.io/v1` Table (`Accept: ...;as=Table;...`) and prints its cells.
-`as_table` builds the columns kube-apiserver prints for pods, nodes, events and leases (the `priority: 1` columns
-are the ones `-o wide` adds), with rows carrying the object's metadata (or the whole object with
-`includeObject=Object`), from which kubectl takes the NAMESPACE column of `-A`.
+`as_table` builds the columns kube-apiserver prints for pods, nodes, events, leases and PodDisruptionBudgets
+(pkg/printers/internalversion/printers.go; the `priority: 1` columns are the ones `-o wide` adds), with rows carrying
+the object's metadata (or the whole object with `includeObject=Object`), from which kubectl takes the NAMESPACE
+column of `-A`.
 """
 
 from __future__ import annotations
@@ -38,11 +39,15 @@ class ServedResource:
     verbs: tuple[str, ...]
     short_names: tuple[str, ...] = ()
     categories: tuple[str, ...] = ()
+    kind_group: str | None = None  # the group and version of `kind` when not the resource's own (pods/eviction)
+    kind_version: str | None = None
 
     def entry(self) -> Obj:
         """The APIResource of this resource."""
         out: Obj = {"name": self.name, "singularName": "" if "/" in self.name else self.kind.lower(),
                     "namespaced": self.namespaced, "kind": self.kind, "verbs": list(self.verbs)}
+        if self.kind_group is not None:
+            out["group"], out["version"] = self.kind_group, self.kind_version or ""
         if self.short_names:
             out["shortNames"] = list(self.short_names)
         if self.categories:
@@ -56,6 +61,9 @@ SERVED = (
     ServedResource("", "v1", "pods", "Pod", True, tuple(_RW), ("po",), ("all",)),
     ServedResource("", "v1", "pods/status", "Pod", True, ("get", "patch", "update")),
     ServedResource("", "v1", "pods/binding", "Binding", True, ("create",)),
+    # kubectl drain evicts only where /api/v1 lists pods/eviction with its kind's group and version
+    # (k8s.io/kubectl/pkg/drain CheckEvictionSupport)
+    ServedResource("", "v1", "pods/eviction", "Eviction", True, ("create",), kind_group="policy", kind_version="v1"),
     ServedResource("", "v1", "events", "Event", True, tuple(_RW), ("ev",)),
     ServedResource("events.k8s.io", "v1", "events", "Event", True, tuple(_RW), ("ev",)),
     ServedResource("coordination.k8s.io", "v1", "leases", "Lease", True, tuple(_RW)),
@@ -70,6 +78,16 @@ SERVED = (
                    "ValidatingAdmissionPolicy", False, ("get", "patch", "update")),
     ServedResource("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
                    "ValidatingAdmissionPolicyBinding", False, tuple(_RW), ("vapb",), ("api-extensions",)),
+    ServedResource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True, tuple(_RW), ("pdb",)),
+    ServedResource("policy", "v1", "poddisruptionbudgets/status", "PodDisruptionBudget", True,
+                   ("get", "patch", "update")),
+    # the workloads whose scale the disruption controller reads (stored only: no controller acts on them)
+    ServedResource("apps", "v1", "deployments", "Deployment", True, tuple(_RW), ("deploy",), ("all",)),
+    ServedResource("apps", "v1", "deployments/status", "Deployment", True, ("get", "patch", "update")),
+    ServedResource("apps", "v1", "replicasets", "ReplicaSet", True, tuple(_RW), ("rs",), ("all",)),
+    ServedResource("apps", "v1", "replicasets/status", "ReplicaSet", True, ("get", "patch", "update")),
+    ServedResource("apps", "v1", "statefulsets", "StatefulSet", True, tuple(_RW), ("sts",), ("all",)),
+    ServedResource("apps", "v1", "statefulsets/status", "StatefulSet", True, ("get", "patch", "update")),
 )
 CORE_VERSIONS: Obj = {"kind": "APIVersions", "versions": ["v1"],
                       "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
@@ -171,6 +189,20 @@ def _lease_cells(lease: Obj, now: datetime) -> list[Any]:
     return [meta.get("name", ""), spec.get("holderIdentity") or "<none>", _age(meta.get("creationTimestamp"), now)]
 
 
+def _int_or_string(value: Any) -> str:
+    """intstr.IntOrString.String(): the integer or the string as it is."""
+    return str(value)
+
+
+def _pdb_cells(pdb: Obj, now: datetime) -> list[Any]:
+    """printers.go printPodDisruptionBudget: N/A for the field not set, status.disruptionsAllowed."""
+    meta, spec, status = pdb.get("metadata") or {}, pdb.get("spec") or {}, pdb.get("status") or {}
+    min_available = "N/A" if spec.get("minAvailable") is None else _int_or_string(spec["minAvailable"])
+    max_unavailable = "N/A" if spec.get("maxUnavailable") is None else _int_or_string(spec["maxUnavailable"])
+    return [meta.get("name", ""), min_available, max_unavailable, int(status.get("disruptionsAllowed") or 0),
+            _age(meta.get("creationTimestamp"), now)]
+
+
 def _columns(*names: tuple[str, str, int]) -> list[Obj]:
     return [{"name": n, "type": t, "format": "name" if n == "Name" else "", "description": n, "priority": p}
             for n, t, p in names]
@@ -189,6 +221,9 @@ _TABLES: dict[str, tuple[list[Obj], Callable[[Obj, datetime], list[Any]]]] = {
                        ("Source", "string", 1), ("First Seen", "string", 1), ("Count", "integer", 1),
                        ("Name", "string", 1)), _event_cells),
     "Lease": (_columns(("Name", "string", 0), ("Holder", "string", 0), ("Age", "string", 0)), _lease_cells),
+    "PodDisruptionBudget": (_columns(("Name", "string", 0), ("Min Available", "string", 0),
+                                     ("Max Unavailable", "string", 0), ("Allowed Disruptions", "integer", 0),
+                                     ("Age", "string", 0)), _pdb_cells),
 }
 
 

@@ -1,7 +1,8 @@
 """TEST INFRASTRUCTURE: what the API-server stand-in checks on `resource.k8s.io/v1` objects (DRA).
 
-Written from the published API (`../shared/research/dra-protocol.md` section 4), for the structural rules a DRA
-driver and kube-scheduler depend on, each refused as kube-apiserver does: 422 Invalid naming the field.
+Written from the published API (k8s.io/api `resource/v1` and kube-apiserver's validation of it), for the
+structural rules a DRA driver and kube-scheduler depend on, each refused as kube-apiserver does: 422 Invalid naming
+the field.
 
   ResourceSlice          spec.driver and spec.pool (name, generation, resourceSliceCount) are required; exactly one
                          of nodeName, nodeSelector, allNodes, perDeviceNodeSelection; each device has a unique name;

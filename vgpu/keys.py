@@ -1,4 +1,4 @@
-"""Annotation keys of the wire contract (../shared/compat/CONTRACT.md).
+"""Annotation keys of the wire contract (Volcano's and HAMi's names, docs/install.md).
 
 Node inventory is written by the device plugin; the assignment keys by the scheduler at bind; the selector
 keys by users.

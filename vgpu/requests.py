@@ -214,9 +214,6 @@ def _lookup(resources: Mapping[str, Any], names: tuple[ResourceNames, ...], attr
     return getattr(names[0], attr), None
 
 
-_SHARE_FIELDS = ("memory", "memory_percentage", "cores")
-
-
 def _name_sets(resources: Mapping[str, Any], config: SharingConfig) -> tuple[ResourceNames, ...]:
     """The name sets to read for one container: under `hami_names: shared`, HAMi's set only where the container asks
     for one of HAMi's share names (nvidia.com/gpu alone is a whole GPU of NVIDIA's device plugin, not ours)."""
@@ -224,8 +221,7 @@ def _name_sets(resources: Mapping[str, Any], config: SharingConfig) -> tuple[Res
     if len(names) < 2 or config.hami_mode() != "shared":
         return names
     tables = [t for t in (resources.get("limits"), resources.get("requests")) if isinstance(t, Mapping)]
-    hami = names[1]
-    if any(getattr(hami, field) in table for field in _SHARE_FIELDS for table in tables):
+    if any(name in table for name in names[1].shares() for table in tables):
         return names
     return names[:1]
 

@@ -36,6 +36,10 @@ class ResourceNames(BaseModel):
         """The names in a fixed order: number, memory, memory percentage, cores."""
         return (self.number, self.memory, self.memory_percentage, self.cores)
 
+    def shares(self) -> tuple[str, str, str]:
+        """The names of a share of each GPU: memory, memory percentage, cores."""
+        return (self.memory, self.memory_percentage, self.cores)
+
 
 VOLCANO_NAMES = ResourceNames()
 HAMI_NAMES = ResourceNames(

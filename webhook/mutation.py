@@ -33,7 +33,6 @@ __all__ = ["DEFAULT_REPLACED", "MutationSettings", "mutate_pod"]
 
 DEFAULT_REPLACED = frozenset({"default-scheduler"})
 _FIELDS = ("number", "memory", "memory_percentage", "cores")
-_SHARE_FIELDS = ("memory", "memory_percentage", "cores")
 _CONTAINER_LISTS = ("initContainers", "containers")
 
 
@@ -55,7 +54,7 @@ def _translate(name: str, resources: dict[str, Any], ours: ResourceNames, sharin
     """Rename HAMi's resource names to ours in one container's resources (in place); True when any was renamed."""
     tables = _tables(resources)
     asks = {f for f in _FIELDS if any(getattr(HAMI_NAMES, f) in t for t in tables)}
-    if not asks or (sharing.hami_mode() == "shared" and not asks & set(_SHARE_FIELDS)):
+    if not asks or (sharing.hami_mode() == "shared" and asks == {"number"}):
         return False
     for f in sorted(asks):
         theirs, mine = getattr(HAMI_NAMES, f), getattr(ours, f)

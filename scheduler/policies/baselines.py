@@ -1,6 +1,6 @@
 """The ATC'23 baselines as node policies: random, bestfit, dotprod and packing.
 
-Each follows the FGD simulator's score plugin (`../shared/research/fgd-benchmark.md` section 4) on GPU shares in
+Each follows the score plugin of the FGD paper's simulator (USENIX ATC'23, docs/placement.md) on GPU shares in
 milli-GPU, with its GPU choice (`best`: least free share that fits, lowest index; `random` for random). Node CPU
 enters bestfit and dotprod through the optional node context; without it (the extender) the CPU terms are 0.
 """

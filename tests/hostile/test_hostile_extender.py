@@ -28,6 +28,7 @@ from sched_helpers import REPO, Kube, wait_until
 
 from vgpu import keys
 from vgpu.errors import ConfigError
+from vgpu.resources import QUOTA_CORES, QUOTA_MEMORY
 from vgpu.scheduler.config import load_config
 from vgpu.testbed.cluster import free_port
 
@@ -415,6 +416,25 @@ def test_filter_for_a_made_up_pod_reserves_nothing(kube, extender):
     second = kube.create_pod(_whole_gpu("second"))
     out = ext.post("/filter", _filter_body(second, ["n1"])).json()
     assert out["NodeNames"] == [] and "n1" in {**out["FailedNodes"], **out["FailedAndUnresolvableNodes"]}
+
+
+@pytest.mark.parametrize("forged", [{QUOTA_MEMORY: "1000", QUOTA_CORES: "0"},  # 1 GPU's worth of a 4-GPU pod
+                                    {QUOTA_MEMORY: "0", QUOTA_CORES: "0"}, {QUOTA_MEMORY: "lots"}])
+def test_a_pod_whose_author_shrank_its_quota_totals_is_placed_nowhere(kube, extender, forged):
+    """A tenant who names our scheduler and writes quota totals smaller than the requests make (so that the
+    namespace's ResourceQuota counts less than the pod takes) gets no node and a reason naming the container, the
+    total and the value its requests make; the same pod with the true totals is placed."""
+    kube.create_node(node("n1", [gpu(f"GPU-{i}", 16000) for i in range(4)]))
+    ext = extender(mode="decide")
+    limits = {"volcano.sh/vgpu-number": "4", "volcano.sh/vgpu-memory": "1000", "volcano.sh/vgpu-cores": "20"}
+    cheat = kube.create_pod(pod("cheat", container("train", extra={**limits, **forged})))
+    out = ext.post("/filter", _filter_body(cheat, ["n1"])).json()
+    assert out["NodeNames"] == [] and "container 'train'" in out["Error"]
+    assert "but the container's requests make" in out["Error"]
+    assert ext.ledger.nodes["n1"].usage[0].memory == 0
+    honest = kube.create_pod(pod("honest", container("train", extra={**limits, QUOTA_MEMORY: "4000",
+                                                                     QUOTA_CORES: "80"})))
+    assert ext.post("/filter", _filter_body(honest, ["n1"])).json()["NodeNames"] == ["n1"]
 
 
 def test_filter_for_a_real_pod_under_a_made_up_uid_reserves_nothing(kube, extender):

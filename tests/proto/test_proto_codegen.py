@@ -1,6 +1,6 @@
 """The committed gRPC code is current, loads with the installed runtimes, and matches kubelet's wire facts.
 
-Facts are those of ../shared/research/landscape.md section 2 (kubelet's deviceplugin v1beta1 and podresources v1).
+Facts are those of kubelet's published protos (k8s.io/kubelet: deviceplugin v1beta1 and podresources v1).
 """
 
 import subprocess

@@ -1,8 +1,8 @@
 """The DRA protocols (plugin registration, DRA node service v1 and v1beta1, device health v1 and v1alpha1) match
 kubelet's wire facts.
 
-Facts are those of ../shared/research/dra-protocol.md sections 1 to 3: packages, services, method paths, message
-and field names, numbers and types. The device-health facts are those of k8s.io/kubelet
+Facts are those of kubelet's published DRA protos (k8s.io/kubelet pkg/apis/dra): packages, services, method paths,
+message and field names, numbers and types. The device-health facts are those of k8s.io/kubelet
 pkg/apis/dra-health/v1alpha1/api.proto (tags v0.34.0 to v0.37.0-beta.0; field 4 since v0.35.0, field 5 since
 v0.36.0) and pkg/apis/dra-health/v1/api.proto (master, commit 20b239517c2e, the same messages under package v1).
 The generated code itself is checked current by test_proto_codegen.

@@ -1,7 +1,7 @@
 """Golden vectors of the research reports that concern fit and score, run through the ledger and the extender.
 
-Sources: ../shared/research/volcano-vgpu-plugin.md section 7.5 (items 1-9) and hami-scheduler.md section 9.2
-(V2, V3, V7). Where our semantics differ on purpose the test says so and asserts our behaviour:
+Sources: volcano-vgpu-device-plugin's and HAMi's scheduler tests and documented examples (cases 1-9, and HAMi's
+V2, V3, V7). Where our semantics differ on purpose the test says so and asserts our behaviour:
 - unhealthy GPUs are filtered (Volcano ignores the health flag, plugin #123);
 - vgpu-cores > 100 is rejected with a reason (HAMi clamps to 100, V3);
 - Volcano's spread score is fixed: an idle GPU scores 100 (Volcano HEAD gives 0, item 2);
