@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+from vgpu.testbed.apiserver import ApiServerStandIn
 
 
 class ScriptedExtender:
@@ -77,3 +81,22 @@ class ScriptedExtender:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+@contextmanager
+def driver_bed(tmp_path: Path) -> Iterator[tuple[ApiServerStandIn, str, ScriptedExtender, httpx.Client, list[Any]]]:
+    """An API stand-in, its kubeconfig, a scripted extender, an HTTP client of the API and a list the test puts its
+    scheduler drivers in; all stopped at the end (the drivers first)."""
+    api = ApiServerStandIn().start()
+    kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig"))
+    ext = ScriptedExtender(api.url)
+    http = httpx.Client(base_url=api.url)
+    drivers: list[Any] = []
+    try:
+        yield api, kubeconfig, ext, http, drivers
+    finally:
+        for driver in drivers:
+            driver.stop()
+        ext.close()
+        http.close()
+        api.stop()

@@ -16,9 +16,8 @@ from typing import Any
 import httpx
 import pytest
 from e2e_helpers import wait_until
-from scripted_extender import ScriptedExtender
+from scripted_extender import driver_bed
 
-from vgpu.testbed.apiserver import ApiServerStandIn
 from vgpu.testbed.kubemath import pod_requests
 from vgpu.testbed.scheduler_driver import (
     BUILTIN_CONFIG,
@@ -33,28 +32,18 @@ from vgpu.testbed.scheduler_driver import (
 
 @pytest.fixture()
 def env(tmp_path):
-    api = ApiServerStandIn().start()
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    ext = ScriptedExtender(api.url)
-    drivers: list[SchedulerDriver] = []
+    with driver_bed(tmp_path) as (api, kubeconfig, ext, http, drivers):
+        def make(config_text: str = BUILTIN_CONFIG, **kwargs: Any) -> SchedulerDriver:
+            config = parse_scheduler_config(config_text).with_extender_url(ext.url)
+            driver = SchedulerDriver(config, kubeconfig, seed=1, unschedulable_flush=kwargs.pop("flush", 30.0),
+                                     **kwargs).start()
+            drivers.append(driver)
+            return driver
 
-    def make(config_text: str = BUILTIN_CONFIG, **kwargs: Any) -> SchedulerDriver:
-        config = parse_scheduler_config(config_text).with_extender_url(ext.url)
-        driver = SchedulerDriver(config, kubeconfig, seed=1, unschedulable_flush=kwargs.pop("flush", 30.0),
-                                 **kwargs).start()
-        drivers.append(driver)
-        return driver
-
-    http = httpx.Client(base_url=api.url)
-    for name, cpu in (("n1", "4"), ("n2", "4"), ("n3", "1")):
-        http.post("/api/v1/nodes", json={"metadata": {"name": name, "labels": {"zone": name}},
-                                         "status": {"allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"}}})
-    yield api, ext, make, http
-    for driver in drivers:
-        driver.stop()
-    ext.close()
-    http.close()
-    api.stop()
+        for name, cpu in (("n1", "4"), ("n2", "4"), ("n3", "1")):
+            http.post("/api/v1/nodes", json={"metadata": {"name": name, "labels": {"zone": name}},
+                                             "status": {"allocatable": {"cpu": cpu, "memory": "8Gi", "pods": "110"}}})
+        yield api, ext, make, http
 
 
 def _pod(name: str, gpu: bool = True, cpu: str = "500m", **spec: Any) -> dict:

@@ -22,9 +22,8 @@ from typing import Any
 import httpx
 import pytest
 from e2e_helpers import wait_until
-from scripted_extender import ScriptedExtender
+from scripted_extender import driver_bed
 
-from vgpu.testbed.apiserver import ApiServerStandIn
 from vgpu.testbed.scheduler_driver import ConfigError, SchedulerDriver, parse_scheduler_config
 
 GPU = {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "1000"}
@@ -54,28 +53,18 @@ extenders:
 
 @pytest.fixture()
 def env(tmp_path):
-    api = ApiServerStandIn().start()
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    ext = ScriptedExtender(api.url)
-    http = httpx.Client(base_url=api.url)
-    drivers: list[SchedulerDriver] = []
+    with driver_bed(tmp_path) as (api, kubeconfig, ext, http, drivers):
+        def make(config_text: str | None = None, nodes: int = 4, **kwargs: Any) -> SchedulerDriver:
+            """Create the nodes (cpu 4 each) unless they exist, then start a driver (preemption on, its default)."""
+            for i in range(1, nodes + 1):
+                http.post("/api/v1/nodes", json={"metadata": {"name": f"n{i}"}, "status": {
+                    "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}})
+            config = parse_scheduler_config(config_text or _config()).with_extender_url(ext.url)
+            driver = SchedulerDriver(config, kubeconfig, seed=1, unschedulable_flush=30.0, **kwargs).start()
+            drivers.append(driver)
+            return driver
 
-    def make(config_text: str | None = None, nodes: int = 4, **kwargs: Any) -> SchedulerDriver:
-        """Create the nodes (cpu 4 each) unless they exist, then start a driver (preemption on, its default)."""
-        for i in range(1, nodes + 1):
-            http.post("/api/v1/nodes", json={"metadata": {"name": f"n{i}"},
-                                             "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"}}})
-        config = parse_scheduler_config(config_text or _config()).with_extender_url(ext.url)
-        driver = SchedulerDriver(config, kubeconfig, seed=1, unschedulable_flush=30.0, **kwargs).start()
-        drivers.append(driver)
-        return driver
-
-    yield api, ext, make, http
-    for driver in drivers:
-        driver.stop()
-    ext.close()
-    http.close()
-    api.stop()
+        yield api, ext, make, http
 
 
 def _resources(cpu: str, gpu: bool) -> dict:
