@@ -45,6 +45,7 @@ class GPUDevice:
     index: int = 0
     cores: int = 100
     numa: int = 0
+    island: int = -1  # NVLink island within the node (GPUs joined by NVLink share one); -1: not known
 
 
 def _check_value(value: object, what: str) -> str:
