@@ -12,6 +12,10 @@ through /filter, /prioritize and /bind one after another, so every cycle changes
 3. where the learned target was rebuilt: the threads `NodePolicy.relearn` changed the target on (never a
    request handler's).
 
+Every pod is in the extender's cache when its /filter comes (the client waits SCHEDULER_LAG, and the extender has no
+API server to read from); `bench_extender_api.py` measures `vgpu scheduler` as it runs against the API-server
+stand-in, the /filter of a pod the pod watch has not delivered yet included, and DRA mode.
+
 Run: nice .venv/bin/python bench/bench_extender.py [--scale 1000:20000 --scale 5000:100000] [--requests 2000]
      [--node-policy NAME] [--mode decide|score]
 """
@@ -49,16 +53,14 @@ def node_name(n: int) -> str:
     return f"node-{n:05d}"
 
 
-def make_nodes(count: int) -> list[dict[str, Any]]:
-    nodes = []
-    for n in range(count):
-        devices = [GPUDevice(f"GPU-{n:05d}-{g}", SPLIT, MEMORY, "NVIDIA-NVIDIA A100-PCIE-40GB", index=g)
-                   for g in range(GPUS)]
-        nodes.append({
-            "metadata": {"name": node_name(n), "annotations": {keys.NODE_REGISTER: encode_volcano(devices)}},
-            "status": {"allocatable": {"volcano.sh/vgpu-number": str(GPUS * SPLIT), "cpu": "96", "memory": "768Gi"}},
-        })
-    return nodes
+def make_node(n: int) -> dict[str, Any]:
+    """Node n with its GPUs registered by the device plugin."""
+    devices = [GPUDevice(f"GPU-{n:05d}-{g}", SPLIT, MEMORY, "NVIDIA-NVIDIA A100-PCIE-40GB", index=g)
+               for g in range(GPUS)]
+    return {
+        "metadata": {"name": node_name(n), "annotations": {keys.NODE_REGISTER: encode_volcano(devices)}},
+        "status": {"allocatable": {"volcano.sh/vgpu-number": str(GPUS * SPLIT), "cpu": "96", "memory": "768Gi"}},
+    }
 
 
 def pod_dict(name: str, shape: tuple[int, int, int]) -> dict[str, Any]:
@@ -74,12 +76,14 @@ def pod_dict(name: str, shape: tuple[int, int, int]) -> dict[str, Any]:
     }
 
 
-def running_pods(nodes: int, count: int, rng: random.Random) -> list[dict[str, Any]]:
-    """`count` pods already placed, spread over the GPUs with room (memory 1000..6000, cores 0..20)."""
-    pods = []
+def spread(nodes: int, count: int) -> list[tuple[int, int, int, int]]:
+    """`count` pods already placed, as (node, GPU, memory, cores), spread over the GPUs with room (memory
+    1000..6000, cores 0..20, at most SPLIT per GPU); the same every time."""
+    rng = random.Random(1)
+    placed = []
     free = {(n, g): [MEMORY, 100, SPLIT] for n in range(nodes) for g in range(GPUS)}
     slots = list(free)
-    for i in range(count):
+    for _ in range(count):
         while True:
             n, g = rng.choice(slots)
             memory, cores = rng.choice([1000, 2000, 4000, 6000]), rng.choice([0, 0, 10, 20])
@@ -89,6 +93,14 @@ def running_pods(nodes: int, count: int, rng: random.Random) -> list[dict[str, A
                 room[1] -= cores
                 room[2] -= 1
                 break
+        placed.append((n, g, memory, cores))
+    return placed
+
+
+def running_pods(nodes: int, count: int) -> list[dict[str, Any]]:
+    """The pods of `spread`, bound and charged from their annotations."""
+    pods = []
+    for i, (n, g, memory, cores) in enumerate(spread(nodes, count)):
         p = pod_dict(f"run-{i}", (1, memory, cores))
         p["spec"]["nodeName"] = node_name(n)
         p["metadata"]["annotations"] = {keys.VGPU_NODE: node_name(n),
@@ -133,9 +145,9 @@ def build(nodes: int, pods: int, mode: str, policy: str) -> tuple[Any, Any, Rebu
 
     chosen = make_policy(policy)
     ext = Extender(ledger, chosen, mode=mode, binder=binder, ready=lambda: "" if synced.is_set() else "syncing")
-    for node in make_nodes(nodes):
-        ledger.on_node(node)
-    for p in running_pods(nodes, pods, random.Random(1)):
+    for n in range(nodes):
+        ledger.on_node(make_node(n))
+    for p in running_pods(nodes, pods):
         ledger.on_pod(p)
     synced.set()
     rebuilds = Rebuilds(chosen)  # from here on: serving

@@ -7,7 +7,9 @@ committed document holds exactly what this script prints. Tables:
   GPU % at 100 % and 130 % arrived (mean ± sd over seeds), failed pods, and the paired difference ours - FGD with
   the sd of the differences and the seeds on which ours is better;
 - `baselines`: the other policies on the default trace, against the published figures;
-- `departures`: the departures replay (replay/events.py), every policy.
+- `departures`: the departures replay (replay/events.py), every policy;
+- `topology`: the traces whose nodes publish NVLink islands (the `nvlink` variants), every policy with and without
+  topology awareness (`@flat`): the share of multi-GPU pods placed in one island, unallocated GPU %, failed pods.
 
 Usage: .venv/bin/python bench/placement_tables.py [--write]
 """
@@ -119,12 +121,46 @@ def departures_table(folder: Path) -> str:
     return "\n".join(lines)
 
 
+def topology_table(folder: Path) -> str:
+    """Per topology trace and policy: multi-GPU pods in one island, unallocated % at 100 and 130, failed pods (with
+    the paired difference to ours with topology) and CPU seconds per run."""
+    lines = ["| trace | policy | topology | seeds | multi-GPU pods in one island % (pods per run) | unalloc % @100 "
+             "(- ours) | unalloc % @130 (- ours) | failed pods (- ours) | CPU s/run |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for path in sorted(folder.glob("*.json")):
+        rows = _rows(path)
+        if not any("island_pods" in r for r in rows):
+            continue
+        ours = {k: _values(rows, OURS, k) for k in ("unallocated_pct_at_100", "unallocated_pct_at_130", "failed_pods")}
+        for policy in sorted(dict.fromkeys(str(r["policy"]) for r in rows), key=lambda p: (p.split("@")[0] != OURS, p)):
+            mine = [r for r in rows if r["policy"] == policy]
+            seeds = sorted(int(str(r["seed"])) for r in mine)
+            local = np.array([100 * float(str(r.get("island_local", 0))) / max(1, int(str(r.get("island_pods", 0))))
+                              for r in mine])
+            pods = np.mean([int(str(r.get("island_pods", 0))) for r in mine])
+            cells = []
+            for key in ("unallocated_pct_at_100", "unallocated_pct_at_130", "failed_pods"):
+                values = _values(rows, policy, key)
+                a = np.array([values[s] for s in seeds])
+                cell = f"{a.mean():.0f}" if key == "failed_pods" else f"{a.mean():.2f} ± {_sd(a):.2f}"
+                if key in ours and policy != OURS and set(seeds) <= ours[key].keys():
+                    d = a - np.array([ours[key][s] for s in seeds])
+                    cell += f" ({d.mean():+.1f})" if key == "failed_pods" else f" ({d.mean():+.2f})"
+                cells.append(cell)
+            name, _, flat = policy.partition("@")
+            seconds = np.mean(list(_values(rows, policy, "seconds").values()))
+            lines.append(f"| {path.stem} | {name} | {'off' if flat else 'on'} | {len(seeds)} | {local.mean():.1f} "
+                         f"({pods:.0f}) | " + " | ".join(cells) + f" | {seconds:.1f} |")
+    return "\n".join(lines)
+
+
 def tables(results: Path = RESULTS) -> dict[str, str]:
     """Every table of docs/placement.md by name."""
     return {
         "suite": suite_table(results / "placement"),
         "baselines": baselines_table(results / "baselines" / "default.json"),
         "departures": departures_table(results / "departures"),
+        "topology": topology_table(results / "placement"),
     }
 
 

@@ -1,4 +1,5 @@
-"""Publishes this node's GPU inventory as `volcano.sh/node-vgpu-register` (and optionally the handshake).
+"""Publishes this node's GPU inventory as `volcano.sh/node-vgpu-register` (and optionally the handshake), and each
+GPU's NVLink island and NUMA node as `vgpu-sharing.io/node-gpu-topology` (`topology_value`).
 
 One thread started by vgpu.deviceplugin.cli: it re-checks every `interval` seconds and at once when `wake()` is called
 (health change), patches the node only when the encoded value differs from what the node carries, and writes
@@ -22,12 +23,12 @@ from kubernetes import client as k8s
 
 from vgpu import keys
 from vgpu.deviceplugin.server import DeviceState
-from vgpu.inventory import GPUDevice, encode_volcano
+from vgpu.inventory import GPUDevice, encode_topology, encode_volcano
 from vgpu.kube.client import read_json
 from vgpu.kube.patch import patch_node_metadata
 
 __all__ = ["LABEL_COUNT", "LABEL_MEMORY", "LABEL_MODE", "LABEL_PRODUCT", "Registrar", "inventory_value",
-           "node_labels"]
+           "node_labels", "topology_value"]
 
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_MEMORY = "nvidia.com/gpu.memory"
@@ -54,6 +55,12 @@ def inventory_value(state: DeviceState, split: int, factor: int, mode: str) -> s
         for i, g in enumerate(sorted(gpus, key=lambda g: g.minor))
     ]
     return encode_volcano(devices)
+
+
+def topology_value(state: DeviceState) -> str:
+    """The topology annotation value for the current GPUs (sorted by minor number)."""
+    _, gpus, _ = state.snapshot()
+    return encode_topology([(g.uuid, g.nvlink_island, g.numa) for g in sorted(gpus, key=lambda g: g.minor)])
 
 
 def _label_value(text: str) -> str:
@@ -120,6 +127,9 @@ class Registrar:
         patch: dict[str, str | None] = {}
         if current.get(keys.NODE_REGISTER) != desired:
             patch[keys.NODE_REGISTER] = desired
+        topology = topology_value(self.state)
+        if current.get(keys.NODE_TOPOLOGY) != topology:
+            patch[keys.NODE_TOPOLOGY] = topology
         if self.handshake:
             stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f +0000 UTC")
             patch[keys.NODE_HANDSHAKE] = f"Reported {stamp}"

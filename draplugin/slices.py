@@ -1,8 +1,9 @@
 """This node's ResourceSlice (`resource.k8s.io/v1`): its content, and the thread that keeps it published.
 
 One slice per node, `<node>-gpu.vgpu-sharing.io`, pool = the node's name, one device per healthy GPU with the
-attributes `uuid`, `model`, `index`, `memory` (MiB) and, where the backend knows it,
-`resource.kubernetes.io/numaNode`; beside them, under the names NVIDIA's DRA driver gives them (so a selector
+attributes `uuid`, `model`, `index`, `memory` (MiB) and, where the backend knows them,
+`resource.kubernetes.io/numaNode` and `nvlinkIsland` (the lowest NVML index of the GPUs NVLink joins it to);
+beside them, under the names NVIDIA's DRA driver gives them (so a selector
 written for it needs only the domain changed): `type` ("gpu"), `productName`, and where known `architecture`,
 `cudaComputeCapability`, `driverVersion`, `cudaDriverVersion` (versions as semantic versions) and the standard
 `resource.kubernetes.io/pciBusID` and `resource.kubernetes.io/pcieRoot`; and the consumable capacities `memory`
@@ -31,19 +32,25 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from vgpu.dra import CAPACITY_CORES, CAPACITY_MEMORY, DRIVER, device_name
+from vgpu.dra import (
+    CAPACITY_CORES,
+    CAPACITY_MEMORY,
+    DRIVER,
+    ISLAND_ATTRIBUTE,
+    NUMA_ATTRIBUTE,
+    device_name,
+)
 from vgpu.kube.client import read_json, read_object
 from vgpu.kube.errors import ApiError, NotFoundError, translate
 from vgpu.kube.events import EventRecorder
 from vgpu.node.backends import GPUInfo
 from vgpu.quantity import parse_quantity
 
-__all__ = ["NUMA_ATTRIBUTE", "PCIE_ROOT_ATTRIBUTE", "PCI_BUS_ATTRIBUTE", "SlicePublisher", "nvidia_attributes",
-           "slice_devices_for", "slice_name", "slice_spec"]
+__all__ = ["ISLAND_ATTRIBUTE", "NUMA_ATTRIBUTE", "PCIE_ROOT_ATTRIBUTE", "PCI_BUS_ATTRIBUTE", "SlicePublisher",
+           "nvidia_attributes", "slice_devices_for", "slice_name", "slice_spec"]
 
 log = logging.getLogger(__name__)
 
-NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 PCI_BUS_ATTRIBUTE = "resource.kubernetes.io/pciBusID"
 PCIE_ROOT_ATTRIBUTE = "resource.kubernetes.io/pcieRoot"
 _BACKOFF_FIRST, _BACKOFF_MAX = 0.5, 30.0
@@ -92,6 +99,8 @@ def _device(gpu: GPUInfo) -> dict[str, Any]:
     }
     if gpu.numa is not None and gpu.numa >= 0:
         attributes[NUMA_ATTRIBUTE] = {"int": gpu.numa}
+    if gpu.nvlink_island is not None and gpu.nvlink_island >= 0:
+        attributes[ISLAND_ATTRIBUTE] = {"int": gpu.nvlink_island}
     attributes.update(nvidia_attributes(gpu))
     return {
         "name": device_name(gpu.nvml_index),

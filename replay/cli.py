@@ -37,7 +37,8 @@ def register(subparsers: Any) -> None:
         "--policy",
         action="append",
         default=None,
-        help=f"node policy to replay (repeatable; 'ours' = {OURS}); default: fgd, bestfit, ours",
+        help=f"node policy to replay (repeatable; 'ours' = {OURS}; NAME@flat: placement without topology "
+        "awareness); default: fgd, bestfit, ours",
     )
     p.add_argument("--mode", default="deviceplugin", choices=("deviceplugin", "dra", "dra-naive"),
                    help="who picks the GPUs inside the chosen node: deviceplugin (our fit), dra (kube-scheduler's "
@@ -111,15 +112,16 @@ def _main(args: argparse.Namespace) -> int:
     from vgpu.errors import ConfigError
     from vgpu.replay.events import DEFAULT_RATIO, DEFAULT_TIME_SCALE, run_departures
     from vgpu.replay.report import format_departures_table, format_table, summarise, summarise_departures
-    from vgpu.replay.run import run_many, run_one
+    from vgpu.replay.run import FLAT, run_many, run_one
     from vgpu.replay.trace import Trace
     from vgpu.replay.variants import VARIANTS
     from vgpu.scheduler.policies import NODE_POLICIES
 
-    names = [OURS if n == "ours" else n for n in (args.policy or ["fgd", "bestfit", "ours"])]
+    names = [OURS + n[4:] if n.startswith("ours") else n for n in (args.policy or ["fgd", "bestfit", "ours"])]
     for n in names:
-        if n not in NODE_POLICIES:
-            raise ConfigError(f"--policy: unknown policy {n!r} (known: ours, {', '.join(sorted(NODE_POLICIES))})")
+        if n.removesuffix(FLAT) not in NODE_POLICIES or (args.departures and n.endswith(FLAT)):
+            raise ConfigError(f"--policy: unknown policy {n!r} (known: ours, {', '.join(sorted(NODE_POLICIES))}, "
+                              f"each with {FLAT} for placement without topology, except with --departures)")
     if args.variant and args.variant not in VARIANTS:
         raise ConfigError(f"--variant: unknown variant {args.variant!r} (known: {', '.join(VARIANTS)})")
     if args.seeds < 1 or args.jobs < 1:

@@ -2,7 +2,8 @@
 
 Nodes are charged through the same `NodeState.charge` the extender's ledger uses, so placement's memo keys follow
 every change exactly as in the extender. Free CPU and memory are also kept as arrays, for the vectorised
-NodeResourcesFit check kube-scheduler runs before it asks the extender.
+NodeResourcesFit check kube-scheduler runs before it asks the extender. A node with `islands` publishes each GPU's
+NVLink island and NUMA node (`GPUDevice.island`, `.numa`: the island's number); others leave the island unknown.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ from vgpu.scheduler.nodestate import NodeState, flat_grants
 __all__ = ["ReplayCluster"]
 
 
+def _island(g: int, node: TraceNode) -> int:
+    """GPU g's NVLink island on `node`, also its NUMA node (-1 when the node's islands are not known)."""
+    return g * node.islands // node.gpus if node.islands else -1
+
+
 class ReplayCluster:
     """The nodes of a trace; `reset(rank)` empties them and sets the seed's tie-breaking ranks."""
 
@@ -29,7 +35,7 @@ class ReplayCluster:
             card = CARD_MIB.get(node.model, DEFAULT_CARD_MIB) * MEMORY_UNITS_PER_MIB
             self.devices.append(tuple(
                 GPUDevice(uuid=f"{node.name}-gpu{g}", split=SPLIT, memory=card, type=DEVICE_PREFIX + node.model,
-                          index=g)
+                          index=g, island=_island(g, node), numa=max(_island(g, node), 0))
                 for g in range(node.gpus)
             ))
         self.cpu_total = np.array([n.cpu for n in nodes], dtype=np.int64)

@@ -12,6 +12,10 @@ allocator (first fit in slice order, `lowest_index_order`), with our policy scor
 allocator will take there (what the extender does in DRA mode, docs/dra.md); `dra-naive`, the node our policy picks
 in device-plugin mode, and then the allocator's first fit on it (a node policy that ignores who picks the device).
 
+A policy name with the suffix `@flat` (`fragaware@flat`) runs with placement's topology awareness off
+(`Placement(topology=False)`); it matters only on a cluster whose nodes publish NVLink islands (the `nvlink`
+variants), where a run also reports the share of placed multi-GPU pods that got GPUs of one island.
+
 Two things differ from a live cluster, on purpose: CPU-only pods are placed by the policy too, as the FGD protocol
 does (in a cluster kube-scheduler places them without the extender), and pods never leave.
 Called by `vgpu replay` (replay/cli.py) and bench/.
@@ -20,6 +24,7 @@ Called by `vgpu replay` (replay/cli.py) and bench/.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, overload
@@ -30,17 +35,18 @@ from vgpu.replay.arrivals import arrival_sequence
 from vgpu.replay.cluster import ReplayCluster
 from vgpu.replay.trace import Trace, TracePod
 from vgpu.replay.variants import derive
-from vgpu.scheduler.fit import fit
+from vgpu.scheduler.fit import fit, topology_known, topology_tier
 from vgpu.scheduler.nodestate import NodeState, gpu_types
 from vgpu.scheduler.placement import REFRESH_BUDGET, Choice, Placement, PodShape
 from vgpu.scheduler.policies import make_policy
 from vgpu.scheduler.policies.base import NodePolicy
 from vgpu.scheduler.policies.shares import lowest_index_order
 
-__all__ = ["MODES", "Candidates", "RunResult", "curve", "load_trace", "new_placement", "prepare_policy", "replay",
-           "run_many", "run_one"]
+__all__ = ["FLAT", "MODES", "Candidates", "RunResult", "curve", "load_trace", "new_placement", "prepare_policy",
+           "replay", "run_many", "run_one"]
 
 MODES = ("deviceplugin", "dra", "dra-naive")
+FLAT = "@flat"  # the suffix of a policy name that turns placement's topology awareness off
 
 
 @dataclass(slots=True)
@@ -56,10 +62,14 @@ class RunResult:
     pods: int = 0
     curve: list[float] = field(default_factory=list)  # unallocated % at arrived 0..130
     mode: str = "deviceplugin"
+    island_pods: int = 0  # placed pods of 2 or more GPUs that one NVLink island of the cluster can hold
+    island_local: int = 0  # those of them placed on GPUs of one island
 
     def summary(self) -> dict[str, object]:
         """The JSON row of `vgpu replay --json` (`mode` only when it is not device-plugin mode)."""
         row: dict[str, object] = {"mode": self.mode} if self.mode != "deviceplugin" else {}
+        if self.island_pods:
+            row |= {"island_pods": self.island_pods, "island_local": self.island_local}
         return row | {
             "policy": self.policy,
             "seed": self.seed,
@@ -113,13 +123,13 @@ class Candidates(Sequence[NodeState]):
 
 
 def new_placement(cluster: ReplayCluster, policy: NodePolicy, seed: int, refresh_budget: int,
-                  mode: str = "deviceplugin") -> Placement:
+                  mode: str = "deviceplugin", topology: bool = True) -> Placement:
     """The extender's placement loop in decide mode over the cluster's nodes (slot = node index); in `dra` mode it
-    fits and scores with the allocator's first-fit device order."""
+    fits and scores with the allocator's first-fit device order; `topology`: Placement's option."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
     placement = Placement(policy, decide=True, refresh_budget=refresh_budget, seed=seed,
-                          device_order=lowest_index_order if mode == "dra" else None)
+                          device_order=lowest_index_order if mode == "dra" else None, topology=topology)
     for state in cluster.states:
         placement.register(state)
     return placement
@@ -136,15 +146,18 @@ def replay(
     refresh_budget: int = REFRESH_BUDGET,
     background: int = 0,
     mode: str = "deviceplugin",
+    topology: bool = True,
+    tiers: dict[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Place `sequence` one pod at a time; per event the arrived and allocated milli-GPU and the node (-1: failed).
-    `mode` (`MODES`, module docstring) says who picks the GPUs inside the chosen node.
+    `mode` (`MODES`, module docstring) says who picks the GPUs inside the chosen node; `topology` is placement's
+    option; `tiers`, when given, gets the topology tier (`fit.topology_tier`) of every placed multi-GPU pod by event.
 
     As in the extender, the policy counts each pod before it is placed and relearns after it (`relearn`, off the
     request path: a new target applies from the next pod); `background` stale results are rescored between pods,
     as the extender's learner thread does between requests."""
     cluster.reset(rank)
-    placement = new_placement(cluster, policy, seed, refresh_budget, mode)
+    placement = new_placement(cluster, policy, seed, refresh_budget, mode, topology)
     shapes: dict[tuple[int, int, int, int, tuple[str, ...]], PodShape] = {}
     n_events = len(sequence)
     arrived_hist = np.zeros(n_events, dtype=np.int64)
@@ -170,6 +183,8 @@ def replay(
             cluster.place(n, pod.cpu, pod.memory, choice.result)
             allocated += pod.gpu_total
             where[e] = n
+            if tiers is not None and pod.num_gpu > 1:
+                tiers[e] = topology_tier(states[n].devices, choice.result.placement)
         arrived_hist[e] = arrived
         alloc_hist[e] = allocated
         policy.relearn(capacity)
@@ -215,13 +230,19 @@ def prepare_policy(name: str, pods: Sequence[TracePod], seed: int) -> NodePolicy
 
 def run_one(nodes: str, pods: str, policy_name: str, seed: int, ratio: float = 1.3, variant: str = "",
             mode: str = "deviceplugin") -> RunResult:
-    """Replay one (trace or variant, policy, seed) in `mode` (`MODES`)."""
+    """Replay one (trace or variant, policy, seed) in `mode` (`MODES`); a policy named with `FLAT` runs without
+    topology awareness."""
     trace, cluster = load_trace(nodes, pods, variant)
     sequence, rank = arrival_sequence(trace.pods, cluster.capacity_milli, len(trace.nodes), seed, ratio)
-    policy = prepare_policy(policy_name, trace.pods, seed)
+    name = policy_name.removesuffix(FLAT)
+    policy = prepare_policy(name, trace.pods, seed)
+    tiers: dict[int, int] = {}
     start = time.process_time()
-    arrived, allocated, where = replay(cluster, trace.pods, sequence, rank, policy, seed, mode=mode)
+    arrived, allocated, where = replay(cluster, trace.pods, sequence, rank, policy, seed, mode=mode,
+                                       topology=name == policy_name, tiers=tiers)
     seconds = time.process_time() - start
+    island = _island_size(cluster)
+    held = [e for e in tiers if trace.pods[sequence[e]].num_gpu <= island]
     top = round(100 * ratio)
     unalloc = curve(arrived, allocated, cluster.capacity_milli, top=max(top, 130))
     return RunResult(
@@ -234,7 +255,16 @@ def run_one(nodes: str, pods: str, policy_name: str, seed: int, ratio: float = 1
         pods=len(sequence),
         curve=[float(x) for x in unalloc],
         mode=mode,
+        island_pods=len(held),
+        island_local=sum(tiers[e] == 0 for e in held),
     )
+
+
+def _island_size(cluster: ReplayCluster) -> int:
+    """GPUs of the largest NVLink island of the cluster (0 when no node publishes islands)."""
+    sizes = [Counter(d.island for d in devices).most_common(1)[0][1]
+             for devices in cluster.devices if devices and topology_known(devices)]
+    return max(sizes, default=0)
 
 
 R = TypeVar("R", bound="Labelled")

@@ -63,13 +63,15 @@ class ShareRequest(ContainerRequest):
 
 @dataclass(frozen=True, slots=True)
 class TraceNode:
-    """One row of the node list."""
+    """One row of the node list; `islands`, the NVLink islands its GPUs form (equal runs of consecutive GPUs, each
+    its own NUMA node), is not in the trace (0: not known; a topology variant sets it, replay/variants.py)."""
 
     name: str
     cpu: int
     memory: int
     gpus: int
     model: str
+    islands: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,9 @@ and `VARIANT_SEED`; the names say what changes:
 - `types2`: the card models are merged into two (G2 and G3 become `GA`, the rest `GB`) and 25 % of the GPU request
   is pinned to one of them (fewer card types);
 - `types12`: every node of model M becomes `Ma` or `Mb` at random, and 25 % of the GPU request is pinned to one of
-  the new models (more card types).
+  the new models (more card types);
+- `nvlink`, `nvlink30`: the nodes publish their topology: an 8-GPU node is two NVLink islands of 4 GPUs, each its
+  own NUMA node, a smaller node one island (`TraceNode.islands`); `nvlink30` on the workload of `multigpu30`.
 
 Clones are named `<pod>-v<i>`; split nodes `<node>-a` and `-b`. Used by `vgpu replay --variant` and bench/.
 """
@@ -179,6 +181,18 @@ def _types12(trace: Trace, rng: np.random.Generator) -> Trace:
     return _pin(Trace(nodes, list(trace.pods)), rng, 0.25, lists)
 
 
+def _nvlink(trace: Trace, rng: np.random.Generator) -> Trace:
+    """Every 8-GPU node two NVLink islands (and NUMA nodes) of 4 GPUs, every smaller node one island."""
+    return Trace([replace(n, islands=2 if n.gpus == 8 else 1) for n in trace.nodes], list(trace.pods))
+
+
+def _nvlink_multigpu(share: float) -> Callable[[Trace, np.random.Generator], Trace]:
+    def apply(trace: Trace, rng: np.random.Generator) -> Trace:
+        return _nvlink(_gpu_share(_is_multi, share)(trace, rng), rng)
+
+    return apply
+
+
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("multigpu30", "multi-GPU pods make 30 % of the GPU request", _gpu_share(_is_multi, 0.30)),
     Variant("multigpu50", "multi-GPU pods make 50 % of the GPU request", _gpu_share(_is_multi, 0.50)),
@@ -192,6 +206,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
     Variant("nodes4", "8-GPU nodes split into two 4-GPU nodes", _nodes4),
     Variant("types2", "two card types, 25 % of the GPU request pinned", _types2),
     Variant("types12", "twelve card types, 25 % of the GPU request pinned", _types12),
+    Variant("nvlink", "8-GPU nodes two NVLink islands of 4 GPUs, smaller nodes one", _nvlink),
+    Variant("nvlink30", "nvlink's topology, multi-GPU pods 30 % of the GPU request", _nvlink_multigpu(0.30)),
 )}
 
 

@@ -33,6 +33,10 @@ __all__ = ["NO_CLAIMS", "ClaimPlacement", "DRAPlacement", "ExtenderHost", "NoCla
 
 log = logging.getLogger(__name__)
 
+# seconds /filter waits for the claims of a pod that the claim watch has not delivered yet (kube-scheduler sends
+# /filter only once they exist: their watch events are on their way) before answering without them
+CLAIM_ARRIVAL_WAIT = 0.002
+
 
 def asks_whole_gpus(requests: tuple[ContainerRequest, ...]) -> bool:
     """Whether every container asks whole GPUs only (vgpu-number without a memory amount or a share)."""
@@ -119,16 +123,20 @@ class DRAPlacement:
     def filter(self, host: ExtenderHost, names: list[Any], objects: dict[str, Mapping[str, Any]] | None,
                pod: Mapping[str, Any]) -> dict[str, Any]:
         """All candidates unless the pod asks our DeviceClass through claims, then the nodes our arithmetic says
-        can hold it (decide mode: the best of them)."""
+        can hold it (decide mode: the best of them). Claims the view has not seen are awaited for
+        CLAIM_ARRIVAL_WAIT first."""
         try:
             asked = self.view.pod_requests(pod)
+            if asked.unknown:
+                self.view.wait_claims(asked.unknown, CLAIM_ARRIVAL_WAIT)
+                asked = self.view.pod_requests(pod)
             if not asked.requests:
                 if asked.problem:
                     log.info("event=dra_pod_neutral pod=%s reason=%s", pod_ref(pod)["name"], asked.problem)
                 return filter_result(names, objects, names, {}, {})
             self._show(host, pod, asked.requests)
             with host.ledger.lock:  # the policy's learner rebuilds under this lock
-                choice, skipped = self.view.choose([str(n) for n in names], pod, asked.requests)
+                choice, skipped = self.view.choose(names, pod, asked.requests)
         except VGPUError as exc:
             host.events(pod_ref(pod), "Warning", "FilteringFailed", str(exc))
             return filter_result(names, objects, [], {}, {}, error=str(exc))
@@ -147,7 +155,7 @@ class DRAPlacement:
             return [{"Host": n, "Score": 0} for n in names]
         self._show(host, pod, asked.requests)
         with host.ledger.lock:  # the policy's learner rebuilds under this lock
-            scores = self.view.scores([str(n) for n in names], pod, asked.requests)
+            scores = self.view.scores(names, pod, asked.requests)
         return priorities(names, scores)
 
     def whole_gpu_nodes(self, host: ExtenderHost, pod: Mapping[str, Any], requests: tuple[ContainerRequest, ...],

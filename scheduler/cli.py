@@ -32,6 +32,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--metrics-listen", help="metrics address HOST:PORT (default :9395; '' disables)")
     p.add_argument("--node-policy", help="node scoring policy: fragaware (default), binpack, spread, fgd, bestfit, ...")
     p.add_argument("--gpu-policy", choices=("binpack", "spread"), help="GPU order inside a node (default binpack)")
+    p.add_argument("--topology", action=argparse.BooleanOptionalAction, default=None,
+                   help="topology-aware placement of multi-GPU containers: one NVLink island, else one NUMA node, "
+                        "and nodes that offer it preferred (default on)")
     p.add_argument("--mode", choices=("decide", "score"),
                    help="decide: /filter returns the best node; score: all feasible nodes + /prioritize")
     p.add_argument("--scheduler-name", help="component name on events (default vgpu-scheduler)")
@@ -39,6 +42,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--burst", type=int, help="API client burst (default 100)")
     p.add_argument("--dra", action="store_true", default=None,
                    help="DRA mode: also filter and score pods that ask our DeviceClass through ResourceClaims")
+    p.add_argument("--preemption", action=argparse.BooleanOptionalAction, default=None,
+                   help="evict GPU shares of lower-priority pods for a pod that fits nowhere (default on)")
     p.add_argument("--leader-elect", action="store_true", default=None, help="run Lease leader election")
     p.add_argument("--lease-namespace", help="namespace of the leader-election Lease (default kube-system)")
     p.add_argument("--assume-ttl", type=float, dest="assume_ttl_seconds",

@@ -45,6 +45,11 @@ class SchedulerConfig(BaseModel):
     )
     node_policy: str = Field(DEFAULT_NODE_POLICY, description="node policy registered in vgpu.scheduler.policies")
     gpu_policy: Literal["binpack", "spread"] = Field("binpack", description="GPU order inside a node")
+    topology: bool = Field(
+        True, description="topology-aware placement: a multi-GPU container gets GPUs of one NVLink island, else of "
+        "one NUMA node, and nodes that can give that are preferred (docs/placement.md; no effect where the nodes do "
+        "not publish islands)"
+    )
     mode: Literal["decide", "score"] = Field(
         "decide", description="decide: /filter returns the best node; score: all feasible + /prioritize"
     )
@@ -71,6 +76,10 @@ class SchedulerConfig(BaseModel):
     )
     pod_field_selector: str = Field(
         "status.phase!=Succeeded,status.phase!=Failed", description="field selector of the pod watch"
+    )
+    preemption: bool = Field(
+        True, description="a pod with a priority that fits no node evicts the fewest pods of lower priority holding "
+        "GPU shares, through the Eviction API (docs/preemption.md; needs create on pods/eviction)"
     )
 
 

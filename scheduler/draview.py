@@ -21,11 +21,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from vgpu.dra import (
     CAPACITY_CORES,
     CAPACITY_MEMORY,
     DEVICE_CLASS,
     DRIVER,
+    ClaimShare,
     SliceDevice,
     claim_consumption,
     cores_of,
@@ -58,20 +61,27 @@ SEEN_MAX = 100_000  # pods remembered as already shown to the node policy
 class ClaimRequests:
     """What a pod asks of our driver through its claims: the requests still to allocate, and why the extender
     cannot place it (`problem`: a claim not created yet, a form we do not read); `ours` when any claim names our
-    DeviceClass."""
+    DeviceClass; `unknown`, the claims the view has not seen (yet)."""
 
     requests: tuple[ContainerRequest, ...] = ()
     problem: str = ""
     ours: bool = False
+    unknown: tuple[str, ...] = ()
 
 
 def pod_claim_keys(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
     """The "namespace/name" of each ResourceClaim a pod uses, and the pod claim names whose claim (from a template)
     is not created yet (not in status.resourceClaimStatuses)."""
+    claims, missing = _pod_claims(pod)
+    return [key for _, key in claims], missing
+
+
+def _pod_claims(pod: Mapping[str, Any]) -> tuple[list[tuple[str, str]], list[str]]:
+    """`pod_claim_keys` with the pod's name for each claim (spec.resourceClaims[].name)."""
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
     generated = {str(s.get("name")): s.get("resourceClaimName")
                  for s in (pod.get("status") or {}).get("resourceClaimStatuses") or () if isinstance(s, Mapping)}
-    keys: list[str] = []
+    claims: list[tuple[str, str]] = []
     missing: list[str] = []
     for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
         if not isinstance(entry, Mapping):
@@ -80,16 +90,18 @@ def pod_claim_keys(pod: Mapping[str, Any]) -> tuple[list[str], list[str]]:
         claim = entry.get("resourceClaimName") or (generated.get(name) if entry.get("resourceClaimTemplateName")
                                                    else None)
         if claim:
-            keys.append(f"{namespace}/{claim}")
+            claims.append((name, f"{namespace}/{claim}"))
         elif entry.get("resourceClaimTemplateName"):
             missing.append(name)
-    return keys, missing
+    return claims, missing
 
 
-def _claim_requests(claim: Mapping[str, Any], key: str) -> list[ContainerRequest]:
+def _claim_requests(claim: Mapping[str, Any], key: str, label: str) -> list[ContainerRequest]:
     """Our DeviceClass's requests of an unallocated claim, in our request form (CodecError for a form we do not
     read). A capacity the request leaves out takes the request-policy default our plugin publishes
-    (draplugin/slices.py): the whole card's memory, and no cores."""
+    (draplugin/slices.py): the whole card's memory, and no cores. Each request is named `label`/its name: the pod's
+    name for the claim rather than the claim's own, so that the pods of one workload have the same requests and
+    share the placement's evaluations (a claim's name differs from pod to pod)."""
     out: list[ContainerRequest] = []
     for request in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or ():
         if not isinstance(request, Mapping):
@@ -116,7 +128,7 @@ def _claim_requests(claim: Mapping[str, Any], key: str) -> list[ContainerRequest
         has_memory = CAPACITY_MEMORY in wanted
         memory = mib_of(wanted[CAPACITY_MEMORY], f"{where} memory") if has_memory else 0
         cores = cores_of(wanted[CAPACITY_CORES], f"{where} cores") if CAPACITY_CORES in wanted else 0
-        out.append(ContainerRequest(container=f"{key}/{name}", init=False, count=count, memory=memory,
+        out.append(ContainerRequest(container=f"{label}/{name}", init=False, count=count, memory=memory,
                                     memory_percent=0 if has_memory else 100, cores=cores))
     return out
 
@@ -125,7 +137,8 @@ def _device(device: SliceDevice) -> GPUDevice:
     model = device.model or "GPU"
     kind = model if DEVICE_TYPE.lower() in model.lower() else f"{DEVICE_TYPE}-{model}"
     return GPUDevice(uuid=f"{device.pool}/{device.name}", split=SHARED_SPLIT if device.shared else 1,
-                     memory=device.memory_mib, type=kind, index=max(device.index, 0), cores=device.cores)
+                     memory=device.memory_mib, type=kind, index=max(device.index, 0), cores=device.cores,
+                     numa=max(device.numa, 0), island=device.island)
 
 
 class DRAView:
@@ -135,7 +148,12 @@ class DRAView:
         # nodes are fitted and scored on the devices the allocator will take (first fit), not the policy's own
         self.placement = Placement(policy, decide=decide, device_order=device_order)
         self._lock = threading.Lock()
+        self._claim_arrived = threading.Condition(self._lock)  # notified when a claim is added or changed
         self._slices: dict[str, tuple[str, Mapping[str, Any]]] = {}  # slice name -> (node, slice)
+        self._node_slices: dict[str, set[str]] = {}  # node -> names of its slices
+        # what was read of each slice and claim, kept until it changes (a rebuild reads only what changed)
+        self._devices: dict[str, list[SliceDevice]] = {}  # slice name -> its devices
+        self._shares: dict[str, list[ClaimShare]] = {}  # claim key -> its shares of our devices
         self._claims: dict[str, Mapping[str, Any]] = {}  # "ns/name" -> claim
         self._claim_pools: dict[str, set[str]] = {}  # claim key -> pools its allocation results name
         self._pool_claims: dict[str, set[str]] = {}  # pool -> claim keys
@@ -143,6 +161,9 @@ class DRAView:
         self._states: dict[str, NodeState] = {}
         self._dirty: set[str] = set()
         self._ranked = True
+        self._layout = 0  # changes whenever a node comes or goes or its reason not to be usable changes
+        self._resolved: tuple[int, list[str], tuple[list[NodeState], list[int], dict[str, str], np.ndarray]] | None \
+            = None
         self._seen: OrderedDict[str, None] = OrderedDict()
 
     # ------------------------------------------------------------------ feeds
@@ -157,7 +178,9 @@ class DRAView:
             if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER or not isinstance(node, str) or not node:
                 return
             self._slices[name] = (node, resource_slice)
+            self._node_slices.setdefault(node, set()).add(name)
             self._pool_nodes.setdefault(_pool_of(resource_slice), set()).add(node)
+            self._forget_shares(_pool_of(resource_slice))
             self._dirty.add(node)
             if node not in self._states:
                 self._ranked = False
@@ -173,9 +196,21 @@ class DRAView:
             return
         node, old = known
         pool = _pool_of(old)
-        if not any(n == node and _pool_of(s) == pool for n, s in self._slices.values()):
+        self._devices.pop(name, None)
+        mine = self._node_slices.get(node, set())
+        mine.discard(name)
+        if not mine:
+            self._node_slices.pop(node, None)
+        if not any(_pool_of(self._slices[other][1]) == pool for other in mine):
             self._pool_nodes.get(pool, set()).discard(node)
+        self._forget_shares(pool)
         self._dirty.add(node)
+
+    def _forget_shares(self, pool: str) -> None:
+        """Drop what was read of the claims on a pool whose slices changed (a whole-device share takes the
+        device's capacity from the slice)."""
+        for key in self._pool_claims.get(pool, ()):
+            self._shares.pop(key, None)
 
     def on_claim(self, claim: Mapping[str, Any]) -> None:
         """A ResourceClaim was added or changed: the nodes of the pools its allocation names are recounted."""
@@ -190,6 +225,7 @@ class DRAView:
         with self._lock:
             self._forget_claim(key)
             self._claims[key] = claim
+            self._claim_arrived.notify_all()
             if pools:
                 self._claim_pools[key] = pools
                 for pool in pools:
@@ -203,6 +239,7 @@ class DRAView:
 
     def _forget_claim(self, key: str) -> None:
         self._claims.pop(key, None)
+        self._shares.pop(key, None)
         for pool in self._claim_pools.pop(key, ()):
             self._pool_claims.get(pool, set()).discard(key)
             self._dirty.update(self._pool_nodes.get(pool, ()))
@@ -211,7 +248,7 @@ class DRAView:
 
     def _rebuild(self, node: str) -> None:
         """Read a node's devices from its slices (slice name order, then device order) and charge its claims."""
-        mine = sorted((name, s) for name, (n, s) in self._slices.items() if n == node)
+        mine = sorted((name, self._slices[name][1]) for name in self._node_slices.get(node, ()))
         state = self._states.get(node)
         if not mine:
             if state is not None:
@@ -220,11 +257,11 @@ class DRAView:
         if state is None:
             state = self._states[node] = NodeState(name=node)
         try:
-            found = [d for _, s in mine for d in slice_devices(s)]
+            found = [d for name, s in mine for d in self._slice_devices(name, s)]
             whole = {(d.pool, d.name): d for d in found}
             grants: list[tuple[str, int, int]] = []
             for key in sorted({k for pool in {d.pool for d in found} for k in self._pool_claims.get(pool, ())}):
-                for share in claim_consumption(self._claims[key], whole):
+                for share in self._claim_shares(key, whole):
                     if (share.pool, share.device) in whole:
                         grants.append((f"{share.pool}/{share.device}", share.memory_mib, share.cores))
         except (CodecError, AttributeError, TypeError, ValueError) as exc:  # a shape the readers do not expect
@@ -235,17 +272,40 @@ class DRAView:
         state.set_devices(tuple(_device(d) for d in found))
         state.charge(tuple(grants))
 
+    def _slice_devices(self, name: str, resource_slice: Mapping[str, Any]) -> list[SliceDevice]:
+        """`slice_devices` of one slice, read once per version of it."""
+        found = self._devices.get(name)
+        if found is None:
+            found = self._devices[name] = slice_devices(resource_slice)
+        return found
+
+    def _claim_shares(self, key: str, whole: Mapping[tuple[str, str], SliceDevice]) -> list[ClaimShare]:
+        """`claim_consumption` of one claim, read once per version of it and of its pools' slices."""
+        found = self._shares.get(key)
+        if found is None:
+            found = self._shares[key] = claim_consumption(self._claims[key], whole)
+        return found
+
     def _refresh(self) -> None:
         """Rebuild the nodes changed since the last request and number them in name order (lock held)."""
         for node in sorted(self._dirty):
+            before = self._unusable(node)
             self._rebuild(node)
+            if self._unusable(node) != before:
+                self._layout += 1
         self._dirty.clear()
         if not self._ranked:
+            self._layout += 1
             for rank, name in enumerate(sorted(self._states)):
                 self._states[name].rank = rank
                 self.placement.register(self._states[name])
             self.placement.rerank()
             self._ranked = True
+
+    def _unusable(self, node: str) -> str:
+        """Why a node cannot take DRA pods of our driver ("" when it can)."""
+        state = self._states.get(node)
+        return NO_SLICES if state is None else state.error
 
     def serves(self, name: str) -> bool:
         """Whether node `name` publishes a usable ResourceSlice of our driver (a node in DRA mode)."""
@@ -289,26 +349,34 @@ class DRAView:
             return ClaimRequests(problem=f"unreadable pod or claim: {exc.__class__.__name__}: {exc}")
 
     def _pod_requests(self, pod: Mapping[str, Any]) -> ClaimRequests:
-        keys, missing = pod_claim_keys(pod)
-        if not keys and not missing:
+        named, missing = _pod_claims(pod)
+        if not named and not missing:
             return ClaimRequests()
         requests: list[ContainerRequest] = []
         problems: list[str] = [f"pod claim {name!r} is not created yet" for name in missing]
         ours = False
         with self._lock:
-            claims = [(key, self._claims.get(key)) for key in keys]
-        for key, claim in claims:
+            claims = [(name, key, self._claims.get(key)) for name, key in named]
+        unknown = tuple(key for _, key, claim in claims if claim is None)
+        for name, key, claim in claims:
             if claim is None:
                 problems.append(f"claim {key} is not known yet")
                 continue
             try:
-                found = _claim_requests(claim, key)
+                found = _claim_requests(claim, key, name)
             except CodecError as exc:
                 return ClaimRequests(problem=str(exc), ours=True)
             ours = ours or bool(found) or _names_our_class(claim)
             if not (claim.get("status") or {}).get("allocation"):
                 requests.extend(found)
-        return ClaimRequests(tuple(requests), "; ".join(problems) if problems and not requests else "", ours)
+        return ClaimRequests(tuple(requests), "; ".join(problems) if problems and not requests else "", ours,
+                             unknown)
+
+    def wait_claims(self, keys: Iterable[str], timeout: float) -> None:
+        """Wait up to `timeout` seconds for these claims to reach the view (a claim created a moment before its
+        pod may still be on its way in the watch)."""
+        with self._claim_arrived:
+            self._claim_arrived.wait_for(lambda: all(key in self._claims for key in keys), timeout)
 
     def choose(self, names: Iterable[str], pod: Mapping[str, Any],
                requests: tuple[ContainerRequest, ...]) -> tuple[Choice, dict[str, str]]:
@@ -318,16 +386,9 @@ class DRAView:
         context = PodContext(cpu=cpu, memory=memory)
         with self._lock:
             self._refresh()
-            states: list[NodeState] = []
-            skipped: dict[str, str] = {}
-            for name in names:
-                state = self._states.get(str(name))
-                if state is None or state.error:
-                    skipped[str(name)] = state.error if state is not None else NO_SLICES
-                else:
-                    states.append(state)
+            states, _, skipped, slots = self._candidates(list(names))
             shape = self.placement.shape(requests, Selectors(), context)
-            return self.placement.choose(states, shape), skipped
+            return self.placement.choose(states, shape, slots=slots), dict(skipped)
 
     def scores(self, names: list[str], pod: Mapping[str, Any],
                requests: tuple[ContainerRequest, ...]) -> list[float | None]:
@@ -335,14 +396,36 @@ class DRAView:
         cpu, memory = pod_cpu_memory(pod)
         with self._lock:
             self._refresh()
-            known = [(i, self._states.get(str(n))) for i, n in enumerate(names)]
-            usable = [(i, s) for i, s in known if s is not None and not s.error]
+            states, positions, _, _ = self._candidates(names)
             shape = self.placement.shape(requests, Selectors(), PodContext(cpu=cpu, memory=memory))
-            values = self.placement.scores([s for _, s in usable], shape)
+            values = self.placement.scores(states, shape)
         out: list[float | None] = [None] * len(names)
-        for (i, _), value in zip(usable, values):
+        for i, value in zip(positions, values):
             out[i] = value
         return out
+
+    def _candidates(self, names: list[str]) -> tuple[list[NodeState], list[int], dict[str, str], np.ndarray]:
+        """The candidates that can take DRA pods of our driver, their positions in `names` and their placement
+        slots, and the others with the reason; kept for the last list of names while `_layout` stays (lock held,
+        after `_refresh`)."""
+        known = self._resolved
+        if known is not None and known[0] == self._layout and known[1] == names:
+            return known[2]
+        states: list[NodeState] = []
+        positions: list[int] = []
+        skipped: dict[str, str] = {}
+        for i, name in enumerate(names):
+            why = self._unusable(str(name))
+            if why:
+                skipped[str(name)] = why
+            else:
+                states.append(self._states[str(name)])
+                positions.append(i)
+        registered = self.placement.registered
+        slots = np.fromiter((s.slot if registered(s) else -1 for s in states), np.int64, len(states))
+        found = (states, positions, skipped, slots)
+        self._resolved = (self._layout, list(names), found)
+        return found
 
 
 def _names_our_class(claim: Mapping[str, Any]) -> bool:

@@ -23,6 +23,9 @@ resources is bound without annotations.
 
 Nodes whose GPUs come through DRA, and pods that ask for GPUs through ResourceClaims, are the business of the claim
 placement (`scheduler.claimpath`), which every verb consults the same way with or without DRA mode.
+
+A pod that fits none of the nodes of its /filter may preempt pods of lower priority (`scheduler.preemption`, given
+as `preemptor`): the room made is held for it as a nomination until it is placed.
 """
 
 from __future__ import annotations
@@ -47,11 +50,12 @@ from vgpu.resources import SCHEDULER_NAME
 from vgpu.scheduler.claimpath import NO_CLAIMS, ClaimPlacement
 from vgpu.scheduler.constraints import constraint_failure
 from vgpu.scheduler.fit import GPU_ORDERS, FitResult, fit
-from vgpu.scheduler.ledger import NODE_UNKNOWN, ChargeState, Ledger, pod_key
+from vgpu.scheduler.ledger import NODE_UNKNOWN, Charge, ChargeState, Ledger, pod_key, pod_priority
 from vgpu.scheduler.nodestate import NodeState, gpu_types
 from vgpu.scheduler.placement import Placement, PodShape
 from vgpu.scheduler.policies import NodePolicy
 from vgpu.scheduler.policies.base import PodContext
+from vgpu.scheduler.preemption import PLANS_TRIED, Preemptor, plan_on_node
 from vgpu.scheduler.wire import (
     MAX_PRIORITY,
     InvalidArgs,
@@ -110,6 +114,8 @@ class _PodInfo:
     requests: tuple[ContainerRequest, ...]
     selectors: Selectors
     context: PodContext  # CPU and memory requests, selectors
+    priority: int = 0  # spec.priority
+    may_preempt: bool = False  # it has a priority and its preemptionPolicy is not Never
     shape: PodShape | None = None  # set under the ledger's lock (`Extender._shape`)
 
 
@@ -132,6 +138,8 @@ class Extender:
         scheduler_names: frozenset[str] = frozenset({SCHEDULER_NAME}),
         grant_key: grants.GrantKey | None = None,
         claims: ClaimPlacement = NO_CLAIMS,
+        preemptor: Preemptor | None = None,
+        topology: bool = True,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
@@ -141,7 +149,7 @@ class Extender:
         self.config = ledger.config
         self.policy = policy
         self.mode = mode
-        self.placement = Placement(policy, gpu_policy=gpu_policy, decide=mode == "decide")
+        self.placement = Placement(policy, gpu_policy=gpu_policy, decide=mode == "decide", topology=topology)
         self.binder = binder
         # without a pod source (tools, tests of the verbs alone) every pod posted is taken as existing
         self.pod_source = lookup is not None
@@ -153,6 +161,7 @@ class Extender:
         self.scheduler_names = scheduler_names
         self.grant_key = grant_key
         self.claims = claims  # nodes whose GPUs come through DRA (scheduler.claimpath)
+        self.preemptor = preemptor  # None: no preemption
         # pods learned from, by UID, with the parsed form of those not bound yet; a pod's entry goes with the pod
         self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()
         self._seen_max = 200_000
@@ -208,8 +217,9 @@ class Extender:
                 self._specs[key] = known
         requests, cpu, memory = known
         selectors = pod_selectors(pod)
+        may_preempt = "priority" in spec and spec.get("preemptionPolicy") != "Never"
         return _PodInfo(ref["namespace"], ref["name"], ref["uid"], version, requests, selectors,
-                        PodContext(cpu=cpu, memory=memory, selectors=selectors))
+                        PodContext(cpu=cpu, memory=memory, selectors=selectors), pod_priority(pod), may_preempt)
 
     def _shape(self, info: _PodInfo) -> PodShape:
         """The placement shape of a parsed pod; callers hold the ledger's lock."""
@@ -293,8 +303,11 @@ class Extender:
 
     def forget_pod(self, pod: Mapping[str, Any]) -> None:
         """A pod of the watch was deleted: what was kept of it goes (its UID never comes back)."""
+        key = pod_key(pod)
         with self._seen_lock:
-            self._seen.pop(pod_key(pod), None)
+            self._seen.pop(key, None)
+        if self.preemptor is not None:
+            self.preemptor.forget(key)
 
     def _resolve(self, names: list[Any], objects: dict[str, Mapping[str, Any]] | None,
                  unresolvable: dict[str, str]) -> tuple[list[NodeState], list[int], np.ndarray]:
@@ -419,19 +432,32 @@ class Extender:
         ledger = self.ledger
         ledger.expire()
         unresolvable: dict[str, str] = {}
+        waiting: Charge | None = None  # the pod's nomination, while its victims end
+        uid = info.uid or f"{info.namespace}/{info.name}"
         with ledger.lock:
-            uid = info.uid or f"{info.namespace}/{info.name}"
             mine = ledger.charges.get(uid)
             if mine is not None and mine.state == ChargeState.ASSUMED:
                 ledger.release(uid)  # a retry: the earlier decision no longer holds
+            held = ledger.take(uid) if mine is not None and mine.state == ChargeState.NOMINATED else None
             states, _, slots = self._resolve(names, objects, unresolvable)
             choice = self.placement.choose(states, self._shape(info), slots=slots)
             unresolvable.update(choice.unresolvable)
             if choice.best is not None and choice.result is not None and choice.best.name in ledger.nodes and exists:
-                ledger.reserve(uid, info.namespace, info.name, choice.best.name, choice.result.assignment)
+                ledger.reserve(uid, info.namespace, info.name, choice.best.name, choice.result.assignment,
+                               info.priority)
+                if held is not None and self.preemptor is not None:
+                    self.preemptor.forget(uid)
+            elif held is not None:
+                ledger.put_back(held)
+                waiting = held
         failed = dict(choice.failed)
         feasible = [state.name for state in choice.feasible]
         feasible += self.claims.whole_gpu_nodes(self, pod, info.requests, failed, unresolvable)
+        if not feasible and waiting is None and exists and info.may_preempt and self.preemptor is not None:
+            waiting = self._preempt(info, states)
+        if waiting is not None:
+            unresolvable.pop(waiting.node, None)
+            failed[waiting.node] = self.preemptor.waiting_message(uid) if self.preemptor else ""
         if not feasible:
             self.events(
                 {"namespace": info.namespace, "name": info.name, "uid": info.uid},
@@ -440,6 +466,41 @@ class Extender:
                 failure_message(len(names), failed, unresolvable),
             )
         return filter_result(names, objects, feasible, failed, unresolvable)
+
+    def _preempt(self, info: _PodInfo, states: list[NodeState]) -> Charge | None:
+        """Nominate the pod on the cheapest node whose lower-priority pods the API server lets go, and start their
+        eviction (scheduler.preemption); the nomination, or None."""
+        preemptor = self.preemptor
+        assert preemptor is not None
+        uid = info.uid or f"{info.namespace}/{info.name}"
+        if not preemptor.due(uid):
+            return None
+        ledger = self.ledger
+        order = self.policy.gpu_order(None, info.context) or self.placement.default_order
+        plans = preemptor.plans(states, info.requests, info.selectors, info.priority, order)
+        for plan in plans[:PLANS_TRIED]:
+            refusal = preemptor.admissible(plan)  # dry runs of the evictions, outside the lock
+            if refusal:
+                log.info("preemption plan refused pod=%s/%s node=%s reason=%r", info.namespace, info.name,
+                         plan.node, refusal)
+                continue
+            with ledger.lock:
+                state = ledger.nodes.get(plan.node)
+                fresh = plan_on_node(state, ledger.on_node_charges(plan.node), info.requests, info.selectors,
+                                     info.priority, order) if state is not None and not state.error else None
+                if fresh is None or not {v.uid for v in fresh.victims} <= {v.uid for v in plan.victims}:
+                    continue  # the node changed since the dry run
+                charge = ledger.nominate(uid, info.namespace, info.name, plan.node, fresh.assignment, info.priority,
+                                         preemptor.nomination_ttl(fresh))
+            preemptor.started(uid, fresh)
+            log.info("event=preempting pod=%s/%s node=%s victims=%s", info.namespace, info.name, plan.node,
+                     ",".join(f"{v.namespace}/{v.name}" for v in fresh.victims))
+            self.events({"namespace": info.namespace, "name": info.name, "uid": info.uid}, "Normal", "Preempting",
+                        f"evicting {fresh.describe()} on {plan.node} to make room for this pod")
+            preemptor.carry_out(fresh, {"namespace": info.namespace, "name": info.name, "uid": info.uid})
+            return charge
+        preemptor.started(uid, None)
+        return None
 
     def prioritize(self, raw_args: Any) -> list[dict[str, Any]]:
         """ExtenderArgs -> HostPriorityList (scores 0..10, best = 10)."""
@@ -505,6 +566,12 @@ class Extender:
         ledger.expire()
         with ledger.lock:
             charge = ledger.charges.get(key)
+            if charge is not None and charge.state == ChargeState.NOMINATED:
+                held = ledger.take(key)  # its victims may still be there: the pod is placed only if it fits now
+                try:
+                    return self._hold_fresh(ref, key, node)
+                finally:
+                    ledger.put_back(held)  # a no-op once the pod is charged again
             if charge is not None and charge.node == node:
                 if charge.state == ChargeState.BOUND:
                     return {"Error": ""}  # a retry of a bind that already succeeded
@@ -516,23 +583,28 @@ class Extender:
                 return charge.assignment
             if charge is not None and charge.state != ChargeState.OBSERVED:
                 ledger.release(key)
-            try:
-                info = self._bind_info(key, ref["namespace"], ref["name"])
-            except VGPUError as exc:
-                return self.bind_failed(ref, node, str(exc))
-            if not info.requests:
-                return None
-            state = ledger.nodes.get(node)
-            if state is None:
-                return self.bind_failed(ref, node, NODE_UNKNOWN)
-            if state.error:
-                return self.bind_failed(ref, node, state.error)
-            result, _ = self.placement.evaluate(state, self._shape(info), want_score=False)
-            if not result.ok:
-                return self.bind_failed(ref, node, f"pod no longer fits on {node}: {result.reason}")
-            ledger.reserve(key, ref["namespace"], ref["name"], node, result.assignment)
-            ledger.extend(key, max(ledger.assume_ttl, 60.0))
-            return result.assignment
+            return self._hold_fresh(ref, key, node)
+
+    def _hold_fresh(self, ref: dict[str, str], key: str, node: str) -> Assignment | dict[str, str] | None:
+        """`_hold` for a pod that holds nothing on `node`: fit it there now and reserve (ledger's lock held)."""
+        ledger = self.ledger
+        try:
+            info = self._bind_info(key, ref["namespace"], ref["name"])
+        except VGPUError as exc:
+            return self.bind_failed(ref, node, str(exc))
+        if not info.requests:
+            return None
+        state = ledger.nodes.get(node)
+        if state is None:
+            return self.bind_failed(ref, node, NODE_UNKNOWN)
+        if state.error:
+            return self.bind_failed(ref, node, state.error)
+        result, _ = self.placement.evaluate(state, self._shape(info), want_score=False)
+        if not result.ok:
+            return self.bind_failed(ref, node, f"pod no longer fits on {node}: {result.reason}")
+        ledger.reserve(key, ref["namespace"], ref["name"], node, result.assignment, info.priority)
+        ledger.extend(key, max(ledger.assume_ttl, 60.0))
+        return result.assignment
 
     def _bind_assignment(self, ref: dict[str, str], key: str, node: str, pod_uid: str,
                          assignment: Assignment) -> dict[str, str]:

@@ -6,10 +6,14 @@ for the next. A container with `count: n` takes n distinct GPUs of the node. Eac
 the order puts first; when a later container then fits nowhere, earlier ones try their other choices (depth
 first, in the order's order, as Kubernetes' structured DRA allocator backtracks), so a node is refused only when
 no choice at all places the pod (or the search has tried `SEARCH_BUDGET` choices).
+
+Topology (`topology=True`, where the node publishes NVLink islands: `GPUDevice.island` not all -1): a container
+that needs n >= 2 GPUs takes n GPUs of one island when some island has them, else of one NUMA node, else any
+(`_choices`); without islands, or with `topology=False`, the choice is the order's first n GPUs.
 """
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from vgpu import keys
@@ -19,7 +23,7 @@ from vgpu.requests import ContainerRequest, Selectors
 
 __all__ = [
     "GPU_ORDERS", "SEARCH_BUDGET", "FitResult", "GPUOrder", "GPUUsage", "Reason", "binpack_order", "fit",
-    "grants_on", "spread_order",
+    "gpu_takes", "grants_on", "spread_order", "topology_known", "topology_tier",
 ]
 
 SEARCH_BUDGET = 20_000  # choices of GPUs for one container tried before a node is given up
@@ -142,6 +146,12 @@ def _reject(
     return None
 
 
+def gpu_takes(device: GPUDevice, used: GPUUsage, request: ContainerRequest, selectors: Selectors) -> bool:
+    """Whether this GPU, so used, can take one more container of the request (one of its GPUs)."""
+    return _reject(device, used, request, request.memory_on(device.memory), selectors,
+                   _type_ok(device.type, selectors)) is None
+
+
 def _summary(container: str, count: int, total: int, rejected: dict[str, int]) -> str:
     parts = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0])))
     detail = f" ({parts})" if parts else ""
@@ -177,10 +187,67 @@ def _charge(devices: Sequence[GPUDevice], tentative: list[GPUUsage], request: Co
         taken.add(request.memory_on(devices[i].memory), request.cores)
 
 
+def topology_known(devices: Sequence[GPUDevice]) -> bool:
+    """Whether the node says which NVLink island its GPUs are in."""
+    return any(device.island >= 0 for device in devices)
+
+
+def topology_tier(devices: Sequence[GPUDevice], placement: Sequence[Sequence[int]]) -> int:
+    """How local a placement's worst container is: 0 when its GPUs share an NVLink island (or it has one GPU, or
+    the node's islands are unknown), 1 when they share a NUMA node, 2 otherwise."""
+    if not topology_known(devices):
+        return 0
+    tier = 0
+    for indices in placement:
+        if len(indices) > 1:
+            first = devices[indices[0]]
+            if first.island < 0 or any(devices[i].island != first.island for i in indices):
+                tier = max(tier, 1 if all(devices[i].numa == first.numa for i in indices) else 2)
+    return tier
+
+
+def _groups(devices: Sequence[GPUDevice], ordered: list[int], count: int, attr: str) -> list[list[int]]:
+    """Positions in `ordered` of the GPUs of each island or NUMA node (`attr`) that has `count` of them, the group
+    with the fewest first (the tightest fit keeps larger groups whole), then by first position."""
+    groups: dict[int, list[int]] = {}
+    for position, i in enumerate(ordered):
+        value = getattr(devices[i], attr)
+        if value >= 0:
+            groups.setdefault(value, []).append(position)
+    return sorted((g for g in groups.values() if len(g) >= count), key=lambda g: (len(g), g[0]))
+
+
+def _choices(devices: Sequence[GPUDevice], ordered: list[int], count: int,
+             topology: bool) -> Iterator[tuple[int, ...]]:
+    """The choices of `count` GPUs among `ordered` (best first), in the order they are tried: the order's
+    combinations; with topology on a node that knows its islands, those inside one island first, then those inside
+    one NUMA node, then the rest (in each group, and among the rest, in the order's order)."""
+    if count < 2 or not topology or not topology_known(devices):
+        yield from itertools.combinations(ordered, count)
+        return
+    island = [devices[i].island for i in ordered]
+    numa = [devices[i].numa for i in ordered]
+
+    def local(values: list[int], chosen: tuple[int, ...]) -> bool:
+        return values[chosen[0]] >= 0 and all(values[p] == values[chosen[0]] for p in chosen)
+
+    for group in _groups(devices, ordered, count, "island"):
+        for chosen in itertools.combinations(group, count):
+            yield tuple(ordered[p] for p in chosen)
+    for group in _groups(devices, ordered, count, "numa"):
+        for chosen in itertools.combinations(group, count):
+            if not local(island, chosen):
+                yield tuple(ordered[p] for p in chosen)
+    for chosen in itertools.combinations(range(len(ordered)), count):
+        if not local(numa, chosen) and not local(island, chosen):
+            yield tuple(ordered[p] for p in chosen)
+
+
 def _search(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], requests: Sequence[ContainerRequest],
-            selectors: Selectors, type_ok: dict[str, bool], order: GPUOrder) -> list[tuple[int, ...]] | None:
-    """A placement of every request, trying each one's choices depth first in the order's order; None when there is
-    none or the budget ran out."""
+            selectors: Selectors, type_ok: dict[str, bool], order: GPUOrder,
+            topology: bool) -> list[tuple[int, ...]] | None:
+    """A placement of every request, trying each one's choices depth first in the order `_choices` gives; None when
+    there is none or the budget ran out."""
     budget = SEARCH_BUDGET
 
     def place(k: int, tentative: list[GPUUsage]) -> list[tuple[int, ...]] | None:
@@ -191,7 +258,7 @@ def _search(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], requests: S
         candidates = _candidates(devices, tentative, request, selectors, type_ok)
         if len(candidates) < request.count:
             return None
-        for chosen in itertools.combinations(order(devices, tentative, request, candidates), request.count):
+        for chosen in _choices(devices, order(devices, tentative, request, candidates), request.count, topology):
             budget -= 1
             if budget < 0:
                 return None
@@ -211,8 +278,10 @@ def fit(
     requests: Sequence[ContainerRequest],
     selectors: Selectors = _NO_SELECTORS,
     order: GPUOrder = binpack_order,
+    topology: bool = False,
 ) -> FitResult:
-    """Place every requesting container of a pod on this node's GPUs, or say why not.
+    """Place every requesting container of a pod on this node's GPUs, or say why not; with `topology`, a
+    multi-GPU container's GPUs are chosen island first, then NUMA node (module docstring).
 
     `usage` is not modified; the tentative charges of earlier containers are applied to a copy of the list.
     """
@@ -248,7 +317,7 @@ def fit(
                 if why not in _STATIC:
                     static_ok += 1
         if len(candidates) < request.count:
-            found = _search(devices, usage, requests, selectors, type_ok, order) if placement else None
+            found = _search(devices, usage, requests, selectors, type_ok, order, topology) if placement else None
             if found is not None:
                 placement = found
                 break
@@ -257,7 +326,9 @@ def fit(
                 reason=_summary(request.container, request.count, len(devices), rejected),
                 unresolvable=static_ok < request.count,
             )
-        chosen = order(devices, tentative, request, candidates)[: request.count]
+        ordered = order(devices, tentative, request, candidates)
+        chosen = (next(_choices(devices, ordered, request.count, topology)) if topology and request.count > 1
+                  else ordered[: request.count])
         _charge(devices, tentative, request, chosen)
         placement.append(tuple(chosen))
     return FitResult(ok=True, placement=tuple(placement), assignment=grants_on(devices, requests, placement))

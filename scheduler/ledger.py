@@ -20,7 +20,11 @@ A charge comes from one of two places:
   signature is reported too and leaves the ledger's own record of the pod in place. Pods of other schedulers and
   unbound pods are never charged from their annotations;
 - the extender's own reservation, made at /filter (decide mode) or /bind (ASSUMED, short TTL) and kept after a
-  successful bind until the watch shows the pod with its annotation (BOUND, long TTL).
+  successful bind until the watch shows the pod with its annotation (BOUND, long TTL);
+- a nomination (NOMINATED): the room a pod is owed on GPUs whose lower-priority pods the extender is evicting for it
+  (scheduler.preemption), counted as used while the victims are still charged too, until the pod is placed or the
+  nomination's time runs out.
+Every charge carries its pod's priority (`spec.priority`, 0 when absent), for the choice of preemption victims.
 A watch event without an assignment never removes one of our reservations: it may predate our own binding.
 Reservations past their TTL are dropped by `expire`, which the extender calls on every request and the server's
 housekeeping every second (vgpu.scheduler.server.create_app), so an idle extender's usage and metrics stay current.
@@ -47,7 +51,7 @@ from vgpu.quantity import parse_integer_quantity, parse_quantity
 from vgpu.requests import MAX_NODE_QUANTITY, pod_cpu_memory, pod_requests
 from vgpu.resources import HAMI_NAMES, SCHEDULER_NAME, SharingConfig
 from vgpu.scheduler.fit import GPUUsage
-from vgpu.scheduler.nodestate import Grant, NodeState, flat_grants
+from vgpu.scheduler.nodestate import Grant, NodeState, flat_grants, with_topology
 
 __all__ = [
     "NODE_UNKNOWN",
@@ -55,6 +59,7 @@ __all__ = [
     "ChargeState",
     "Ledger",
     "pod_key",
+    "pod_priority",
 ]
 
 log = logging.getLogger(__name__)
@@ -69,6 +74,7 @@ class ChargeState:
     ASSUMED = "assumed"
     BOUND = "bound"
     OBSERVED = "observed"
+    NOMINATED = "nominated"
 
 
 @dataclass(slots=True)
@@ -83,6 +89,13 @@ class Charge:
     assignment: Assignment
     state: str
     expires: float = 0.0
+    priority: int = 0
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """A pod's `spec.priority` (set by the Priority admission plugin), 0 when absent or not an integer."""
+    value = (pod.get("spec") or {}).get("priority")
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -180,7 +193,7 @@ class Ledger:
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         names = (*self._number_names, HAMI_NAMES.number, "cpu", "memory")
         alloc_raw = "|".join(str(allocatable.get(n)) for n in names)
-        raw = (volcano, hami, alloc_raw)
+        raw = (volcano, hami, alloc_raw, annotations.get(keys.NODE_TOPOLOGY))
         with self.lock:
             state = self.nodes.get(name)
             if state is not None and state.raw == raw:
@@ -215,7 +228,9 @@ class Ledger:
             return (), f"node allocatable {names[0]} is 0 or absent (device plugin not registered)"
         if not devices:
             return (), "node inventory annotation lists no GPUs"
-        return devices, ""
+        meta = node.get("metadata") or {}
+        topology = (meta.get("annotations") or {}).get(keys.NODE_TOPOLOGY)
+        return with_topology(str(meta.get("name") or ""), devices, topology), ""
 
     def detached(self, node: Mapping[str, Any]) -> NodeState:
         """A NodeState built from a node object without storing it (for full-`Nodes` filter requests of nodes
@@ -329,11 +344,13 @@ class Ledger:
                             meta.get("name"), node, problems)
                 for report in self.grant_listeners:
                     report(pod, problems)
+            priority = pod_priority(pod)
             if (
                 current is not None
                 and current.node == node
                 and current.grants == grants
             ):
+                current.priority = priority
                 if current.state != ChargeState.OBSERVED:
                     current.state = ChargeState.OBSERVED
                     current.expires = 0.0
@@ -349,6 +366,7 @@ class Ledger:
                     grants=grants,
                     assignment=assignment,
                     state=ChargeState.OBSERVED,
+                    priority=priority,
                 )
             )
 
@@ -400,8 +418,18 @@ class Ledger:
         else:
             self._compute[uid] = taken
 
-    def reserve(self, uid: str, namespace: str, name: str, node: str, assignment: Assignment) -> Charge:
+    def reserve(self, uid: str, namespace: str, name: str, node: str, assignment: Assignment,
+                priority: int = 0) -> Charge:
         """Charge an assumed placement (replacing any previous charge of this pod) with the assume TTL."""
+        return self._reserve(uid, namespace, name, node, assignment, priority, ChargeState.ASSUMED, self.assume_ttl)
+
+    def nominate(self, uid: str, namespace: str, name: str, node: str, assignment: Assignment, priority: int,
+                 ttl: float) -> Charge:
+        """Hold room for a pod whose victims are being evicted (replacing any previous charge of it) for `ttl` s."""
+        return self._reserve(uid, namespace, name, node, assignment, priority, ChargeState.NOMINATED, ttl)
+
+    def _reserve(self, uid: str, namespace: str, name: str, node: str, assignment: Assignment, priority: int,
+                 state: str, ttl: float) -> Charge:
         with self.lock:
             self._remove(uid)
             charge = Charge(
@@ -411,11 +439,25 @@ class Ledger:
                 node=node,
                 grants=flat_grants(assignment),
                 assignment=assignment,
-                state=ChargeState.ASSUMED,
-                expires=self.clock() + self.assume_ttl,
+                state=state,
+                expires=self.clock() + ttl,
+                priority=priority,
             )
             self._add(charge)
             return charge
+
+    def take(self, uid: str) -> Charge | None:
+        """Remove a pod's charge and return it (to be `put_back` when the pod is not placed elsewhere)."""
+        with self.lock:
+            return self._remove(uid)
+
+    def put_back(self, charge: Charge | None) -> None:
+        """Restore a charge `take` returned, unless the pod has been charged again meanwhile or its time is up."""
+        with self.lock:
+            if charge is None or charge.uid in self.charges:
+                return
+            if not charge.expires or charge.expires > self.clock():
+                self._add(charge)
 
     def extend(self, uid: str, ttl: float) -> None:
         """Push the expiry of an assumed reservation `ttl` seconds from now (a bind is in flight)."""
@@ -435,7 +477,7 @@ class Ledger:
                 self._remove(uid)
                 charge = Charge(
                     charge.uid, charge.namespace, charge.name, charge.node, flat_grants(assignment), assignment,
-                    ChargeState.BOUND,
+                    ChargeState.BOUND, priority=charge.priority,
                 )
                 charge.expires = self.clock() + self.bound_ttl
                 self._add(charge)
@@ -487,6 +529,10 @@ class Ledger:
                     if i is not None:
                         usage[i].sub(memory, cores)
             return usage
+
+    def on_node_charges(self, node: str) -> list[Charge]:
+        """The charges on one node (callers hold `lock`)."""
+        return [self.charges[uid] for uid in self._by_node.get(node, ())]
 
     def snapshot(self) -> list[tuple[NodeState, list[GPUUsage], list[Charge]]]:
         """Per node (sorted by name): its state, a copy of its usage and its charges; for metrics and inspect."""

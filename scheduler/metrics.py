@@ -41,13 +41,14 @@ DEVICE_HEALTHY = MetricSpec("vgpu_scheduler_device_healthy", "gauge", _GPU,
                        "1 when the node publishes the GPU healthy, else 0")
 POD_MEMORY = MetricSpec("vgpu_scheduler_pod_memory_allocated_bytes", "gauge", _POD,
                    "memory granted to the pod on the GPU, bytes; `state` is assumed (reserved, not bound yet), "
-                   "bound (bound, not yet seen by the pod watch) or observed")
+                   "bound (bound, not yet seen by the pod watch), observed, or nominated (room held for the pod "
+                   "while the pods preempted for it end)")
 POD_CORES = MetricSpec("vgpu_scheduler_pod_cores_allocated_percent", "gauge", _POD,
                   "compute granted to the pod on the GPU, percent")
 NODES = MetricSpec("vgpu_scheduler_nodes", "gauge", ("state",),
               "nodes with a GPU inventory by `state`: schedulable, or invalid (the annotation does not parse)")
 RESERVATIONS = MetricSpec("vgpu_scheduler_reservations", "gauge", ("state",),
-                     "pods charged in the ledger by `state` (assumed, bound, observed)")
+                     "pods charged in the ledger by `state` (assumed, bound, observed, nominated)")
 REQUESTS = MetricSpec("vgpu_scheduler_requests", "counter", ("verb", "outcome"),
                  "extender calls by `verb` (filter, prioritize, bind, preempt) and `outcome` (ok, error: an "
                  "answer with Error, invalid, bad_json, too_large, internal)")
@@ -61,12 +62,15 @@ INCONSISTENT = MetricSpec("vgpu_scheduler_inconsistent_grants", "counter", (),
                      "of the two, reported with a VGPUGrantInconsistent event)")
 CACHE_SYNCED = MetricSpec("vgpu_scheduler_cache_synced", "gauge", ("cache",),
                      "1 once the watch cache (nodes, pods) has listed everything")
+PREEMPTION_EVICTIONS = MetricSpec("vgpu_scheduler_preemption_evictions", "counter", ("outcome",),
+                                  "pods of lower priority evicted to make room for a pod (outcome evicted), or "
+                                  "whose eviction the API server refused, which stops that preemption (refused)")
 LEADER = MetricSpec("vgpu_scheduler_leader", "gauge", (), "1 while this replica holds the extender's Lease")
 READY = MetricSpec("vgpu_scheduler_ready", "gauge", (), "1 while /readyz answers 200")
 
 SCHEDULER_METRICS = (DEVICE_MEMORY_TOTAL, DEVICE_MEMORY_ALLOCATED, DEVICE_CORES_ALLOCATED, DEVICE_SHARES_ALLOCATED,
                      DEVICE_SPLIT, DEVICE_HEALTHY, POD_MEMORY, POD_CORES, NODES, RESERVATIONS, REQUESTS, DURATION,
-                     DECISIONS, INCONSISTENT, CACHE_SYNCED, LEADER, READY)
+                     DECISIONS, INCONSISTENT, PREEMPTION_EVICTIONS, CACHE_SYNCED, LEADER, READY)
 
 
 class LedgerCollector(Collector):
@@ -85,7 +89,8 @@ class LedgerCollector(Collector):
         nodes, reservations = NODES.family(), RESERVATIONS.family()
         unit = self.bytes_per_unit
         node_states: Tally[str] = Tally(schedulable=0, invalid=0)
-        charge_states: Tally[str] = Tally({ChargeState.ASSUMED: 0, ChargeState.BOUND: 0, ChargeState.OBSERVED: 0})
+        charge_states: Tally[str] = Tally({ChargeState.ASSUMED: 0, ChargeState.BOUND: 0, ChargeState.OBSERVED: 0,
+                                           ChargeState.NOMINATED: 0})
         for state, usage, charges in self.ledger.snapshot():
             node_states["invalid" if state.error else "schedulable"] += 1
             for device, used in zip(state.devices, usage):
@@ -123,6 +128,7 @@ class SchedulerMetrics:
         self.requests = REQUESTS.counter(self.registry)
         self.decisions = DECISIONS.counter(self.registry)
         self.inconsistent_grants = INCONSISTENT.counter(self.registry)
+        self.preemption_evictions = PREEMPTION_EVICTIONS.counter(self.registry)
         self.cache_synced = CACHE_SYNCED.gauge(self.registry)
         self.leader = LEADER.gauge(self.registry)
         self.ready = READY.gauge(self.registry)

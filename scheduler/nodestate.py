@@ -8,16 +8,20 @@ node is registered with.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vgpu.assignment import Assignment
-from vgpu.inventory import GPUDevice
+from vgpu.errors import CodecError
+from vgpu.inventory import GPUDevice, decode_topology
 from vgpu.scheduler.fit import GPUUsage
 from vgpu.scheduler.policies.base import NodeContext
 
-__all__ = ["Grant", "NodeState", "flat_grants", "gpu_state", "gpu_types"]
+__all__ = ["Grant", "NodeState", "flat_grants", "gpu_state", "gpu_types", "with_topology"]
+
+log = logging.getLogger(__name__)
 
 # (GPU UUID, memory units, cores) of one granted device
 Grant = tuple[str, int, int]
@@ -26,6 +30,34 @@ Grant = tuple[str, int, int]
 def flat_grants(assignment: Assignment) -> tuple[Grant, ...]:
     """A pod's grants, containers flattened; a MIG entry (GPU-xxxx[group-pos]) charges its physical GPU."""
     return tuple((g.uuid.split("[", 1)[0], g.memory, g.cores) for segment in assignment for g in segment)
+
+
+_topology_problems: dict[str, str] = {}  # node -> its topology annotation's problem, as last logged
+_TOPOLOGY_PROBLEMS_MAX = 10_000
+
+
+def with_topology(node: str, devices: tuple[GPUDevice, ...], value: object) -> tuple[GPUDevice, ...]:
+    """`devices` with the NVLink island and NUMA node that the node's topology annotation (`value`; None: absent)
+    gives each; GPUs it does not name keep theirs. A value that does not decode changes nothing and is logged once
+    per node and problem: the node is placed without topology."""
+    if value is None or not devices:
+        return devices
+    try:
+        topology = decode_topology(value)
+    except CodecError as exc:
+        if _topology_problems.get(node) != str(exc):
+            if len(_topology_problems) >= _TOPOLOGY_PROBLEMS_MAX:
+                _topology_problems.clear()
+            _topology_problems[node] = str(exc)
+            log.warning("event=node_topology_ignored node=%s error=%s", node, exc)
+        return devices
+    _topology_problems.pop(node, None)
+    placed = []
+    for device in devices:
+        where = topology.get(device.uuid)
+        placed.append(device if where is None else replace(
+            device, island=where.island, numa=where.numa if where.numa >= 0 else device.numa))
+    return tuple(placed)
 
 
 def gpu_state(devices: tuple[GPUDevice, ...], usage: list[GPUUsage]) -> tuple[Any, ...]:
@@ -66,7 +98,7 @@ class NodeState:
     memory_allocatable: int | None = None  # MiB
     cpu_requested: int = 0  # milli, by the pods bound to the node
     memory_requested: int = 0  # MiB
-    raw: tuple[str | None, str | None, str | None] = (None, None, None)  # the ledger's change detector
+    raw: tuple[Any, ...] = ()  # the ledger's change detector
     obj: Mapping[str, Any] | None = None
     slot: int = -1
     changes: list[int] | None = None

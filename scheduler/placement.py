@@ -12,6 +12,13 @@ GPU UUIDs is evaluated per node. Fits are stored with GPU indices; the chosen no
 In DRA mode someone else picks the GPUs (kube-scheduler's allocator): `device_order` then replaces the policy's GPU
 order, so nodes are fitted and scored on the GPUs the pod will really get (scheduler/draview.py, docs/dra.md).
 
+Topology (`topology=True`, the default; not in DRA mode, where the allocator picks the devices): on nodes that
+publish NVLink islands, fit gives a multi-GPU container the GPUs of one island, else of one NUMA node
+(`scheduler.fit`), and a node's score for a pod with such a container falls by `TIER_STEP` per tier of locality it
+can offer (`fit.topology_tier`: 0 island, 1 NUMA node, 2 neither), so a node that gives the pod one island beats
+every node that cannot, whatever the policy. Nodes whose islands are unknown are tier 0: placement is then as
+without topology. Islands are part of the memo key (`_key`), so nodes of different layouts never share a fit.
+
 Comparison: the higher score wins, then the lower `NodeState.rank` (the extender's ledger ranks nodes by name, the
 replay by the seed's random order); a policy with `tie_break = "random"` draws uniformly among the best instead.
 
@@ -38,11 +45,11 @@ import numpy as np
 
 from vgpu import keys
 from vgpu.requests import ContainerRequest, Selectors
-from vgpu.scheduler.fit import GPU_ORDERS, FitResult, GPUOrder, fit, grants_on
+from vgpu.scheduler.fit import GPU_ORDERS, FitResult, GPUOrder, fit, grants_on, topology_known, topology_tier
 from vgpu.scheduler.nodestate import NodeState, gpu_state
 from vgpu.scheduler.policies.base import NodePolicy, PodContext, make_policy
 
-__all__ = ["REFRESH_BUDGET", "RESCORE_LIMIT", "Choice", "Evaluation", "Placement", "PodShape"]
+__all__ = ["REFRESH_BUDGET", "RESCORE_LIMIT", "TIER_STEP", "Choice", "Evaluation", "Placement", "PodShape"]
 
 # Decide mode, after a change of learned target: stale nodes refreshed per request in candidate order, then stale
 # nodes rescored best first until a current score is the best.
@@ -56,6 +63,9 @@ LOG_TRIM = 1 << 14  # change-log entries added between looks at what every board
 NO_CONTEXT = -(2**62)  # the context class of a node that reports no allocatable CPU and memory
 ANY_EPOCH = -2  # the epoch of a failed fit that no GPU order can change (a pod with one request)
 FAIL = -np.inf  # the board score of a node the pod does not fit
+# what a node's score loses per topology tier of a multi-GPU pod's placement: more than any policy's score range
+# (scores of nodes up to 1024 GPUs stay apart; ties among tie-breaks finer than 1e-9 may merge on tiers 1 and 2)
+TIER_STEP = float(2**20)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,11 @@ class PodShape:
     raw: tuple[Any, ...] = field(repr=False, compare=False)
 
     @property
+    def multi_gpu(self) -> bool:
+        """A container asks for more than one GPU, so where its GPUs are in the node's topology matters."""
+        return any(request.count > 1 for request in self.requests)
+
+    @property
     def per_node(self) -> bool:
         """The pod names GPU UUIDs, so its fit depends on more than the GPU state."""
         return bool(self.selectors.use_uuids or self.selectors.nouse_uuids)
@@ -77,8 +92,9 @@ class PodShape:
 
 @dataclass(slots=True)
 class Evaluation:
-    """A fit (GPU indices) and its score for one memo key; `epoch` is the policy epoch of the score (-1: none), or of
-    the fit when it failed (ANY_EPOCH: no GPU order can change it)."""
+    """A fit (GPU indices) and its score (the policy's, less the topology tier's `TIER_STEP`s) for one memo key;
+    `epoch` is the policy epoch of the score (-1: none), or of the fit when it failed (ANY_EPOCH: no GPU order can
+    change it)."""
 
     result: FitResult
     fit_epoch: int
@@ -120,13 +136,15 @@ class Placement:
 
     def __init__(self, policy: NodePolicy, *, gpu_policy: str = "binpack", decide: bool = True,
                  refresh_budget: int = REFRESH_BUDGET, rescore_limit: int = RESCORE_LIMIT, seed: int = 0,
-                 device_order: GPUOrder | None = None) -> None:
+                 device_order: GPUOrder | None = None, topology: bool = True) -> None:
         self.policy = policy
         # the node scores a pod may choose over `policy` (HAMi's hami.io/node-scheduler-policy: Selectors.node_order)
         self._pod_policies = {name: make_policy(name) for name in keys.GPU_ORDER_NAMES}
         # the order devices are really taken in when someone else picks them (DRA mode: kube-scheduler's allocator,
         # first fit); it replaces the policy's GPU order, so nodes are scored on the devices the pod will get
         self.device_order = device_order
+        # topology-aware fits and node preference (module docstring); the DRA allocator's choice ignores topology
+        self.topology = topology and device_order is None
         self.decide = decide
         self.refresh_budget = refresh_budget
         self.rescore_limit = rescore_limit
@@ -193,6 +211,8 @@ class Placement:
         if state.key_tag == self._tag:
             return state.key
         raw = gpu_state(state.devices, state.usage)
+        if self.topology and topology_known(state.devices):
+            raw = (*raw, tuple((d.island, d.numa) for d in state.devices))
         key = self._keys.get(raw)
         if key is None:
             if len(self._keys) >= KEY_LIMIT:
@@ -231,7 +251,7 @@ class Placement:
             if known is None or known[1] != epoch:
                 order = (self.device_order or GPU_ORDERS.get(pod.selectors.gpu_order)
                          or self.policy.gpu_order(node, pod.context) or self.default_order)
-                known = (fit(state.devices, state.usage, pod.requests, pod.selectors, order), epoch)
+                known = (fit(state.devices, state.usage, pod.requests, pod.selectors, order, self.topology), epoch)
                 self.evaluations += 1
                 if len(self._fits) >= MEMO_LIMIT:
                     self._fits = {}
@@ -248,6 +268,8 @@ class Placement:
             policy = self._pod_policies.get(pod.selectors.node_order, self.policy)
             entry.score = float(policy.score(state.devices, state.usage, pod.requests, entry.result, node=node,
                                              pod=pod.context))
+            if self.topology and pod.multi_gpu:
+                entry.score -= TIER_STEP * topology_tier(state.devices, entry.result.placement)
             entry.epoch = epoch
         return entry
 

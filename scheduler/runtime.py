@@ -26,6 +26,7 @@ from vgpu.scheduler.extender import BindConflict, Extender
 from vgpu.scheduler.ledger import Ledger
 from vgpu.scheduler.metrics import SchedulerMetrics
 from vgpu.scheduler.policies import make_policy
+from vgpu.scheduler.preemption import EvictionRefused, Preemptor
 from vgpu.scheduler.server import create_app
 
 __all__ = ["SchedulerRuntime"]
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 # seconds between two sweeps of expired reservations (requests sweep too; this covers an idle extender)
 EXPIRY_INTERVAL = 1.0
 BIND_ATTEMPTS = 6  # a binding turned away (429, 503) is sent at most this often
+# seconds a read of a pod the cache does not hold waits for the pod watch to deliver it before asking the API server
+POD_ARRIVAL_WAIT = 0.002
 
 
 class SchedulerRuntime:
@@ -45,6 +48,11 @@ class SchedulerRuntime:
         self.api = api_client or make_api_client(config.kubeconfig, config.qps, config.burst)
         # bindings retry in _bind, checking the leader lease before each attempt
         self.bind_api = make_api_client(config.kubeconfig, config.qps, config.burst, retries=False) \
+            if api_client is None else api_client
+        # the reads of pods the cache lacks (/filter, /bind): a rate limit of their own, so that they never wait behind
+        # events or bindings, and no automatic retries, so that one that fails does so at once (/filter's, on the
+        # event loop, would hold up every request while it slept)
+        self.read_api = make_api_client(config.kubeconfig, config.qps, config.burst, retries=False) \
             if api_client is None else api_client
         names = frozenset(config.scheduler_names)
         key = read_key(config.grant_key_file, "--grant-key-file") if config.grant_key_file else None
@@ -98,6 +106,10 @@ class SchedulerRuntime:
             scheduler_names=names,
             grant_key=key,
             claims=DRAPlacement(self.dra) if self.dra is not None else NO_CLAIMS,
+            preemptor=Preemptor(self.ledger, self._evict, self._lookup, self._event,
+                                counted=lambda outcome: self.metrics.preemption_evictions.labels(outcome).inc())
+            if config.preemption else None,
+            topology=config.topology,
         )
         self.app = create_app(self.extender, self.not_ready, self.metrics, config.max_body_bytes,
                               housekeeping=self.ledger.expire, housekeeping_interval=EXPIRY_INTERVAL)
@@ -141,13 +153,35 @@ class SchedulerRuntime:
                     raise
                 time.sleep(min(max(exc.retry_after or 0.0, backoff.next()), 5.0))
 
+    def _evict(self, namespace: str, name: str, uid: str, dry_run: bool) -> None:
+        """POST pods/eviction (policy/v1) for one pod of this UID, or only check that it would be allowed; a pod
+        already gone (404, or another pod under its name: 409) counts as evicted."""
+        body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace),
+                              delete_options=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid or None)))
+        try:
+            k8s.CoreV1Api(self.api).create_namespaced_pod_eviction(
+                name, namespace, body, dry_run="All" if dry_run else None, _request_timeout=10)
+        except Exception as exc:
+            err = translate(exc, f"evict pod {namespace}/{name}")
+            if isinstance(err, (NotFoundError, ConflictError)):
+                return
+            raise EvictionRefused(str(err)) from exc
+
     def _lookup(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self.pods.get(f"{namespace}/{name}")
 
     def _fetch(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The pod as the API server has it. One the pod cache does not hold is first awaited from the pod watch for
+        up to POD_ARRIVAL_WAIT: kube-scheduler sends /filter a moment after a pod's creation, often before the watch
+        event has reached the extender, and the event is cheaper to wait for than a read. A pod the cache holds is
+        read (the cache may be behind)."""
+        if f"{namespace}/{name}" not in self.pods:
+            arrived = self.pods.wait_for(f"{namespace}/{name}", POD_ARRIVAL_WAIT)
+            if arrived is not None:
+                return arrived
         try:
-            resp = k8s.CoreV1Api(self.api).read_namespaced_pod(name, namespace, _preload_content=False,
-                                                               _request_timeout=10)
+            resp = k8s.CoreV1Api(self.read_api).read_namespaced_pod(name, namespace, _preload_content=False,
+                                                                    _request_timeout=10)
             return read_object(resp)
         except Exception as exc:
             err = translate(exc, f"get pod {namespace}/{name}")

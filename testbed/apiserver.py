@@ -21,11 +21,14 @@ Served:
                           disruption controller reads (no workload controller acts on them)
   admissionregistration.k8s.io/v1  validatingadmissionpolicies, validatingadmissionpolicybindings,
                           mutatingwebhookconfigurations (cluster-scoped)
+  scheduling.k8s.io/v1    priorityclasses (cluster-scoped, testbed.priority; system-node-critical and
+                          system-cluster-critical created at start unless stored)
 Verbs: get, list (fieldSelector with = == !=, labelSelector with = == != in notin, exists, !exists),
 watch (`?watch=true&resourceVersion=N`, chunked JSON lines, ADDED/MODIFIED/DELETED/BOOKMARK; an ERROR event with
 a 410 Status when N is older than the retained history), create, update (PUT; 409 on a stale resourceVersion),
 patch (merge, strategic-merge with `conditions` merged by `type`, JSON patch; 409 when the patch carries a stale
-metadata.resourceVersion), delete (immediate, as with gracePeriodSeconds=0; honours preconditions).
+metadata.resourceVersion), delete (immediate, as with gracePeriodSeconds=0; honours preconditions; pods gracefully
+with `graceful_deletion=True`, below).
 
 Semantics copied from kube-apiserver where our code depends on them:
   * with the DRAConsumableCapacity feature gate off (`consumable_capacity=False`, `--feature-gates
@@ -56,6 +59,14 @@ Semantics copied from kube-apiserver where our code depends on them:
     once, like the quota controller's: a budget's status is recomputed when it is created or updated and when a pod
     it selects (before or after the change) is created, changed or deleted; `disruption_controller=False` leaves
     budgets' status to clients (kube-controller-manager without that controller);
+  * with `graceful_deletion=True` (`--graceful-deletion`) pods are deleted as kube-apiserver deletes them
+    (testbed/graceful.py): a DELETE (or an eviction) of a pod bound to a node and not finished sets
+    metadata.deletionTimestamp and deletionGracePeriodSeconds (an update: watches see MODIFIED) and answers the pod;
+    the kubelet's final DELETE (gracePeriodSeconds 0, UID precondition) removes it (DELETED); a later DELETE may
+    shorten the period, never lengthen it; a period of 0 removes the pod in the same request (MODIFIED, then
+    DELETED); a pod's finalizers keep it until an update empties them; an update cannot change or remove the
+    deletion fields. Off by default: most tests bind pods to nodes where no kubelet runs, and their pods would
+    never go; off, every object is removed at once whatever its finalizers, as before;
   * `POST pods/{name}/eviction` (a policy/v1 or v1beta1 Eviction) is pkg/registry/core/pod/storage/eviction.go
     EvictionREST.Create: admission as a CREATE of pods/eviction whose object is the Eviction, then the pod (404),
     the PDB check (testbed.disruption), the budget's status written, the pod given the DisruptionTarget condition
@@ -65,9 +76,12 @@ Authentication (`users`, or `.authenticate(users)`): a table of bearer tokens, e
 authenticators would give (extra included, as a pod-bound ServiceAccount token carries
 `authentication.kubernetes.io/node-name`); any other token gets 401.  Without a table every token is a cluster admin.
 
-Admission, in kube-apiserver's order (pkg/kubeapiserver/options/plugins.go: the mutating webhooks, then the
-validating plugins, ValidatingAdmissionPolicy before ResourceQuota), on every create, update, patch, delete and
+Admission, in kube-apiserver's order (pkg/kubeapiserver/options/plugins.go: Priority, the mutating webhooks, then the
+validating plugins, Priority's, ValidatingAdmissionPolicy, ResourceQuota), on every create, update, patch, delete and
 pods/binding, with the authenticated user as the request's userInfo; a refusal answers kube-apiserver's Status:
+  * Priority (testbed/priority.py): a created pod's priorityClassName resolved into spec.priority and
+    spec.preemptionPolicy (an unknown class, or a priority or policy set otherwise, refused), an updated pod's kept;
+    a second globalDefault PriorityClass refused;
   * mutating webhooks (testbed/webhooks.py): the stored MutatingWebhookConfigurations' webhooks are called over
     HTTPS BEFORE the lock is taken (upstream mutates before storage too; an update whose object changed meanwhile
     starts again, as GuaranteedUpdate does); their patches are applied and the object defaulted again; their
@@ -81,7 +95,7 @@ A write with `?dryRun=All` is admitted (webhooks see dryRun: true) and stored no
 Not served (on purpose): authorization (RBAC: `request_attributes` below lets a test check what each component
 called against its rules), namespaces as objects, consistent paging
 (`limit` and `continue` page through the current objects, without a snapshot), server-side apply, graceful
-deletion and finalizers, protobuf.
+deletion and finalizers of anything but pods, protobuf.
 
 Faults (testbed/faults.py): rules installed by a test, in the process (`.faults`) or over HTTP
 (`/standin/faults`), make matching requests fail, wait, time out, or make watches stall, drop or answer 410.
@@ -127,7 +141,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
-from vgpu.testbed import disruption, quota, resourceapi
+from vgpu.testbed import disruption, graceful, priority, quota, resourceapi
 from vgpu.testbed.admission import Attributes, Denied, PolicyAdmission, UserInfo
 from vgpu.testbed.discovery import CORE_VERSIONS, ServedResource, api_groups, as_table, resource_list, wants_table
 from vgpu.testbed.faults import FaultPlan
@@ -168,7 +182,8 @@ class _Resource:
         return f"{self.group}/{self.version}" if self.group else self.version
 
 
-TABLE_KINDS = ("Pod", "Node", "Event", "Lease", "PodDisruptionBudget")  # what testbed.discovery prints as a Table
+# what kubectl gets as a Table: testbed.discovery prints them, PriorityClasses testbed.priority
+TABLE_KINDS = ("Pod", "Node", "Event", "Lease", "PodDisruptionBudget", "PriorityClass")
 _RESOURCES = {
     r.key: r
     for r in (
@@ -192,6 +207,7 @@ _RESOURCES = {
         _Resource("apps", "v1", "deployments", "Deployment", namespaced=True, has_status=True),
         _Resource("apps", "v1", "replicasets", "ReplicaSet", namespaced=True, has_status=True),
         _Resource("apps", "v1", "statefulsets", "StatefulSet", namespaced=True, has_status=True),
+        _Resource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", namespaced=False),
     )
 }
 _POLICIES = "admissionregistration.k8s.io/v1/validatingadmissionpolicies"
@@ -201,8 +217,9 @@ _QUOTAS = "v1/resourcequotas"
 _PODS = "v1/pods"
 _PDBS = "policy/v1/poddisruptionbudgets"
 _EVENTS = "v1/events"
+_PRIORITY_CLASSES = "scheduling.k8s.io/v1/priorityclasses"
 # kinds with metadata.generation kept by their registry strategy (created 1, bumped by a change of spec)
-_GENERATION_KINDS = ("PodDisruptionBudget", "Deployment", "ReplicaSet", "StatefulSet")
+_GENERATION_KINDS = ("PodDisruptionBudget", "Deployment", "ReplicaSet", "StatefulSet", "PriorityClass")
 # discovery of the kinds served here beyond testbed.discovery's list (as kube-apiserver lists them)
 _ALL_VERBS = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 _MORE_SERVED = (
@@ -210,6 +227,7 @@ _MORE_SERVED = (
                    "MutatingWebhookConfiguration", False, _ALL_VERBS, (), ("api-extensions",)),
     ServedResource("", "v1", "resourcequotas", "ResourceQuota", True, _ALL_VERBS, ("quota",)),
     ServedResource("", "v1", "resourcequotas/status", "ResourceQuota", True, ("get", "patch", "update")),
+    ServedResource("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, _ALL_VERBS, ("pc",)),
 )
 # how often an update whose object changed while webhooks were called is started again (GuaranteedUpdate's retry)
 _UPDATE_ATTEMPTS = 20
@@ -357,6 +375,21 @@ def _check_quota(name: str, obj: Obj) -> None:
         field, _, what = why.partition(": ")
         raise StatusError(422, "Invalid", f'ResourceQuota "{name}" is invalid: {why}',
                           {"name": name, "kind": "resourcequotas", "causes": [{"field": field, "message": what}]})
+
+
+def _check_priority(check: Callable[[], None]) -> None:
+    """Run a testbed.priority check (admission, validation, the delete guard); a refusal becomes a StatusError."""
+    try:
+        check()
+    except Denied as exc:
+        raise _denied(exc) from None
+
+
+def _table(kind: str, items: list[Obj], resource_version: str, include: str) -> Obj:
+    """The meta.k8s.io/v1 Table of `items` as kube-apiserver prints them."""
+    if kind == "PriorityClass":
+        return priority.as_table(items, resource_version, include)
+    return as_table(kind, items, resource_version, include)
 
 
 def _not_found(res: _Resource, name: str) -> StatusError:
@@ -582,6 +615,7 @@ class Store:
         self.delivering.set()
         self.consumable_capacity = True  # the DRAConsumableCapacity feature gate
         self.disruption_controller = True  # kube-controller-manager's disruption controller runs (testbed.disruption)
+        self.graceful_deletion = False  # pods are deleted gracefully, their finalizers honoured (testbed.graceful)
         self.admission = PolicyAdmission()
         self.webhooks = MutatingWebhooks(json_patch)  # its service_resolver: ApiServerStandIn(service_resolver=...)
         self._data = Path(data_path) if data_path else None
@@ -589,6 +623,9 @@ class Store:
         self._journal_entries = 0
         if self._data is not None:
             self._load()
+        for pc in priority.system_classes():  # storage_scheduling.go AddSystemPriorityClasses, a post-start hook
+            if ("", pc["metadata"]["name"]) not in self.objects[_PRIORITY_CLASSES]:
+                self.create(_PRIORITY_CLASSES, "", pc)
 
     # -- persistence
     def _load(self) -> None:
@@ -700,8 +737,12 @@ class Store:
 
     def _admit(self, operation: str, res: _Resource, subresource: str | None, name: str, ns: str, obj: Obj | None,
                old: Obj | None, user: UserInfo | None, kind: str | None = None, dry_run: bool = False) -> None:
-        """Validating admission of a change about to be stored, in kube-apiserver's order (lock held):
-        ValidatingAdmissionPolicy (testbed.admission), then ResourceQuota's check (`_charge`, by the caller)."""
+        """Validating admission of a change about to be stored, in kube-apiserver's order (lock held): Priority's
+        (testbed.priority), ValidatingAdmissionPolicy (testbed.admission), then ResourceQuota's check (`_charge`, by
+        the caller)."""
+        if res.key == _PRIORITY_CLASSES and not subresource and operation in ("CREATE", "UPDATE") and obj:
+            classes = list(self.objects[_PRIORITY_CLASSES].values())
+            _check_priority(lambda: priority.validate_class(operation, obj, classes))
         policies = self.objects[_POLICIES]
         if not policies:
             return
@@ -717,6 +758,13 @@ class Store:
                     dry_run: bool = False) -> Attributes:
         return Attributes(operation, res.group, res.version, res.plural, subresource or "", kind or res.kind, name,
                           ns if res.namespaced else "", obj, old, user or ANONYMOUS_ADMIN, dry_run)
+
+    def _admit_priority(self, pod: Obj) -> None:
+        """The Priority plugin's Admit of a created pod (testbed.priority), before the mutating webhooks, over the
+        PriorityClasses as its informer's lister has them (a snapshot taken under the lock)."""
+        with self.cond:
+            classes = list(self.objects[_PRIORITY_CLASSES].values())
+        _check_priority(lambda: priority.admit_pod(pod, classes))
 
     def _webhook_configurations(self) -> builtins.list[Obj]:
         """The stored MutatingWebhookConfigurations (a snapshot, taken under the lock)."""
@@ -877,6 +925,9 @@ class Store:
         obj = self._prepare_create(res, ns, _clone(body))
         if res.kind == "Pod":
             _default_pod_spec(obj.get("spec"))  # decoding defaults the object before admission
+            self._admit_priority(obj)
+        elif res.kind == "PriorityClass":
+            priority.default(obj)
         configurations = self._webhook_configurations()
         if configurations:
             mutated = self._mutate("CREATE", res, None, obj["metadata"].get("name") or "", ns, obj, None, user,
@@ -910,6 +961,8 @@ class Store:
                 default_configuration(obj)
             if res.kind == "ResourceQuota":
                 _check_quota(meta["name"], obj)
+            elif res.kind == "PriorityClass":
+                _check_priority(lambda: priority.check(obj))
             if res.kind in _GENERATION_KINDS:
                 meta["generation"] = 1
             if res.kind == "PodDisruptionBudget":
@@ -946,7 +999,10 @@ class Store:
             m_new = new["metadata"] = {}
         if m_new.get("name", m_old["name"]) != m_old["name"]:
             raise StatusError(400, "BadRequest", "metadata.name cannot be changed")
-        for k in ("name", "namespace", "uid", "creationTimestamp"):
+        kept: tuple[str, ...] = ("name", "namespace", "uid", "creationTimestamp")
+        if self._graceful(res):  # rest.BeforeUpdate: an update never changes or removes the deletion fields
+            kept += ("deletionTimestamp", "deletionGracePeriodSeconds")
+        for k in kept:
             if k in m_old:
                 m_new[k] = m_old[k]
             else:
@@ -973,6 +1029,8 @@ class Store:
             default_configuration(new)
         elif res.kind == "ResourceQuota" and subresource is None:
             _check_quota(m_old["name"], new)
+        elif res.kind == "PriorityClass":
+            _check_priority(lambda: priority.check(new, old))
         self._admit("UPDATE", res, subresource, m_old["name"], m_old.get("namespace", ""), new, old, user,
                     dry_run=dry_run)
         if new == old:
@@ -984,6 +1042,9 @@ class Store:
             return new
         for old_quota, new_quota in charged:
             self._commit(self._res(_QUOTAS), "MODIFIED", _clone(new_quota), old_quota)
+        if self._graceful(res) and graceful.delete_during_update(old, new):
+            log.info("event=pod_removed pod=%s/%s why=finalizers_emptied", m_old.get("namespace"), m_old["name"])
+            return self._commit(res, "DELETED", new, old)
         return self._commit(res, "MODIFIED", new, old)
 
     def _update_with(self, res: _Resource, ns: str, name: str, prepare: Callable[[Obj], Obj],
@@ -995,6 +1056,8 @@ class Store:
             with self.cond:
                 old = self._existing(res, ns, name)
                 new = prepare(old)
+                if res.key == _PODS and subresource is None:
+                    priority.keep_pod_priority(new, old)  # the Priority plugin's Admit of an update
                 configurations = list(self.objects[_WEBHOOKS].values())
                 if not configurations:
                     return self._store_update(res, old, new, subresource, user, dry_run)
@@ -1056,8 +1119,11 @@ class Store:
     def delete(self, res_key: str, ns: str, name: str, options: Obj | None = None,
                user: UserInfo | None = None, *, dry_run: bool = False,
                warnings: builtins.list[str] | None = None) -> Obj:
-        """Remove the object at once (no graceful deletion); honours preconditions uid / resourceVersion."""
+        """Remove the object at once, or a pod gracefully under `graceful_deletion`; honours preconditions uid /
+        resourceVersion."""
         res = self._res(res_key)
+        if res.key == _PRIORITY_CLASSES:
+            _check_priority(lambda: priority.check_delete(name))
         pre = (options or {}).get("preconditions") or {}
         for _ in range(_UPDATE_ATTEMPTS):
             with self.cond:
@@ -1069,7 +1135,7 @@ class Store:
                     raise _conflict(res, name, "Precondition failed: resourceVersion does not match")
                 configurations = list(self.objects[_WEBHOOKS].values())
                 if not configurations:
-                    return self._finish_delete(res, ns, name, old, user, dry_run)
+                    return self._finish_delete(res, ns, name, old, options, user, dry_run)
             opts = {**(options or {}), "kind": "DeleteOptions", "apiVersion": "meta.k8s.io/v1"}
             if dry_run:
                 opts["dryRun"] = ["All"]
@@ -1078,13 +1144,23 @@ class Store:
             with self.cond:
                 if self.objects[res.key].get((ns if res.namespaced else "", name)) is not old:
                     continue
-                return self._finish_delete(res, ns, name, old, user, dry_run)
+                return self._finish_delete(res, ns, name, old, options, user, dry_run)
         raise _conflict(res, name, "the object has been modified; please apply your changes to the latest version "
                                    "and try again")
 
-    def _finish_delete(self, res: _Resource, ns: str, name: str, old: Obj, user: UserInfo | None,
-                       dry_run: bool) -> Obj:
+    def _graceful(self, res: _Resource) -> bool:
+        """Whether `res` is deleted gracefully (pods under `graceful_deletion`)."""
+        return self.graceful_deletion and res.key == _PODS
+
+    def _finish_delete(self, res: _Resource, ns: str, name: str, old: Obj, options: Obj | None,
+                       user: UserInfo | None, dry_run: bool) -> Obj:
         """Validating admission of a delete, then the delete (lock held)."""
+        if self._graceful(res):
+            deletion = graceful.plan(old, options, datetime.now(UTC))
+            if not (deletion.update or deletion.remove):
+                return old  # store.go: a pending graceful deletion answers the pod, before any admission
+            self._admit("DELETE", res, None, name, ns, None, old, user, dry_run=dry_run)
+            return deletion.obj if dry_run else self._delete_pod(res, old, deletion)
         self._admit("DELETE", res, None, name, ns, None, old, user, dry_run=dry_run)
         gone = _clone(old)
         gone["metadata"]["deletionTimestamp"] = _now()
@@ -1092,6 +1168,20 @@ class Store:
         if dry_run:
             return gone
         return self._commit(res, "DELETED", gone, old)
+
+    def _delete_pod(self, res: _Resource, old: Obj, deletion: graceful.Deletion) -> Obj:
+        """Store a graceful deletion (lock held): the pod updated (MODIFIED), then removed (DELETED) when its
+        deletion has no grace left and no finalizers; the pod as last stored."""
+        obj, meta = old, old["metadata"]
+        if deletion.update:
+            obj = self._commit(res, "MODIFIED", _clone(deletion.obj), old)
+            log.info("event=pod_terminating pod=%s/%s deletionTimestamp=%s grace=%s", meta.get("namespace"),
+                     meta["name"], obj["metadata"].get("deletionTimestamp"),
+                     obj["metadata"].get("deletionGracePeriodSeconds"))
+        if deletion.remove:
+            obj = self._commit(res, "DELETED", _clone(obj), obj)
+            log.info("event=pod_removed pod=%s/%s", meta.get("namespace"), meta["name"])
+        return obj
 
     def bind(self, ns: str, name: str, binding: Obj, user: UserInfo | None = None, *, dry_run: bool = False,
              warnings: builtins.list[str] | None = None) -> None:
@@ -1240,7 +1330,8 @@ class Store:
 
     def _evicted(self, res: _Resource, ns: str, name: str, options: Obj, dry_run: bool) -> None:
         """addConditionAndDeletePod (lock held): the preconditions checked against the pod, the DisruptionTarget
-        condition added, then the registry's delete (immediate, no delete admission). A dry run deletes nothing."""
+        condition added, then the registry's delete (no delete admission; at once, or gracefully under
+        `graceful_deletion` with the eviction's deleteOptions). A dry run deletes nothing."""
         pod = self._existing(res, ns, name)
         pre = options.get("preconditions") or {}
         if dry_run:  # the registry's Delete alone, which writes nothing on a dry run
@@ -1261,6 +1352,11 @@ class Store:
         marked = disruption.disruption_target(_clone(pod))
         if marked != pod:
             pod = self._commit(res, "MODIFIED", marked, pod)
+        if self._graceful(res):
+            deletion = graceful.plan(pod, options, datetime.now(UTC))
+            if deletion.update or deletion.remove:
+                self._delete_pod(res, pod, deletion)
+            return
         gone = _clone(pod)
         gone["metadata"]["deletionTimestamp"] = _now()
         gone["metadata"]["deletionGracePeriodSeconds"] = 0
@@ -1595,7 +1691,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             items, rv = store.list(res.key, m.group("ns"), q.get("fieldSelector"), q.get("labelSelector"))
             if res.kind in TABLE_KINDS and wants_table(self.headers.get("Accept", "")):
-                self._send_json(200, as_table(res.kind, items, str(rv), q.get("includeObject", "Metadata")))
+                self._send_json(200, _table(res.kind, items, str(rv), q.get("includeObject", "Metadata")))
                 return
             list_meta: dict[str, Any] = {"resourceVersion": str(rv)}
             items, list_meta["continue"] = _page(items, q.get("limit"), q.get("continue"))
@@ -1605,7 +1701,7 @@ class _Handler(BaseHTTPRequestHandler):
             obj = store.get(res.key, ns, name)
             if sub is None and res.kind in TABLE_KINDS and wants_table(self.headers.get("Accept", "")):
                 version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-                self._send_json(200, as_table(res.kind, [obj], version, q.get("includeObject", "Metadata")))
+                self._send_json(200, _table(res.kind, [obj], version, q.get("includeObject", "Metadata")))
                 return
             self._send_json(200, obj)
         elif method == "POST" and name is None:
@@ -1628,7 +1724,10 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(200, store.patch(res.key, ns, name, self._body(), self.headers.get("Content-Type", ""),
                                              sub, user=self._user, dry_run=dry_run, warnings=self._warnings))
         elif method == "DELETE" and name is not None:
-            self._send_json(200, store.delete(res.key, ns, name, self._body(), user=self._user, dry_run=dry_run,
+            options = self._body()
+            if options is None and q.get("gracePeriodSeconds", "").lstrip("-").isdigit():
+                options = {"gracePeriodSeconds": int(q["gracePeriodSeconds"])}  # DeleteOptions as query parameters
+            self._send_json(200, store.delete(res.key, ns, name, options, user=self._user, dry_run=dry_run,
                                               warnings=self._warnings))
         else:
             raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {url.path}")
@@ -1655,11 +1754,18 @@ class _Handler(BaseHTTPRequestHandler):
             body = CORE_VERSIONS
         elif path == "/apis":
             body = api_groups()
+            listed = {g["name"] for g in body["groups"]}
+            for group in sorted({r.group for r in _MORE_SERVED if r.group} - listed):
+                served = {"groupVersion": f"{group}/v1", "version": "v1"}
+                body["groups"].append({"name": group, "versions": [served], "preferredVersion": served})
         elif path == "/api/v1":
             body = resource_list("", "v1")
         elif path.startswith("/apis/") and path.count("/") == 3:
             _, _, group, version = path.split("/")
             body = resource_list(group, version)
+            if body is None and any(r.group == group and r.version == version for r in _MORE_SERVED):
+                body = {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}",
+                        "resources": []}
         if isinstance(body, dict) and body.get("kind") == "APIResourceList":
             group, _, version = str(body["groupVersion"]).rpartition("/")
             body["resources"] += [r.entry() for r in _MORE_SERVED if r.group == group and r.version == version]
@@ -1774,10 +1880,11 @@ class ApiServerStandIn:
                  history_size: int = 10000, watch_timeout: float = 1800.0, bookmark_interval: float = 60.0,
                  record_requests: bool = False, consumable_capacity: bool = True,
                  users: dict[str, UserInfo] | None = None, service_resolver: ServiceResolver | None = None,
-                 disruption_controller: bool = True) -> None:
+                 disruption_controller: bool = True, graceful_deletion: bool = False) -> None:
         self.store = Store(data_path, history_size)
         self.store.consumable_capacity = consumable_capacity
         self.store.disruption_controller = disruption_controller  # False: budgets' status is left to clients
+        self.store.graceful_deletion = graceful_deletion  # True: pods end through their kubelet (module docstring)
         self.store.webhooks.service_resolver.update(service_resolver or {})
         self._server = _Server((host, port), self.store, watch_timeout, bookmark_interval, record_requests, users)
         self._thread: threading.Thread | None = None
@@ -1958,6 +2065,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="JSON {token: {username, uid, groups, extra}}: only these bearer tokens are accepted")
     ap.add_argument("--webhook-service", action="append", default=[], metavar="NS/NAME:PORT=HOST:PORT",
                     help="where an admission webhook's service is reached (repeatable)")
+    ap.add_argument("--graceful-deletion", action="store_true",
+                    help="delete pods gracefully, as kube-apiserver does: their kubelet removes them")
     ap.add_argument("--log-level", default="WARNING")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -1969,7 +2078,7 @@ def main(argv: list[str] | None = None) -> int:
         services = dict(_parse_service_route(text) for text in args.webhook_service)
         srv = ApiServerStandIn(host or "127.0.0.1", int(port), args.data, args.history, args.watch_timeout,
                                args.bookmark_interval, consumable_capacity=gates.get("DRAConsumableCapacity", True),
-                               users=users, service_resolver=services)
+                               users=users, service_resolver=services, graceful_deletion=args.graceful_deletion)
     except (OSError, ValueError) as exc:
         print(f"apiserver stand-in: cannot start: {exc}", file=sys.stderr)
         return 2

@@ -18,6 +18,9 @@ With `webhook_configuration` (a MutatingWebhookConfiguration, such as the Helm c
 (`vgpu webhook`) runs too, over HTTPS with a certificate of the test bed's own CA, and is registered by that
 configuration with each clientConfig pointed at it by URL (the stand-in has no Service network), so pods are created
 unedited and opted in by it.
+With `graceful_deletion`, the API server deletes pods as kube-apiserver does (`--graceful-deletion`): a deleted
+pod is terminating (deletionTimestamp) until its node's kubelet stand-in has stopped its processes (SIGTERM, SIGKILL
+after the grace period), released its devices, written its final status and removed it.
 Each piece can be killed (SIGKILL to its process group), stopped and restarted on the same ports and paths, which
 is what the fault tests do. `stop()` (also run at interpreter exit) ends every group it started, whatever
 happened before.
@@ -292,7 +295,8 @@ class LocalCluster:
                  unschedulable_flush: float = 5.0, memory_factor: int | None = None,
                  resource_mode: str = "mib", cgroup_root: str | None = None, container_runtime: str = "processes",
                  dra: bool = False, admission_policies: Iterable[dict] | None = None,
-                 webhook_configuration: dict | None = None, webhook_args: Iterable[str] = ()) -> None:
+                 webhook_configuration: dict | None = None, webhook_args: Iterable[str] = (),
+                 graceful_deletion: bool = False) -> None:
         self.workdir = Path(workdir).resolve()
         self.dra = dra
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -365,7 +369,8 @@ class LocalCluster:
         self.apiserver = Proc("apiserver", [
             sys.executable, "-m", "vgpu.testbed.apiserver", "--listen", f"127.0.0.1:{self.api_port}",
             "--data", str(self.workdir / "apiserver.json"), "--kubeconfig-out", self.kubeconfig,
-            "--history", "200000", *users_args], self.logs / "apiserver.log")
+            "--history", "200000", *users_args, *(["--graceful-deletion"] if graceful_deletion else [])],
+            self.logs / "apiserver.log")
         self.extender = Proc("extender", _vgpu(
             "--log-level", log_level, "scheduler", "--kubeconfig", identity.get("extender", self.kubeconfig),
             "--listen", f"127.0.0.1:{self.extender_port}",
@@ -503,7 +508,7 @@ class LocalCluster:
         return created
 
     def delete_pod(self, namespace: str, name: str) -> None:
-        """Delete a pod."""
+        """Delete a pod (with `graceful_deletion` it goes once its kubelet stand-in has ended it)."""
         try:
             self._http.delete(f"/api/v1/namespaces/{namespace}/pods/{name}")
         except httpx.HTTPError:

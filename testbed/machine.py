@@ -2,7 +2,18 @@
 
 A node is described by a spec such as `4xA100-40GB` or `1xT4,1xA100-40GB` (`+mig` after a model: MIG mode on).
 From it the test bed, and nothing of the product, decides what each GPU is: its NVML name, memory, SM count,
-PCI bus number and UUID. The simulated libnvidia-ml.so.1 and libcuda.so.1 (testbed/simgpu) are configured from this
+PCI bus number, UUID and place in the node's topology.
+
+Topology, written into the spec (grammar: `ENTRY[,ENTRY...][/numaN]`, ENTRY `[COUNTx]MODEL[+mig][@nvlinkK]`):
+
+- `@nvlinkK` after an entry: its GPUs, in order, form NVLink islands of K (2..16; the entry's count a multiple
+  of K), every two GPUs of an island directly linked (each GPU's 18 links shared out among its K-1 peers, as on
+  4-GPU HGX boards). `8xH100-80GB@nvlink4` is two islands of four, `8xH100-80GB@nvlink8` one of eight. GPUs of
+  an entry without it have no NVLink (NVML answers NOT_SUPPORTED), as PCIe cards.
+- `/numaN` at the end: the node's GPUs, in index order, split into N equal runs (the GPU count a multiple of N),
+  run i on NUMA node i and its own PCIe root complex: `8xH100-80GB@nvlink4/numa2` puts GPUs 0-3 on NUMA node 0,
+  4-7 on node 1. Without it NVML knows no NUMA node (NOT_SUPPORTED) and all GPUs share one root complex.
+ The simulated libnvidia-ml.so.1 and libcuda.so.1 (testbed/simgpu) are configured from this
 description (`SIMGPU_DEVICES`), the device plugin and the DRA plugin discover the GPUs through that NVML as they do
 on a real node, and the pod runner gives each container the GPUs its `NVIDIA_VISIBLE_DEVICES` names, as the NVIDIA
 container runtime does, with the bus numbers they have on the node, so CUDA inside numbers them in its own order
@@ -12,7 +23,8 @@ nvidia-container-cli refuses an unknown device.
 Model facts (NVIDIA's product names as NVML reports them, memory as NVML reports it in MiB, SM counts) come from
 NVIDIA's data sheets and `nvidia-smi -q` output published for each card; the H100's memory is the figure read on
 an H100 80GB HBM3 (driver 580) for this project. Bus numbers follow the spec's order (one bus per GPU, from 0x17 in
-steps of 0x20, a spacing common on servers), so NVML's index order is the spec's order.
+steps of 0x20, a spacing common on servers; 0x0e on a node of more than 8 GPUs, so that 16 fit in the bus number's
+byte), so NVML's index order is the spec's order.
 """
 
 from __future__ import annotations
@@ -23,8 +35,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MODELS", "MachineGPU", "MachineSpecError", "UnknownDevice", "machine", "parse_machine_spec",
-           "simgpu_env", "total_memory_mib", "visible"]
+__all__ = ["MODELS", "MachineGPU", "MachineSpecError", "SpecEntry", "UnknownDevice", "machine",
+           "parse_machine_spec", "simgpu_env", "total_memory_mib", "visible"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +64,11 @@ MODELS: dict[str, Model] = {
     "RTX4090": Model("NVIDIA GeForce RTX 4090", 24564, 128),
 }
 
-_ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+?)(\+mig)?$")
+_ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+?)(\+mig)?(?:@nvlink(\d+))?$")
+_NUMA = re.compile(r"^(.*)/numa(\d+)$")
+_MAX_ISLAND = 16  # the simulated library's GPUs per node
 _UUID_NAMESPACE = uuidlib.UUID("0b6c3f8e-2d4a-5e71-9c08-7a1f3b5d9e24")  # the test bed's; any fixed UUID would do
-_FIRST_BUS, _BUS_STEP = 0x17, 0x20
+_FIRST_BUS, _BUS_STEP, _BUS_STEP_MANY = 0x17, 0x20, 0x0e
 
 
 class MachineSpecError(ValueError):
@@ -76,16 +90,38 @@ class MachineGPU:
     sms: int
     bus: int
     mig: bool = False
+    numa: int | None = None  # NUMA node (also the PCIe root complex); None: not known to NVML
+    nvlink_peers: tuple[int, ...] = ()  # PCI buses of the GPUs it has NVLinks to
 
     def simgpu_entry(self) -> str:
         """This GPU as one `SIMGPU_DEVICES` item (`NAME:MIB:SMS:UUID:FLAGS`)."""
         flags = [f"bus{self.bus:#x}"] + (["mig"] if self.mig else [])
+        if self.numa is not None:
+            flags += [f"numa{self.numa}", f"root{self.numa}"]
+        flags += [f"nvl{peer:#x}" for peer in self.nvlink_peers]
         name = self.name.replace(",", " ").replace(":", " ")
         return f"{name}:{self.memory_mib}:{self.sms}:{self.uuid}:{'+'.join(flags)}"
 
 
-def parse_machine_spec(spec: str) -> list[tuple[Model, int, bool]]:
-    """`4xA100-40GB,1xT4+mig` -> [(model, count, mig), ...]; raises MachineSpecError naming the bad entry."""
+@dataclass(frozen=True, slots=True)
+class SpecEntry:
+    """One entry of a node spec: `count` cards of `model`, in NVLink islands of `island` (0: no NVLink)."""
+
+    model: Model
+    count: int
+    mig: bool = False
+    island: int = 0
+
+
+def parse_machine_spec(spec: str) -> tuple[list[SpecEntry], int]:
+    """`8xH100-80GB@nvlink4,1xT4+mig/numa3` -> ([entries], NUMA nodes (0: not said)); raises MachineSpecError
+    naming the bad part."""
+    numa = 0
+    whole = _NUMA.match(spec.strip())
+    if whole is not None:
+        spec, numa = whole[1], int(whole[2])
+        if not 1 <= numa <= 8:
+            raise MachineSpecError(f"/numa{numa}: the NUMA node count is outside 1..8")
     out = []
     for raw in spec.split(","):
         entry = raw.strip()
@@ -93,34 +129,54 @@ def parse_machine_spec(spec: str) -> list[tuple[Model, int, bool]]:
             continue
         match = _ENTRY.match(entry)
         if match is None:
-            raise MachineSpecError(f"{entry!r} is not of the form <count>x<model>")
+            raise MachineSpecError(f"{entry!r} is not of the form <count>x<model>[+mig][@nvlink<K>]")
         short = next((name for name in MODELS if name.lower() == match[2].lower()), None)
         if short is None:
             raise MachineSpecError(f"unknown model {match[2]!r}; known: {', '.join(MODELS)}")
         count = int(match[1]) if match[1] else 1
         if not 1 <= count <= 64:
             raise MachineSpecError(f"count {count} in {entry!r} is outside 1..64")
-        out.append((MODELS[short], count, bool(match[3])))
+        island = int(match[4]) if match[4] else 0
+        if match[4] and not (2 <= island <= _MAX_ISLAND and count % island == 0):
+            raise MachineSpecError(f"@nvlink{island} in {entry!r}: islands of 2..{_MAX_ISLAND} GPUs that divide "
+                                   f"the count")
+        out.append(SpecEntry(MODELS[short], count, bool(match[3]), island))
     if not out:
         raise MachineSpecError("no GPUs in the spec")
-    return out
+    total = sum(e.count for e in out)
+    if numa and total % numa:
+        raise MachineSpecError(f"/numa{numa}: {total} GPUs do not split into {numa} equal NUMA nodes")
+    return out, numa
 
 
 def machine(spec: str, node_name: str) -> list[MachineGPU]:
     """The GPUs of node `node_name` built from `spec`, in NVML (bus) order; UUIDs are stable per node and index."""
+    entries, numa = parse_machine_spec(spec)
+    total = sum(e.count for e in entries)
     gpus: list[MachineGPU] = []
-    for model, count, mig in parse_machine_spec(spec):
-        for _ in range(count):
-            index = len(gpus)
+    for entry in entries:
+        first = len(gpus)
+        for k in range(entry.count):
+            index = first + k
+            peers: tuple[int, ...] = ()
+            if entry.island:
+                start = first + k // entry.island * entry.island
+                peers = tuple(_bus(j, total) for j in range(start, start + entry.island) if j != index)
             uid = uuidlib.uuid5(_UUID_NAMESPACE, f"{node_name}#{index}")
-            gpus.append(MachineGPU(index=index, uuid=f"GPU-{uid}", name=model.nvml_name, memory_mib=model.memory_mib,
-                                   sms=model.sms, bus=_FIRST_BUS + _BUS_STEP * index, mig=mig))
+            gpus.append(MachineGPU(index=index, uuid=f"GPU-{uid}", name=entry.model.nvml_name,
+                                   memory_mib=entry.model.memory_mib, sms=entry.model.sms, bus=_bus(index, total),
+                                   mig=entry.mig, numa=index * numa // total if numa else None,
+                                   nvlink_peers=peers))
     return gpus
+
+
+def _bus(index: int, total: int) -> int:
+    return _FIRST_BUS + (_BUS_STEP if total <= 8 else _BUS_STEP_MANY) * index
 
 
 def total_memory_mib(spec: str) -> int:
     """All of a node's GPU memory, MiB."""
-    return sum(model.memory_mib * count for model, count, _ in parse_machine_spec(spec))
+    return sum(e.model.memory_mib * e.count for e in parse_machine_spec(spec)[0])
 
 
 def simgpu_env(gpus: Sequence[MachineGPU], state_dir: Path) -> dict[str, str]:

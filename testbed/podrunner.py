@@ -36,7 +36,15 @@ directory), as are cgroup roots.
 
 Pod status is patched through the API server: Running when every container has started (init containers first,
 one at a time), then Succeeded or Failed with each container's exit code. Logs go to `<workdir>/logs/`.
-Deleting a pod (or `stop_pod`) kills its process groups.
+A pod removed from the API server (or `stop_pod`) has its process groups killed at once. A pod being deleted
+gracefully (metadata.deletionTimestamp, from an API server that deletes pods gracefully) is ended as kubelet ends
+it (`terminate_pod`): SIGTERM to each container's main process (a container runtime's stop signal to the
+container's first process), SIGKILL to its process group once the grace period is over (pkg/kubelet/pod_workers.go
+`calculateEffectiveGracePeriod`: deletionGracePeriodSeconds, at least 1 s, only ever shortened;
+pkg/kubelet/kuberuntime/kuberuntime_container.go `killContainer`); then its devices are released and its final
+status written (containers terminated with their exit codes, phase Succeeded when all exited 0, else Failed:
+pkg/kubelet/kubelet_pods.go `getPhase` of a terminal pod), and last the DELETE with gracePeriodSeconds 0 and the
+pod's UID as precondition that removes it (pkg/kubelet/status/status_manager.go `syncPod`, `canBeDeleted`).
 """
 
 from __future__ import annotations
@@ -234,6 +242,11 @@ class _Running:
     adopted_pids: dict[str, int] = field(default_factory=dict)
     stopping: bool = False
     thread: threading.Thread | None = None
+    terminating: bool = False  # being deleted gracefully: its final status is followed by the final DELETE
+    finished: bool = False  # its final status is written
+    kill_at: float = 0.0  # monotonic time of the SIGKILL once terminating
+    changed: threading.Event = field(default_factory=threading.Event)  # the grace period was shortened
+    signalled: set[int] = field(default_factory=set)  # process groups sent the stop signal
 
 
 class PodRunner:
@@ -438,6 +451,9 @@ class PodRunner:
             name = ctr.get("name")
             if running.stopping:
                 return
+            if running.terminating:  # no further container starts in a pod being deleted
+                ok = False
+                break
             try:
                 proc = self._spawn(pod, ctr, allocations.get(name) or ContainerAllocation())
             except (OSError, UnknownDevice) as exc:
@@ -470,6 +486,8 @@ class PodRunner:
         if running.stopping:
             self._kill(running)
             return
+        if running.terminating:  # deleted while its containers were being started
+            self._stop_signal(running)
         self._save_state(running)
         self._patch_status(pod, {
             "phase": "Running", "hostIP": "127.0.0.1", "podIP": "127.0.0.1", "startTime": start_time,
@@ -513,11 +531,20 @@ class PodRunner:
         })
         self._record(ev="finished", uid=uid, pod=_key(pod), node=self.node_name, phase=phase)
         (self.pod_state_dir / f"{uid}.json").unlink(missing_ok=True)
+        with self.lock:
+            running.finished = True
+            terminating = running.terminating
+        if terminating:
+            self.delete_final(pod)
+
+    @staticmethod
+    def _alive_groups(running: _Running) -> list[int]:
+        """The process groups (the shells' pids) of the pod's containers that still run."""
+        groups = [proc.pid for proc in running.procs.values() if proc.poll() is None]
+        return groups + [pid for pid in running.adopted_pids.values() if _pid_alive(pid)]
 
     def _kill(self, running: _Running) -> None:
-        groups = [proc.pid for proc in running.procs.values() if proc.poll() is None]
-        groups += [pid for pid in running.adopted_pids.values() if _pid_alive(pid)]
-        for pgid in groups:
+        for pgid in self._alive_groups(running):
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -528,6 +555,89 @@ class PodRunner:
                         *((running.pod.get("spec") or {}).get("containers") or ())]:
                 self.runtime.kill(_container_name(uid, ctr.get("name") or ""))
         (self.pod_state_dir / f"{uid}.json").unlink(missing_ok=True)
+
+    def terminate_pod(self, pod: Obj, grace: int) -> bool:
+        """The pod is being deleted gracefully (see the module docstring): stop signal now, SIGKILL after `grace`
+        seconds (at least 1; a later call may only shorten it), the final status and DELETE once its containers
+        are gone. False when this runner does not run the pod."""
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        deadline = time.monotonic() + max(1, grace)
+        with self.lock:
+            running = self.pods.get(uid)
+            if running is None:
+                return False
+            first = not running.terminating
+            running.terminating = True
+            running.kill_at = deadline if first else min(running.kill_at, deadline)
+            finished = running.finished
+        running.changed.set()
+        if not first:
+            return True
+        log.info("event=pod_terminating pod=%s grace=%d finished=%s", _key(pod), max(1, grace), finished)
+        self._record(ev="terminating", uid=uid, pod=_key(pod), node=self.node_name, grace=max(1, grace))
+        if finished:  # it ended by itself: only the final DELETE is left
+            threading.Thread(target=self.delete_final, args=(running.pod,), daemon=True).start()
+            return True
+        self._stop_signal(running)
+        threading.Thread(target=self._kill_after_grace, args=(running,), name=f"grace-{_key(pod)}",
+                         daemon=True).start()
+        return True
+
+    def _stop_signal(self, running: _Running) -> None:
+        """SIGTERM to the main process of each running container not yet signalled."""
+        for group in self._alive_groups(running):
+            with self.lock:
+                if group in running.signalled:
+                    continue
+                running.signalled.add(group)
+            try:
+                os.kill(_main_pid(group), signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _kill_after_grace(self, running: _Running) -> None:
+        """SIGKILL what is left of the pod once its grace period is over."""
+        while not running.stopping and self._alive_groups(running):
+            left = running.kill_at - time.monotonic()
+            if left <= 0:
+                log.info("event=grace_period_over pod=%s action=SIGKILL", _key(running.pod))
+                self._kill(running)
+                return
+            running.changed.wait(min(left, 0.2))
+            running.changed.clear()
+
+    def delete_final(self, pod: Obj) -> None:
+        """status_manager.go syncPod: the pod's containers are gone, its resources released and its terminal
+        status written, so it is deleted with gracePeriodSeconds 0 and its UID as precondition (a pod of the same
+        name created since is left alone)."""
+        meta = pod.get("metadata") or {}
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
+                "preconditions": {"uid": meta.get("uid")}}
+        for attempt in range(20):
+            try:
+                self._core().delete_namespaced_pod(meta["name"], meta.get("namespace") or "default", body=body,
+                                                   _preload_content=False)
+                log.info("event=pod_deleted pod=%s uid=%s", _key(pod), meta.get("uid"))
+                return
+            except Exception as exc:
+                if getattr(exc, "status", 0) in (404, 409):  # gone already, or another pod of that name
+                    return
+                time.sleep(min(2.0, 0.1 * (attempt + 1)))
+        log.warning("event=final_delete_failed pod=%s uid=%s", _key(pod), meta.get("uid"))
+
+    def end_unstarted(self, pod: Obj) -> None:
+        """A pod deleted before it ran here (not admitted yet, or waiting for its claims): status_manager.go
+        TerminatePod's status (a container not terminated is reported terminated with reason ContainerStatusUnknown
+        and exit code 137, a phase not terminal becomes Failed), then the final DELETE."""
+        spec, status = pod.get("spec") or {}, pod.get("status") or {}
+        if status.get("phase") not in ("Succeeded", "Failed"):
+            known = {s.get("name"): s for s in status.get("containerStatuses") or ()}
+            statuses = [known[c.get("name")] if ((known.get(c.get("name")) or {}).get("state") or {}).get("terminated")
+                        else _terminated(c.get("name"), c, 137, "ContainerStatusUnknown",
+                                         "The container could not be located when the pod was terminated", None)
+                        for c in spec.get("containers") or ()]
+            self._patch_status(pod, {"phase": "Failed", "containerStatuses": statuses})
+        self.delete_final(pod)
 
     def stop_pod(self, uid: str) -> None:
         """The pod was deleted: kill its processes (no status is written for a deleted pod)."""
@@ -570,6 +680,15 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def _main_pid(shell: int) -> int:
+    """A container's main process: the child of the shell that keeps its exit status (the shell when it has none)."""
+    try:
+        children = Path(f"/proc/{shell}/task/{shell}/children").read_text().split()
+    except OSError:
+        return shell
+    return int(children[0]) if children else shell
+
+
 def _key(pod: Obj) -> str:
     meta = pod.get("metadata") or {}
     return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
@@ -580,7 +699,7 @@ def _running_status(name: str, ctr: Obj, started: str, pid: int) -> Obj:
             "ready": True, "started": True, "restartCount": 0, "state": {"running": {"startedAt": started}}}
 
 
-def _terminated(name: str, ctr: Obj, code: int, reason: str, message: str, started: str) -> Obj:
+def _terminated(name: str, ctr: Obj, code: int, reason: str, message: str, started: str | None) -> Obj:
     term = {"exitCode": code, "reason": reason, "startedAt": started, "finishedAt": _now()}
     if message:
         term["message"] = message
@@ -600,6 +719,9 @@ class NodeAgent:
     and keeps the node's capacity/allocatable of every registered resource (healthy device count) in node status.
     A restarted agent adopts the processes its predecessor started (their state files under `<workdir>/pods`)
     instead of admitting those pods again, as kubelet does from its checkpoint.
+    A pod being deleted gracefully (metadata.deletionTimestamp) is not admitted any more: the runner ends one it
+    runs (`PodRunner.terminate_pod`), one that never ran gets the status kubelet's TerminatePod writes, its devices
+    and claims released, and the final DELETE (`PodRunner.end_unstarted`).
 
     DRA (testbed/dra_kubelet.py): DRA plugins register through `plugins_registry` (default
     `<kubelet root>/plugins_registry`, the root being the device-plugin directory's parent). An admitted pod with
@@ -643,6 +765,7 @@ class NodeAgent:
                                  name=f"kubelet-pods[{node_name}]")
         self.queue: queue.Queue[str | None] = queue.Queue()
         self.handled: set[str] = set()
+        self.terminated: set[str] = set()  # pods deleted before they ran here, whose final DELETE is sent
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self._published: Obj = {}
@@ -741,6 +864,9 @@ class NodeAgent:
     # -- pods
     def _on_pod(self, pod: Obj) -> None:
         uid = (pod.get("metadata") or {}).get("uid") or ""
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            self._terminate(pod)
+            return
         if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             if not self.runner.known(uid):
                 self.kubelet.release(uid)
@@ -750,6 +876,29 @@ class NodeAgent:
             if uid in self.handled:
                 return
         self.queue.put(_key(pod))
+
+    def _terminate(self, pod: Obj) -> None:
+        """The pod is being deleted (pod_workers.go: it is terminating): the runner ends the pod it runs; one that
+        never ran here is not admitted any more, its devices and claims are released, its final status and DELETE
+        sent (once)."""
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid") or ""
+        if not self.runner.known(uid) and self.runner.admitted_before(pod) and self.runner.adopt(pod):
+            self._restore_devices(uid)  # started by this node's previous kubelet stand-in: end those processes
+            with self.lock:
+                self.handled.add(uid)
+        if self.runner.terminate_pod(pod, int(meta.get("deletionGracePeriodSeconds") or 0)):
+            return
+        with self.lock:
+            if uid in self.terminated:
+                return
+            self.terminated.add(uid)
+            self.handled.add(uid)
+            self.dra_waiting.pop(uid, None)
+        self.kubelet.release(uid)
+        self.dra.manager.unprepare(uid)
+        (self.runner.pod_state_dir / f"{uid}.devices.json").unlink(missing_ok=True)
+        threading.Thread(target=self.runner.end_unstarted, args=(pod,), daemon=True).start()
 
     def _on_delete(self, pod: Obj) -> None:
         uid = (pod.get("metadata") or {}).get("uid") or ""
@@ -761,6 +910,7 @@ class NodeAgent:
         (self.runner.pod_state_dir / f"{uid}.devices.json").unlink(missing_ok=True)
         with self.lock:
             self.handled.discard(uid)
+            self.terminated.discard(uid)
 
     def _on_exit(self, pod: Obj, phase: str) -> None:
         uid = (pod.get("metadata") or {}).get("uid") or ""
@@ -902,7 +1052,8 @@ class NodeAgent:
             backlog = sorted(set(backlog))
             _, key = backlog.pop(0)
             pod = self.cache.get(key)
-            if pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            if pod is None or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") \
+                    or (pod.get("metadata") or {}).get("deletionTimestamp"):
                 continue
             uid = (pod.get("metadata") or {}).get("uid") or ""
             with self.lock:

@@ -24,7 +24,9 @@ __all__ = [
     "DEVICE_CLASS",
     "DRIVER",
     "EXTENDED_DEVICE_CLASS",
+    "ISLAND_ATTRIBUTE",
     "MIB",
+    "NUMA_ATTRIBUTE",
     "ClaimShare",
     "SliceDevice",
     "claim_consumption",
@@ -46,6 +48,10 @@ CAPACITY_CORES = "cores"
 """Capacity of each device: percent of the GPU's streaming multiprocessors, 0..100."""
 CDI_KIND = "vgpu-sharing.io/gpu"
 """CDI vendor/class of the specs the plugin writes; device IDs are `vgpu-sharing.io/gpu=<name>`."""
+ISLAND_ATTRIBUTE = "nvlinkIsland"
+"""Attribute (int) of a GPU with NVLink: its island in the node, the lowest NVML index of the GPUs NVLink joins."""
+NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
+"""Standard attribute (int): the GPU's NUMA node, where known."""
 MIB = 1024 * 1024
 
 
@@ -89,6 +95,11 @@ def _attribute(device: Mapping[str, Any], name: str) -> Any:
     return None
 
 
+def _small_int(value: object) -> int:
+    """A topology attribute's value: an integer 0..1023, else -1 (absent or not ours to trust)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1023 else -1
+
+
 def _capacity(device: Mapping[str, Any], name: str) -> object:
     capacity = device.get("capacity") or {}
     entry = capacity.get(name) if isinstance(capacity, Mapping) else None
@@ -109,6 +120,8 @@ class SliceDevice:
     memory_mib: int
     cores: int
     shared: bool  # allowMultipleAllocations
+    island: int = -1  # ISLAND_ATTRIBUTE; -1 where absent
+    numa: int = -1  # NUMA_ATTRIBUTE; -1 where absent
 
 
 def slice_devices(resource_slice: Mapping[str, Any]) -> list[SliceDevice]:
@@ -135,6 +148,8 @@ def slice_devices(resource_slice: Mapping[str, Any]) -> list[SliceDevice]:
             memory_mib=mib_of(_capacity(device, CAPACITY_MEMORY), f"{where} capacity memory"),
             cores=cores_of(_capacity(device, CAPACITY_CORES), f"{where} capacity cores"),
             shared=bool(device.get("allowMultipleAllocations")),
+            island=_small_int(_attribute(device, ISLAND_ATTRIBUTE)),
+            numa=_small_int(_attribute(device, NUMA_ATTRIBUTE)),
         ))
     return found
 

@@ -8,6 +8,11 @@ for byte.
 Volcano: one `<UUID>,<split>,<memory units>,<type>,<true|false>,<mode>:` per GPU, sorted by minor number, a `:`
 after every entry. HAMi: a JSON array with Go's omitempty field order (id, index, count, devmem, devcore, type,
 numa, mode, health), or the legacy `<UUID>,<count>,<devmem>,<devcore>,<type>,<numa>,<health>[,<index>,<mode>]:`.
+
+Topology (`vgpu-sharing.io/node-gpu-topology`, ours: neither format above has room for it; `encode_topology`,
+`decode_topology`): compact JSON, one member per GPU with something known, keyed by GPU UUID, in minor order,
+e.g. `{"GPU-1c2…":{"island":0,"numa":0},"GPU-a41…":{"numa":1}}`. `island`: the GPU's NVLink island within the
+node, numbered by the lowest NVML index in it (absent: no NVLink); `numa`: its NUMA node (absent: unknown).
 """
 
 from dataclasses import dataclass
@@ -20,10 +25,13 @@ from vgpu.errors import CodecError
 __all__ = [
     "MAX_ANNOTATION_BYTES",
     "GPUDevice",
+    "GPUTopology",
     "decode_hami",
+    "decode_topology",
     "decode_volcano",
     "encode_hami",
     "encode_hami_legacy",
+    "encode_topology",
     "encode_volcano",
 ]
 
@@ -185,15 +193,21 @@ def _json_str(item: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _decode_hami_json(text: str, what: str) -> tuple[GPUDevice, ...]:
+def _json_document(text: str, what: str, kind: type[list[Any]] | type[dict[str, Any]], expected: str) -> Any:
+    """The JSON value of an annotation, of `kind` (list or dict) and with at most _MAX_GPUS entries."""
     try:
-        items = orjson.loads(text)
+        items: Any = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise CodecError(f"{what}: invalid JSON: {exc}") from None
-    if not isinstance(items, list):
-        raise CodecError(f"{what}: expected a JSON array")
+    if not isinstance(items, kind):
+        raise CodecError(f"{what}: expected {expected}")
     if len(items) > _MAX_GPUS:
         raise CodecError(f"{what}: more than {_MAX_GPUS} GPUs")
+    return items
+
+
+def _decode_hami_json(text: str, what: str) -> tuple[GPUDevice, ...]:
+    items = _json_document(text, what, list, "a JSON array")
     devices = []
     for position, item in enumerate(items):
         where = f"{what} entry {position}"
@@ -256,3 +270,54 @@ def decode_hami(value: object) -> tuple[GPUDevice, ...]:
     if text.lstrip()[:1] in ("[", "{"):
         return _decode_hami_json(text, what)
     return _decode_hami_legacy(text, what)
+
+
+@dataclass(frozen=True, slots=True)
+class GPUTopology:
+    """Where one GPU sits in its node; -1 where unknown."""
+
+    island: int = -1
+    numa: int = -1
+
+
+_TOPOLOGY_KEYS = ("island", "numa")
+_MAX_TOPOLOGY_ID = _MAX_GPUS - 1  # islands are NVML indices; Linux numbers at most 1024 NUMA nodes
+_MAX_UUID = 128
+
+
+def encode_topology(gpus: list[tuple[str, int | None, int | None]]) -> str:
+    """(uuid, island, numa) per GPU, in minor order, as `vgpu-sharing.io/node-gpu-topology` (None or negative:
+    unknown, left out)."""
+    out: dict[str, dict[str, int]] = {}
+    for uuid, island, numa in gpus:
+        known = {k: v for k, v in zip(_TOPOLOGY_KEYS, (island, numa)) if v is not None and v >= 0}
+        if known:
+            out[uuid] = known
+    return orjson.dumps(out).decode()
+
+
+def _topology_id(entry: dict[str, Any], key: str, where: str) -> int:
+    if key not in entry:
+        return -1
+    value = entry[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TOPOLOGY_ID:
+        raise CodecError(f"{where} {key}: {value!r} is not an integer in 0..{_MAX_TOPOLOGY_ID}")
+    return value
+
+
+def decode_topology(value: object) -> dict[str, GPUTopology]:
+    """Decode `vgpu-sharing.io/node-gpu-topology` into {uuid: GPUTopology}."""
+    what = "vgpu-sharing.io/node-gpu-topology"
+    items = _json_document(_check_value(value, what), what, dict, "a JSON object keyed by GPU UUID")
+    found: dict[str, GPUTopology] = {}
+    for uuid, entry in items.items():
+        where = f"{what} GPU {uuid[:_MAX_UUID]!r}"
+        if not uuid or len(uuid) > _MAX_UUID or not uuid.isprintable() or any(c.isspace() for c in uuid):
+            raise CodecError(f"{where}: not a GPU UUID")
+        if not isinstance(entry, dict):
+            raise CodecError(f"{where}: expected a JSON object")
+        unknown = set(entry) - set(_TOPOLOGY_KEYS)
+        if unknown:
+            raise CodecError(f"{where}: unknown keys {sorted(unknown)}")
+        found[uuid] = GPUTopology(island=_topology_id(entry, "island", where), numa=_topology_id(entry, "numa", where))
+    return found

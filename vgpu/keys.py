@@ -8,6 +8,8 @@ keys by users.
 NODE_REGISTER = "volcano.sh/node-vgpu-register"
 NODE_HANDSHAKE = "volcano.sh/node-vgpu-handshake"
 HAMI_NODE_REGISTER = "hami.io/node-nvidia-register"
+# Ours: each GPU's NVLink island and NUMA node (vgpu.inventory.encode_topology), beside either inventory
+NODE_TOPOLOGY = "vgpu-sharing.io/node-gpu-topology"
 
 # Scheduler decision, carried on the Binding.
 VGPU_NODE = "volcano.sh/vgpu-node"

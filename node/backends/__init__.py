@@ -37,6 +37,7 @@ class GPUInfo:
     cuda_driver_version: str = ""  # "13.0"
     pci_bus_id: str = ""  # "0000:00:06.0"
     pcie_root: str = ""  # "pci0000:00", the PCIe root complex the GPU hangs off
+    nvlink_island: int | None = None  # lowest NVML index of the GPUs joined to it by NVLink; None: no NVLink
 
     @property
     def nvml_index(self) -> int:

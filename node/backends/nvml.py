@@ -7,6 +7,11 @@ exits or idles, per --fail-on-init-error). With a driver root other than `/` (th
 that answers again and has had no critical Xid for `recovery_seconds` becomes healthy again. Where the driver has
 them (`nvmlDeviceSetMemoryLimits_v1`), the backend also sets device-memory limits per cgroup
 (`node.driverlimits`).
+
+Topology: the NUMA node (NVML's, else the PCI device's in sysfs), the PCIe root complex (sysfs) and the NVLink
+island: GPUs whose active NVLinks join them, directly or through an NVSwitch, form one island, numbered by its
+lowest NVML index (`nvlink_islands`). NVML errors while reading links (NOT_SUPPORTED on a GPU without NVLink) only
+mean fewer links.
 """
 
 from __future__ import annotations
@@ -16,12 +21,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from vgpu.node.backends import GPUInfo, GPUReading, HealthEvent
 
-__all__ = ["ARCHITECTURES", "NVMLBackend", "find_nvml_library", "pcie_root"]
+__all__ = ["ARCHITECTURES", "NVMLBackend", "find_nvml_library", "numa_node", "nvlink_islands", "pcie_root"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +45,41 @@ def pcie_root(bus_id: str, sysfs: str = "/sys") -> str:
     """The PCIe root complex of a PCI device ("pci0000:00"), from where its sysfs entry resolves; "" if unknown."""
     real = os.path.realpath(os.path.join(sysfs, "bus", "pci", "devices", bus_id))
     return next((part for part in real.split(os.sep) if part.startswith("pci")), "")
+
+
+def numa_node(bus_id: str, sysfs: str = "/sys") -> int | None:
+    """The NUMA node of a PCI device from sysfs (`numa_node`; -1 there: none); None if unknown."""
+    try:
+        with open(os.path.join(sysfs, "bus", "pci", "devices", bus_id, "numa_node")) as handle:
+            node = int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+    return node if node >= 0 else None
+
+
+def nvlink_islands(ends: Mapping[int, tuple[str, Sequence[str]]]) -> dict[int, int]:
+    """NVML index -> island, from each GPU's own PCI bus id and the bus ids at the far end of its active NVLinks
+    (`ends`): GPUs linked directly, or through a common far end such as an NVSwitch, share an island, numbered by
+    its lowest index. GPUs without an active link are left out."""
+    parent: dict[str, str] = {}
+
+    def root(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    for own, remote in ends.values():
+        for far in remote:
+            parent[root(far)] = root(own)
+    lowest: dict[str, int] = {}
+    for index in sorted(i for i, (_, remote) in ends.items() if remote):
+        lowest.setdefault(root(ends[index][0]), index)
+    return {i: lowest[root(own)] for i, (own, remote) in ends.items() if remote}
+
+
+def _bus_id(pci: Any) -> str:
+    return f"{int(pci.domain):04x}:{int(pci.bus):02x}:{int(pci.device):02x}.0"
 
 
 def find_nvml_library(driver_root: str) -> str | None:
@@ -97,6 +138,7 @@ class NVMLBackend:
             log.warning("event=nvml_count_failed error=%s", exc)
             return []
         drivers = self._driver_versions()
+        ends: dict[int, tuple[str, list[str]]] = {}
         for index in range(count):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
@@ -107,11 +149,11 @@ class NVMLBackend:
                     minor = int(nv.nvmlDeviceGetMinorNumber(handle))
                 except Exception:
                     minor = index
-                numa = None
+                facts = self._facts(handle)
                 try:
-                    numa = int(nv.nvmlDeviceGetNumaNodeId(handle))
+                    numa: int | None = int(nv.nvmlDeviceGetNumaNodeId(handle))
                 except Exception:
-                    numa = None
+                    numa = numa_node(facts["pci_bus_id"]) if facts["pci_bus_id"] else None
                 mig = False
                 try:
                     current, _pending = nv.nvmlDeviceGetMigMode(handle)
@@ -119,11 +161,35 @@ class NVMLBackend:
                 except Exception:
                     mig = False
                 gpus.append(GPUInfo(uuid=uid, name=name, memory_mib=memory, minor=minor, numa=numa, index=index,
-                                    mig_enabled=mig, **self._facts(handle), **drivers))
+                                    mig_enabled=mig, nvlink_island=None, **facts, **drivers))  # island: below
+                ends[index] = (facts["pci_bus_id"] or f"index {index}", self._nvlink_ends(handle, index))
             except Exception as exc:
                 log.warning("event=nvml_device_failed index=%d error=%s", index, exc)
+        islands = nvlink_islands(ends)
+        gpus = [replace(g, nvlink_island=islands.get(g.nvml_index)) for g in gpus]
         gpus.sort(key=lambda g: g.minor)
         return gpus
+
+    def _nvlink_ends(self, handle: Any, index: int) -> list[str]:
+        """PCI bus ids at the far end of the GPU's active NVLinks ([] without NVLink). The scan ends at the first
+        link NVML refuses (INVALID_ARGUMENT past the GPU's links, NOT_SUPPORTED without NVLink)."""
+        nv = self._nvml
+        quiet = {getattr(nv, "NVML_ERROR_NOT_SUPPORTED", -1), getattr(nv, "NVML_ERROR_INVALID_ARGUMENT", -1)}
+        enabled = int(getattr(nv, "NVML_FEATURE_ENABLED", 1))
+        found: list[str] = []
+        for link in range(int(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                if int(nv.nvmlDeviceGetNvLinkState(handle, link)) != enabled:
+                    continue
+            except Exception as exc:
+                if getattr(exc, "value", None) not in quiet:
+                    log.debug("event=nvml_nvlink_unknown index=%d link=%d error=%s", index, link, exc)
+                break
+            try:
+                found.append(_bus_id(nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)))
+            except Exception as exc:
+                log.debug("event=nvml_nvlink_remote_unknown index=%d link=%d error=%s", index, link, exc)
+        return found
 
     def _driver_versions(self) -> dict[str, str]:
         """The driver's and its CUDA's versions ("" where NVML does not say)."""
@@ -155,7 +221,7 @@ class NVMLBackend:
             log.debug("event=nvml_capability_unknown error=%s", exc)
         try:
             pci = nv.nvmlDeviceGetPciInfo(handle)
-            facts["pci_bus_id"] = f"{int(pci.domain):04x}:{int(pci.bus):02x}:{int(pci.device):02x}.0"
+            facts["pci_bus_id"] = _bus_id(pci)
             facts["pcie_root"] = pcie_root(facts["pci_bus_id"])
         except Exception as exc:
             log.debug("event=nvml_pci_unknown error=%s", exc)

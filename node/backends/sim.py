@@ -1,7 +1,10 @@
 """Simulated GPUs for tests and the demo, described by a spec such as `4xA100-40GB,2xT4`.
 
 A `+mig` suffix on an entry (`1xA100-40GB+mig`) marks those cards as having MIG mode enabled, which the plugin
-refuses under `--mig-strategy none` (as it does for real cards).
+refuses under `--mig-strategy none` (as it does for real cards). Topology: `@nvlinkK` after an entry groups its
+GPUs, in order, into NVLink islands of K (2..16, dividing the count; `8xH100-80GB@nvlink4`: two islands of four,
+numbered by their first GPU's index); `/numaN` after the whole spec puts the node's GPUs, in index order, on N
+NUMA nodes in equal runs (`8xH100-80GB@nvlink4/numa2`). Without them GPUs have no NVLink and no NUMA node.
 
 Names and memory sizes follow what NVML reports for each model; UUIDs are derived from the node name so they are
 the same on every start. Faults can be injected in-process (`inject_xid`, `lose`, `recover`, `set_usage`) or
@@ -28,7 +31,7 @@ from dataclasses import dataclass
 from vgpu.errors import ConfigError
 from vgpu.node.backends import GPUInfo, GPUReading, HealthEvent
 
-__all__ = ["MODELS", "SimBackend", "parse_sim_spec", "parse_sim_spec_full"]
+__all__ = ["MODELS", "SimBackend", "parse_sim_layout", "parse_sim_spec", "parse_sim_spec_full"]
 
 # short model name -> (NVML name, memory MiB as NVML reports it)
 MODELS: dict[str, tuple[str, int]] = {
@@ -53,7 +56,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "L40S": ("Ada Lovelace", "8.9"), "RTX4090": ("Ada Lovelace", "8.9"),
 }
 _NAMESPACE = uuidlib.UUID("6f1d7a52-3c1e-4f7b-9a55-0e2b8f6d9c41")
-_ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+?)(\+mig)?$")
+_ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+?)(\+mig)?(?:@nvlink(\d+))?$")
+_NUMA_SUFFIX = re.compile(r"^(.*)/numa(\d+)$")
 
 
 def parse_sim_spec(spec: str) -> list[tuple[str, int]]:
@@ -65,6 +69,17 @@ def parse_sim_spec(spec: str) -> list[tuple[str, int]]:
 
 def parse_sim_spec_full(spec: str) -> list[tuple[str, int, bool]]:
     """Like parse_sim_spec, with a third item: MIG mode enabled."""
+    return [(model, count, mig) for model, count, mig, _ in parse_sim_layout(spec)[0]]
+
+
+def parse_sim_layout(spec: str) -> tuple[list[tuple[str, int, bool, int]], int]:
+    """The spec as [(model, count, MIG, NVLink island size or 0), ...] and its NUMA node count (0: none)."""
+    numa = 0
+    suffix = _NUMA_SUFFIX.match(spec.strip())
+    if suffix is not None:
+        spec, numa = suffix[1], int(suffix[2])
+        if not 1 <= numa <= 8:
+            raise ConfigError(f"sim_gpus: /numa{numa} is outside /numa1../numa8")
     result = []
     for raw in spec.split(","):
         entry = raw.strip()
@@ -72,15 +87,21 @@ def parse_sim_spec_full(spec: str) -> list[tuple[str, int, bool]]:
             continue
         match = _ENTRY.match(entry)
         if match is None:
-            raise ConfigError(f"sim_gpus: {entry!r} is not of the form <count>x<model>")
+            raise ConfigError(f"sim_gpus: {entry!r} is not of the form <count>x<model>[+mig][@nvlink<K>]")
         count = int(match[1]) if match[1] else 1
         model = next((name for name in MODELS if name.lower() == match[2].lower()), None)
         if model is None:
             raise ConfigError(f"sim_gpus: unknown model {match[2]!r}; known: {', '.join(MODELS)}")
         if not 1 <= count <= 64:
             raise ConfigError(f"sim_gpus: count {count} in {entry!r} is outside 1..64")
-        result.append((model, count, bool(match[3])))
-    return result
+        island = int(match[4]) if match[4] else 0
+        if match[4] and not (2 <= island <= 16 and count % island == 0):
+            raise ConfigError(f"sim_gpus: @nvlink{island} in {entry!r} needs islands of 2..16 that divide the count")
+        result.append((model, count, bool(match[3]), island))
+    total = sum(count for _, count, _, _ in result)
+    if numa and total % numa:
+        raise ConfigError(f"sim_gpus: {total} GPUs do not split into {numa} equal NUMA nodes")
+    return result, numa
 
 
 @dataclass(slots=True)
@@ -112,15 +133,19 @@ class SimBackend:
                   ignored_xids: Iterable[int] = ()) -> SimBackend:
         """Build the GPUs of `spec` with UUIDs derived from `node_name`."""
         gpus: list[GPUInfo] = []
-        for model, count, mig in parse_sim_spec_full(spec):
+        entries, numa = parse_sim_layout(spec)
+        total = sum(count for _, count, _, _ in entries)
+        for model, count, mig, island in entries:
             name, memory = MODELS[model]
             architecture, capability = ARCHITECTURES.get(model, ("", ""))
-            for _ in range(count):
-                index = len(gpus)
+            first = len(gpus)
+            for k in range(count):
+                index = first + k
                 uid = uuidlib.uuid5(_NAMESPACE, f"{node_name}/{index}")
-                gpus.append(GPUInfo(uuid=f"GPU-{uid}", name=name, memory_mib=memory, minor=index, numa=None,
-                                    index=index, mig_enabled=mig, architecture=architecture,
-                                    compute_capability=capability))
+                gpus.append(GPUInfo(uuid=f"GPU-{uid}", name=name, memory_mib=memory, minor=index,
+                                    numa=index * numa // total if numa else None, index=index, mig_enabled=mig,
+                                    architecture=architecture, compute_capability=capability,
+                                    nvlink_island=first + k // island * island if island else None))
         return cls(gpus, control_file=control_file, ignored_xids=ignored_xids)
 
     def devices(self) -> list[GPUInfo]:

@@ -4,9 +4,11 @@
  *
  * Environment:
  *   SIMGPU_DEVICES   the GPUs this process sees: comma list of NAME:MIB[:SMS[:UUID[:FLAGS]]]; FLAGS is a '+' list
- *                    of `mig` (MIG mode on), `numaN` (NUMA node N) and `busN` (PCI bus number N, decimal or 0x hex;
- *                    default: the 1-based position in the list).  Without a UUID one is derived from the name and
- *                    the position.  Default "Sim-A100-40GB:40960:108".
+ *                    of `mig` (MIG mode on), `numaN` (NUMA node N), `busN` (PCI bus number N, decimal or 0x hex;
+ *                    default: the 1-based position in the list), `rootN` (the PCIe root complex / host bridge the
+ *                    GPU hangs off, default 0) and `nvlN` (an NVLink peer: the GPU on PCI bus N, which need not be
+ *                    in the list; one flag per peer, the GPU's GS_NVLINKS links shared out among its peers).
+ *                    Without a UUID one is derived from the name and the position.  Default "Sim-A100-40GB:40960:108".
  *                    NVML enumerates the GPUs by PCI bus number; CUDA orders them as CUDA_DEVICE_ORDER says
  *                    (FASTEST_FIRST, the default: most SMs first; PCI_BUS_ID) and then applies CUDA_VISIBLE_DEVICES
  *                    (indices into that order, or GPU UUIDs / unique UUID prefixes).  Ties keep bus order, then the
@@ -51,6 +53,7 @@
 #include <unistd.h>
 
 #define GS_NDEV 16            /* GPUs in one node's state */
+#define GS_NVLINKS 18         /* NVLink links of a simulated GPU that has NVLink (an H100 SXM has 18) */
 #define GS_NPROC 64           /* processes using the node's GPUs at once */
 #define GS_DEV_TICK 1000000ULL   /* device timeline: 1 ms bins ... */
 #define GS_DEV_BINS 16384        /* ... over the last 16 s */
@@ -127,6 +130,9 @@ typedef struct {
     int mig;
     int numa;
     int bus;                  /* PCI bus number */
+    int root;                 /* PCIe root complex (host bridge) */
+    int npeer;                /* NVLink peers; 0: no NVLink */
+    int peer[GS_NVLINKS];     /* their PCI bus numbers */
     int listed;               /* position in SIMGPU_DEVICES */
     int slot;                 /* index into gs_state_t.gpu, -1 until attached */
 } gs_view_t;
@@ -189,7 +195,7 @@ static int gs_uuid_ok(const char *s) {
 /* Parses SIMGPU_DEVICES into gs_all. */
 static void gs_parse_devices(void) {
     const char *spec = getenv("SIMGPU_DEVICES");
-    char text[2048];
+    char text[8192];
     snprintf(text, sizeof text, "%s", spec && *spec ? spec : "Sim-A100-40GB:40960:108");
     int n = 0;
     char *outer = NULL;
@@ -225,6 +231,9 @@ static void gs_parse_devices(void) {
             if (!strcmp(flag, "mig")) v->mig = 1;
             else if (!strncmp(flag, "numa", 4)) v->numa = atoi(flag + 4);
             else if (!strncmp(flag, "bus", 3)) v->bus = (int)(strtol(flag + 3, NULL, 0) & 0xff);
+            else if (!strncmp(flag, "root", 4)) v->root = atoi(flag + 4);
+            else if (!strncmp(flag, "nvl", 3) && v->npeer < GS_NVLINKS)
+                v->peer[v->npeer++] = (int)(strtol(flag + 3, NULL, 0) & 0xff);
             flag = plus ? plus + 1 : NULL;
         }
         n++;

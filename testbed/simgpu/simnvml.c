@@ -8,6 +8,9 @@
  *     simgpu_fault("recover");
  *   - MIG mode, NUMA node and PCI bus number from SIMGPU_DEVICES flags; devices are enumerated by PCI bus number
  *     (gpusim.h), and nvmlDeviceGetPciInfo* / nvmlDeviceGetHandleByPciBusId* report and find that bus;
+ *   - topology (nvml.h "Topology Queries" and "NvLink Methods"): NVLink peers and the PCIe root complex from
+ *     SIMGPU_DEVICES flags, read through nvmlDeviceGetNvLinkState, nvmlDeviceGetNvLinkRemotePciInfo_v2 and
+ *     nvmlDeviceGetTopologyCommonAncestor;
  *   - per-cgroup memory limits (nvmlDeviceSetMemoryLimits_v1): kept in the node state, enforced by the
  *     simulated libcuda.so.1 on every allocation of a process in that cgroup or below it.
  */
@@ -101,17 +104,18 @@ API nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t h, char *out, unsigned int n) {
     snprintf(out, n, "%s", gs_view[i].uuid);
     return NVML_SUCCESS;
 }
-/* PCI: domain 0, the GPU's bus, device 0, function 0; the vendor is NVIDIA (0x10de) */
-static void pci_fill(int i, nvmlPciInfo_t *pci) {
+/* PCI of the GPU on `bus`: domain 0, device 0, function 0; the vendor is NVIDIA (0x10de) */
+static void pci_fill_bus(int bus, nvmlPciInfo_t *pci) {
     memset(pci, 0, sizeof *pci);
     pci->domain = 0;
-    pci->bus = (unsigned)gs_view[i].bus;
+    pci->bus = (unsigned)bus;
     pci->device = 0;
     pci->pciDeviceId = 0x20b010deu;
     snprintf(pci->busId, sizeof pci->busId, NVML_DEVICE_PCI_BUS_ID_FMT, NVML_DEVICE_PCI_BUS_ID_FMT_ARGS(pci));
     snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT,
              NVML_DEVICE_PCI_BUS_ID_FMT_ARGS(pci));
 }
+static void pci_fill(int i, nvmlPciInfo_t *pci) { pci_fill_bus(gs_view[i].bus, pci); }
 API nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t h, nvmlPciInfo_t *pci) {
     DEV(h, i);
     if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
@@ -146,6 +150,60 @@ API nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t h, unsigned int *node) {
     *node = (unsigned)gs_view[i].numa;
     return NVML_SUCCESS;
 }
+
+/* ------------------------------------------------------------------------------------------------ topology */
+/*
+ * NVLink (nvml.h nvmlDeviceGetNvLinkState, nvmlDeviceGetNvLinkRemotePciInfo_v2): a GPU with `nvl` peers has
+ * GS_NVLINKS links, shared out in equal runs, peer by peer (links 0..k-1 to the first peer, and so on); the
+ * links left over are inactive.  A GPU without peers has no NVLink: NVML_ERROR_NOT_SUPPORTED.  A link number at
+ * or past NVML_NVLINK_MAX_LINKS, or past the GPU's own links, is NVML_ERROR_INVALID_ARGUMENT.
+ * Returns the peer's bus on an active link, -1 on an inactive one.
+ */
+static nvmlReturn_t nvlink(int i, unsigned int link, int *peer_bus) {
+    if (link >= NVML_NVLINK_MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    int n = gs_view[i].npeer;
+    if (n == 0) return NVML_ERROR_NOT_SUPPORTED;
+    if (link >= GS_NVLINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned run = GS_NVLINKS / (unsigned)n;
+    *peer_bus = link < run * (unsigned)n ? gs_view[i].peer[link / run] : -1;
+    return NVML_SUCCESS;
+}
+API nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t h, unsigned int link, nvmlEnableState_t *isActive) {
+    DEV(h, i);
+    if (!isActive) return NVML_ERROR_INVALID_ARGUMENT;
+    int bus = -1;
+    nvmlReturn_t r = nvlink(i, link, &bus);
+    if (r != NVML_SUCCESS) return r;
+    *isActive = bus >= 0 ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+/* an inactive link has no remote end: NVML_ERROR_NOT_SUPPORTED (nvml.h does not say; our choice) */
+API nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t h, unsigned int link, nvmlPciInfo_t *pci) {
+    DEV(h, i);
+    if (!pci) return NVML_ERROR_INVALID_ARGUMENT;
+    int bus = -1;
+    nvmlReturn_t r = nvlink(i, link, &bus);
+    if (r != NVML_SUCCESS) return r;
+    if (bus < 0) return NVML_ERROR_NOT_SUPPORTED;
+    pci_fill_bus(bus, pci);
+    return NVML_SUCCESS;
+}
+/*
+ * nvml.h nvmlDeviceGetTopologyCommonAncestor over nvmlGpuTopologyLevel_t: two GPUs on one root complex meet at
+ * NVML_TOPOLOGY_HOSTBRIDGE, on two root complexes of one NUMA node at NVML_TOPOLOGY_NODE, else at
+ * NVML_TOPOLOGY_SYSTEM (the simulated node has no PCIe switches); a GPU with itself: NVML_TOPOLOGY_INTERNAL.
+ */
+API nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t h1, nvmlDevice_t h2, nvmlGpuTopologyLevel_t *path) {
+    DEV(h1, a);
+    DEV(h2, b);
+    if (!path) return NVML_ERROR_INVALID_ARGUMENT;
+    if (a == b) *path = NVML_TOPOLOGY_INTERNAL;
+    else if (gs_view[a].root == gs_view[b].root) *path = NVML_TOPOLOGY_HOSTBRIDGE;
+    else if (gs_view[a].numa >= 0 && gs_view[a].numa == gs_view[b].numa) *path = NVML_TOPOLOGY_NODE;
+    else *path = NVML_TOPOLOGY_SYSTEM;
+    return NVML_SUCCESS;
+}
+
 API nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t h, unsigned int *current, unsigned int *pending) {
     DEV(h, i);
     if (!current || !pending) return NVML_ERROR_INVALID_ARGUMENT;

@@ -12,7 +12,8 @@ The round: the device plugin publishes its node; a pod is created while the exte
 /filter reads it from the API; /bind places it with a signed assignment and the kubelet stand-in admits it (the
 plugin patches bind-phase); a pod created with a forged assignment is refused by the plugin in two of its
 versions, and a pod asking for more GPUs than the node has fails /filter twice (each repeated event bumps its
-count); the extender renews its Lease.
+count); a pod of priority 1000 that needs every GPU of the node whole has the extender evict the pods holding
+shares there (a dry run, then the eviction); the extender renews its Lease.
 """
 
 from __future__ import annotations
@@ -164,6 +165,13 @@ class _Api:
     def create_pod(self, body: dict[str, Any]) -> dict[str, Any]:
         return read_json(self.core.create_namespaced_pod("default", body, _preload_content=False))
 
+    def gone(self, name: str) -> bool:
+        try:
+            self.pod(name)
+        except k8s.ApiException as exc:
+            return exc.status == 404
+        return False
+
     def event_count(self, reason: str) -> int:
         items = read_json(self.core.list_namespaced_event("default", _preload_content=False))["items"]
         return sum(e.get("count", 1) for e in items if e["reason"] == reason)
@@ -274,6 +282,14 @@ def run_round(tmp: Path) -> Round:
         for count in (1, 2):
             assert post("filter", {"Pod": too_big, "NodeNames": [NODE]})["NodeNames"] == []
             wait_for(lambda n=count: admin.event_count("FilteringFailed") >= n, "the extender's event")
+        k8s.SchedulingV1Api(admin.api).create_priority_class(
+            {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "urgent"},
+             "value": 1000})
+        urgent = admin.create_pod(gpu_pod("urgent", {"volcano.sh/vgpu-number": "4",
+                                                     "volcano.sh/vgpu-memory-percentage": "100"},
+                                          priorityClassName="urgent"))
+        assert post("filter", {"Pod": urgent, "NodeNames": [NODE]})["NodeNames"] == []
+        wait_for(lambda: admin.gone("placed"), "the eviction of the pod the urgent one preempts")
         http.close()
         wait_for(lambda: any(r.method == "PUT" and "/leases/" in r.target
                              for r in apiserver.requests(TOKENS["vgpu-scheduler-extender"])),

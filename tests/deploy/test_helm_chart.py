@@ -338,6 +338,11 @@ def _public_keys(docs):
         assert volume["configMap"]["name"] == "vgpu-grant-public-keys"
 
 
+def _preemption_and_topology_off(docs):
+    command = containers(one(docs, "Deployment", "vgpu-scheduler"))["extender"]["command"]
+    assert "--no-preemption" in command and "--no-topology" in command
+
+
 PUBLIC_PEM = Ed25519PrivateKey.generate().public_key().public_bytes(
     serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
@@ -360,6 +365,8 @@ TOGGLES: dict[str, tuple[dict, Callable[[list[dict]], None]]] = {
     "replicas-2": ({"scheduler": {"replicas": 2}}, _replicas_2),
     "extender-tls": ({"scheduler": {"extender": {"tls": {"enabled": True}}}}, _extender_tls),
     "grant-public-keys": ({"grantKey": {"publicKeys": PUBLIC_PEM}}, _public_keys),
+    "preemption-topology-off": ({"scheduler": {"extender": {"preemption": False, "topology": False}}},
+                                _preemption_and_topology_off),
 }
 
 

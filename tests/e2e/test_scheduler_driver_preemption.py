@@ -71,12 +71,23 @@ def _resources(cpu: str, gpu: bool) -> dict:
     return {"requests": {"cpu": cpu}, **({"limits": dict(GPU)} if gpu else {})}
 
 
+def _priority_class(http: httpx.Client, value: int, policy: str = "PreemptLowerPriority") -> str:
+    """The name of a PriorityClass of this value and preemptionPolicy, created unless it exists: the Priority
+    admission plugin gives its pods spec.priority (a pod may not set it itself)."""
+    name = f"p{value}" if policy == "PreemptLowerPriority" else f"p{value}-{policy.lower()}"
+    made = http.post("/apis/scheduling.k8s.io/v1/priorityclasses", json={
+        "metadata": {"name": name}, "value": value, "preemptionPolicy": policy})
+    assert made.status_code in (201, 409), made.text
+    return name
+
+
 def _running(http: httpx.Client, name: str, node: str, cpu: str, priority: int, started_ago: int = 600,
              gpu: bool = False) -> dict:
     """A pod already on `node` (bound, Running, started `started_ago` seconds ago), as the kubelet leaves it."""
     pod = http.post("/api/v1/namespaces/default/pods", json={
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"schedulerName": "vgpu-scheduler", "nodeName": node, "priority": priority,
+        "spec": {"schedulerName": "vgpu-scheduler", "nodeName": node,
+                 "priorityClassName": _priority_class(http, priority),
                  "containers": [{"name": "c", "resources": _resources(cpu, gpu)}]}}).json()
     started = (datetime.now(UTC) - timedelta(seconds=started_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
     http.patch(f"/api/v1/namespaces/default/pods/{name}/status", headers=MERGE,
@@ -85,9 +96,11 @@ def _running(http: httpx.Client, name: str, node: str, cpu: str, priority: int, 
 
 
 def _pending(http: httpx.Client, name: str, cpu: str, priority: int, gpu: bool = False, **spec: Any) -> dict:
+    """A pending pod; a preemptionPolicy in `spec` is its class's."""
+    policy = spec.pop("preemptionPolicy", "PreemptLowerPriority")
     return http.post("/api/v1/namespaces/default/pods", json={
         "metadata": {"name": name, "namespace": "default"},
-        "spec": {"schedulerName": "vgpu-scheduler", "priority": priority,
+        "spec": {"schedulerName": "vgpu-scheduler", "priorityClassName": _priority_class(http, priority, policy),
                  "containers": [{"name": "c", "resources": _resources(cpu, gpu)}], **spec}}).json()
 
 

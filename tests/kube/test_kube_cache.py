@@ -82,6 +82,24 @@ def test_list_then_watch_calls_handlers_in_order(api, eventually):
         cache.stop()
 
 
+def test_wait_for_returns_an_object_the_watch_delivers_meanwhile(api):
+    """A reader waiting for a key gets the object as soon as its watch event is stored; a key that never comes
+    gives None after the timeout."""
+    core = k8s.CoreV1Api(api)
+    cache = WatchCache(api, "pods").start()
+    try:
+        assert cache.wait_synced(5)
+        assert cache.wait_for("default/late", 0.05) is None
+        timer = threading.Timer(0.3, lambda: mkpod(core, "late"))
+        timer.start()
+        got = cache.wait_for("default/late", 10.0)
+        timer.join()
+        assert got is not None and got["metadata"]["name"] == "late"
+        assert cache.wait_for("default/late", 0.0)["metadata"]["name"] == "late"  # stored: no wait
+    finally:
+        cache.stop()
+
+
 def test_node_cache(api, eventually):
     core = k8s.CoreV1Api(api)
     read_json(core.create_node({"metadata": {"name": "n1"}}, _preload_content=False))

@@ -151,6 +151,7 @@ def test_scopes_select_the_pods_a_quota_counts(core):
     _quota(core, "high", {"pods": "1"}, scopeSelector={"matchExpressions": [
         {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]})
     _quota(core, "terminating", {"pods": "5"}, scopes=["Terminating"])
+    k8s.SchedulingV1Api(core.api_client).create_priority_class({"metadata": {"name": "high"}, "value": 1000})
     assert _create(core, _pod("be")) is None
     assert _message(_create(core, _pod("be2"))) == ('pods "be2" is forbidden: exceeded quota: besteffort, requested: '
                                                    "pods=1, used: pods=1, limited: pods=1")

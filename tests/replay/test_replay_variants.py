@@ -6,11 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from vgpu.errors import ConfigError
+from vgpu.replay.cluster import ReplayCluster
+from vgpu.replay.run import replay
 from vgpu.replay.trace import Trace, TraceNode, TracePod
 from vgpu.replay.variants import VARIANTS, derive
+from vgpu.scheduler.policies import make_policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -78,15 +82,60 @@ def test_unknown_variant_is_a_config_error():
         derive(_trace(), "nosuch")
 
 
+def _write_csv(where, trace):
+    """The trace as the openb CSV files n.csv and p.csv."""
+    (where / "n.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
+        f"{n.name},{n.cpu},{n.memory},{n.gpus},{n.model}\n" for n in trace.nodes))
+    (where / "p.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" + "".join(
+        f"{p.name},{p.cpu},{p.memory},{p.num_gpu},{p.gpu_milli},\n" for p in trace.pods))
+
+
 def test_cli_replays_a_variant(tmp_path):
     trace = _trace()
-    (tmp_path / "n.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n" + "".join(
-        f"{n.name},{n.cpu},{n.memory},{n.gpus},{n.model}\n" for n in trace.nodes))
-    (tmp_path / "p.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\n" + "".join(
-        f"{p.name},{p.cpu},{p.memory},{p.num_gpu},{p.gpu_milli},\n" for p in trace.pods))
+    _write_csv(tmp_path, trace)
     out = subprocess.run(
         [sys.executable, "-m", "vgpu.cli", "replay", "--nodes", str(tmp_path / "n.csv"), "--pods",
          str(tmp_path / "p.csv"), "--variant", "gpuspec25", "--policy", "ours", "--seeds", "1", "--json",
          "--no-progress"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert [r["policy"] for r in json.loads(out.stdout)["results"]] == ["fragaware"]
+
+
+def test_nvlink_variants_give_nodes_islands_and_keep_the_workload():
+    base = _trace()
+    nvlink = derive(base, "nvlink")
+    assert nvlink.pods == base.pods
+    assert {(n.gpus, n.islands) for n in nvlink.nodes} == {(8, 2), (2, 1), (4, 1)}
+    assert derive(base, "nvlink30").pods == derive(base, "multigpu30").pods
+    assert all(n.islands == 0 for n in base.nodes)
+    cluster = ReplayCluster(nvlink.nodes)
+    assert [(d.island, d.numa) for d in cluster.devices[0]] == [(0, 0)] * 4 + [(1, 1)] * 4
+    assert {d.island for d in cluster.devices[-1]} == {0}
+    assert all(d.island == -1 for d in ReplayCluster(base.nodes).devices[0])
+
+
+def test_a_multi_gpu_pod_gets_one_island_with_topology_and_straddles_without():
+    # bestfit puts three whole-GPU pods on GPUs 0-2; a 2-GPU pod then takes 3 and 4 without topology, 4 and 5 with it
+    cluster = ReplayCluster([TraceNode("g", 96000, 393216, 8, "G2", islands=2)])
+    pods = [TracePod(f"w{i}", 1000, 1024, 1, 1000) for i in range(3)] + [TracePod("m", 1000, 1024, 2, 1000)]
+    for topology, tier in ((True, 0), (False, 2)):
+        tiers: dict[int, int] = {}
+        _, _, where = replay(cluster, pods, [0, 1, 2, 3], np.array([0]), make_policy("bestfit"), topology=topology,
+                             tiers=tiers)
+        assert where.tolist() == [0, 0, 0, 0] and tiers == {3: tier}
+        assert [u.shares for u in cluster.states[0].usage] == ([1, 1, 1, 0, 1, 1, 0, 0] if topology
+                                                                else [1, 1, 1, 1, 1, 0, 0, 0])
+
+
+def test_cli_replays_a_topology_variant_with_and_without_topology(tmp_path):
+    trace = _trace()
+    _write_csv(tmp_path, trace)
+    out = subprocess.run(
+        [sys.executable, "-m", "vgpu.cli", "replay", "--nodes", str(tmp_path / "n.csv"), "--pods",
+         str(tmp_path / "p.csv"), "--variant", "nvlink30", "--policy", "ours", "--policy", "ours@flat", "--seeds",
+         "1", "--json", "--no-progress"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["results"]
+    assert [r["policy"] for r in rows] == ["fragaware", "fragaware@flat"]
+    assert all(0 <= r["island_local"] <= r["island_pods"] > 0 for r in rows)
+    assert rows[0]["island_local"] == rows[0]["island_pods"]

@@ -4,6 +4,7 @@ import itertools
 
 from vgpu import keys
 from vgpu.assignment import salvage
+from vgpu.dra import DRIVER
 from vgpu.inventory import GPUDevice, encode_volcano
 
 _uids = itertools.count(1)
@@ -63,3 +64,18 @@ def pod(name, *containers, namespace="default", annotations=None, uid=None, node
         "spec": spec,
         "status": {"phase": phase},
     }
+
+
+def dra_slice(node_name, devices):
+    """A ResourceSlice of our driver for one node."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node_name}-gpus"},
+            "spec": {"driver": DRIVER, "pool": {"name": node_name, "generation": 1, "resourceSliceCount": 1},
+                     "nodeName": node_name, "devices": devices}}
+
+
+def dra_device(i, **attributes):
+    """A shared H100 of a slice, with extra attributes."""
+    attrs = {"model": {"string": "NVIDIA H100 80GB HBM3"}, "index": {"int": i}, "uuid": {"string": f"GPU-{i}"},
+             **attributes}
+    return {"name": f"gpu-{i}", "allowMultipleAllocations": True, "attributes": attrs,
+            "capacity": {"memory": {"value": "81559Mi"}, "cores": {"value": "100"}}}

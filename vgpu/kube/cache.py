@@ -20,6 +20,8 @@ stalled only once it has been silent for `stall_after` (default 150 s) while the
 
 Handlers run in order on the cache thread: on_add(obj), on_update(old, new), on_delete(obj). They must be quick
 and must not mutate the dicts they receive (the cache shares them). A handler that raises is logged and skipped.
+`wait_for` lets a reader wait a moment for an object whose watch event is on its way (the scheduler extender's
+/filter of a pod created a moment ago), instead of reading it from the API server.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ class WatchCache:
             self._handlers.append((on_add, on_update, on_delete))
         self._store: dict[str, Obj] = {}
         self._lock = threading.RLock()
+        self._arrived = threading.Condition(self._lock)  # notified when a new key is stored
         self._synced = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -167,6 +170,13 @@ class WatchCache:
         with self._lock:
             return self._store.get(key)
 
+    def wait_for(self, key: str, timeout: float) -> Obj | None:
+        """The object with `key`, waiting up to `timeout` seconds for the watch to deliver it; None if it has not
+        come by then."""
+        with self._arrived:
+            self._arrived.wait_for(lambda: key in self._store, timeout)
+            return self._store.get(key)
+
     def items(self) -> list[tuple[str, Obj]]:
         """A snapshot of (key, object) pairs."""
         with self._lock:
@@ -208,6 +218,8 @@ class WatchCache:
                 del self._store[key]
             else:
                 self._store[key] = obj
+                if old is None:
+                    self._arrived.notify_all()
         if typ == "DELETED":
             self._emit("delete", obj)
         elif old is None:
