@@ -18,6 +18,7 @@ few small vector operations per distinct GPU state.
 
 import math
 from collections import Counter
+from fractions import Fraction
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -39,14 +40,6 @@ Row = tuple[np.ndarray, np.ndarray, list[int]]
 # the last GPU order, for the score that follows: (sums before, free CPU, free CPU after, the request, per state of
 # the GPU it moves to the request: the integer score plus the tie-break)
 LastOrder = tuple[GPUSums | None, int | None, int | None, ContainerRequest | None, dict[GPURaw, float]]
-
-
-def _cpu(node: NodeContext | None) -> int | None:
-    return None if node is None else node.cpu_free
-
-
-def _cpu_after(node: NodeContext | None, pod: PodContext | None) -> int | None:
-    return None if node is None else node.cpu_free - (pod.cpu if pod else 0)
 
 
 def _sigmoid(x: float) -> float:
@@ -113,12 +106,26 @@ class _FragDescent(NodePolicy):
         self.epoch += 1
         return True
 
+    def _cpu(self, node: NodeContext | None) -> int | None:
+        """The free CPU (milli) F reads on a node (None: unlimited)."""
+        return None if node is None else node.cpu_free
+
+    def _cpu_after(self, node: NodeContext | None, pod: PodContext | None) -> int | None:
+        """The free CPU F reads on a node once `pod` is placed there."""
+        return None if node is None else node.cpu_free - (pod.cpu if pod else 0)
+
+    def _cpu_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray,
+                  pod: PodContext) -> tuple[np.ndarray, np.ndarray]:
+        """`_cpu` and `_cpu_after` of many nodes at once."""
+        return cpu_free, cpu_free - pod.cpu
+
     def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
-        return self.table.bins(cpu_free, pod.cpu)
+        return self.table.bins(*self._cpu_bins(cpu_free, memory_free, pod))
 
     def order_class(self, node: NodeContext | None, pod: PodContext) -> int:
         table = self.table
-        return table.cpu_class(_cpu(node)) * (len(table.cpu_levels) + 2) + table.cpu_class(_cpu_after(node, pod))
+        return (table.cpu_class(self._cpu(node)) * (len(table.cpu_levels) + 2)
+                + table.cpu_class(self._cpu_after(node, pod)))
 
     def _ranks(self, start: GPUSums, rows: Row, node: NodeContext | None,
                pod: PodContext | None) -> tuple[list[int], list[float]]:
@@ -126,7 +133,7 @@ class _FragDescent(NodePolicy):
         in [0, TIE_WEIGHT): the sigmoid of the change of the second table's measure (fragaware), 0 without one or
         without node context. Only nodes of equal integer score are compared by the tie-break."""
         table, second = self._target
-        cpu, after = _cpu(node), _cpu_after(node, pod)
+        cpu, after = self._cpu(node), self._cpu_after(node, pod)
         f_start = table.f(start, cpu)
         if second is None or node is None:
             return [_sigmoid_score(f_start - end) for end in table.f_rows(*rows, after)], [0.0] * len(rows[2])
@@ -164,7 +171,7 @@ class _FragDescent(NodePolicy):
             scores, ties = self._ranks(start, table.moves(start, moves), node, pod)
             # `score` of the fit that follows reads the move from here: per state of the GPU the request moves to,
             # its integer score plus tie-break
-            self._last_order = (start, _cpu(node), _cpu_after(node, pod), request, {
+            self._last_order = (start, self._cpu(node), self._cpu_after(node, pod), request, {
                 raws[i]: scores[k] + ties[k] for k, (i, _) in enumerate(moves)
             })
             rank = {i: (-scores[k], i) for i, k in zip(candidates, keys)}
@@ -185,7 +192,7 @@ class _FragDescent(NodePolicy):
         start = table.sums(devices, usage)
         last = self._last_order
         if (len(requests) == 1 and requests[0] is last[3] and len(result.placement[0]) == 1 and last[0] is start
-                and last[1] == _cpu(node) and last[2] == _cpu_after(node, pod)):
+                and last[1] == self._cpu(node) and last[2] == self._cpu_after(node, pod)):
             known = last[4].get(start.raws[result.placement[0][0]])
             if known is not None:
                 return known
@@ -236,6 +243,10 @@ class FragAware(_FragDescent):
     wins; as a primary term the CPU measure cost placement quality on share-heavy traces (docs/placement.md). The
     tie-break ranks nodes; inside a node the GPU is FGD's. Without node context (a node that reports no allocatable
     CPU) CPU is unlimited and the tie-break is left out.
+
+    Both measures read a node's free CPU bounded by what its free memory can feed at the CPU-to-memory ratio of the
+    pods observed (fixed when the target is rebuilt): a node whose memory is nearly spent hosts no pod for its idle
+    CPU, so its idle GPUs count as stranded there and placement keeps memory beside the GPUs that need it.
     """
 
     name = "fragaware"
@@ -245,10 +256,69 @@ class FragAware(_FragDescent):
     uses_capacity = True
     TIE_WEIGHT = 0.999
 
+    def __init__(self) -> None:
+        self._cpu_seen = 0  # CPU (milli) and memory (MiB) requested by the pods observed so far
+        self._memory_seen = 0
+        self._per_memory: tuple[int, int] | None = None  # their ratio when the target was installed, as a fraction
+        super().__init__()
+
+    def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
+        super().observe(requests, pod)
+        if pod is not None:
+            self._cpu_seen += pod.cpu
+            self._memory_seen += pod.memory
+
     def _install(self, types: Sequence[tuple[PodType, float]]) -> None:
         table = TypeTable(types)
         self._target = (table, table.with_cpu_capacity(scarcity_weights(types, self._capacity)))
         self._last_order = (None, None, None, None, {})
+        # fixed with the target, so that the scores of unchanged nodes change only with the epoch
+        ratio = self._observed_ratio()
+        self._per_memory = (ratio.numerator, ratio.denominator) if ratio else None
+
+    def _observed_ratio(self) -> Fraction | None:
+        """CPU (milli) per MiB of memory requested by the pods observed (None: no memory requested yet)."""
+        if not self._memory_seen:
+            return None
+        return Fraction(self._cpu_seen, self._memory_seen).limit_denominator(1 << 16)
+
+    def relearn(self, capacity: Mapping[str, int] | None = None) -> bool:
+        scheduled = self._due
+        if super().relearn(capacity):
+            return True
+        # the types held still: rebuild anyway when the pods' CPU-to-memory ratio has drifted
+        ratio, installed = self._observed_ratio(), self._per_memory
+        if not scheduled or ratio is None:
+            return False
+        if installed is not None and abs(ratio - Fraction(*installed)) <= self.drift * Fraction(*installed):
+            return False
+        self._install(self.table.types)
+        self.epoch += 1
+        return True
+
+    def _fed_by_memory(self, cpu: int, memory: int) -> int:
+        """Free CPU bounded by what the free memory can feed at the observed CPU-to-memory ratio of pods."""
+        ratio = self._per_memory
+        return cpu if ratio is None else min(cpu, memory * ratio[0] // ratio[1])
+
+    def _cpu(self, node: NodeContext | None) -> int | None:
+        return None if node is None else self._fed_by_memory(node.cpu_free, node.memory_free)
+
+    def _cpu_after(self, node: NodeContext | None, pod: PodContext | None) -> int | None:
+        if node is None:
+            return None
+        if pod is None:
+            return self._cpu(node)
+        return self._fed_by_memory(node.cpu_free - pod.cpu, node.memory_free - pod.memory)
+
+    def _cpu_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray,
+                  pod: PodContext) -> tuple[np.ndarray, np.ndarray]:
+        ratio = self._per_memory
+        if ratio is None:
+            return super()._cpu_bins(cpu_free, memory_free, pod)
+        num, den = ratio
+        return (np.minimum(cpu_free, memory_free * num // den),
+                np.minimum(cpu_free - pod.cpu, (memory_free - pod.memory) * num // den))
 
     @property
     def fed(self) -> TypeTable:
@@ -261,5 +331,6 @@ class FragAware(_FragDescent):
         table, fed = self._target
         assert fed is not None  # fragaware always installs both tables
         levels = len(table.cpu_levels) + 1
-        classes: np.ndarray = fed.bins(cpu_free, pod.cpu) * (levels * levels) + table.bins(cpu_free, pod.cpu)
+        before, after = self._cpu_bins(cpu_free, memory_free, pod)
+        classes: np.ndarray = fed.bins(before, after) * (levels * levels) + table.bins(before, after)
         return classes

@@ -262,15 +262,15 @@ class TypeTable:
             part = self._cpu_parts[cls] = (cpu_ok, feed)
         return part
 
-    def bins(self, cpu_free: np.ndarray, cpu_request: int) -> np.ndarray:
-        """Vectorised CPU classes before and after taking `cpu_request`, as one integer per node."""
+    def bins(self, cpu_before: np.ndarray, cpu_after: np.ndarray) -> np.ndarray:
+        """Vectorised CPU classes of nodes' free CPU before and after a placement, as one integer per node."""
         if self.cpu_capacity:
             q = self.cpu_quantum
-            classes: np.ndarray = (cpu_free // q).astype(np.int64) * (1 << 24) + (cpu_free - cpu_request) // q
+            classes: np.ndarray = (cpu_before // q).astype(np.int64) * (1 << 24) + cpu_after // q
             return classes
         n = len(self.cpu_levels) + 1
-        before: np.ndarray = np.searchsorted(self.cpu_levels, cpu_free, side="right")
-        after = np.searchsorted(self.cpu_levels, cpu_free - cpu_request, side="right")
+        before: np.ndarray = np.searchsorted(self.cpu_levels, cpu_before, side="right")
+        after = np.searchsorted(self.cpu_levels, cpu_after, side="right")
         return before.astype(np.int64) * n + after
 
 

@@ -153,6 +153,35 @@ def test_fragaware_breaks_fgd_ties_by_how_well_cpu_feeds_the_gpus():
     assert ours.score(devices, idle, (), nothing) == 50  # no node context (the extender): no tie-break
 
 
+def test_fragaware_reads_free_cpu_as_far_as_free_memory_feeds_it():
+    """A node with CPU to spare but its memory nearly spent hosts no more pods: ours bounds free CPU by free memory
+    at the CPU-to-memory ratio of the pods it has seen (fixed when the target is rebuilt); FGD reads CPU alone."""
+    ours, fgd = make_policy("fragaware"), make_policy("fgd")
+    for policy in (ours, fgd):
+        for _ in range(4):  # target: whole-GPU pods with 8 CPUs and 32 GiB each (250 milli-CPU per GiB)
+            policy.observe((share(1000),), PodContext(cpu=8000, memory=32_768))
+        policy.relearn()
+    devices, idle, nothing = gpus(2), used(0, 0), fit(gpus(2), used(0, 0), ())
+    hungry = PodContext(cpu=4000, memory=16_384)
+    # 24 -> 20 CPUs feed both GPUs' pods, but 40 -> 24 GiB of memory feeds 10 -> 6 CPUs: no 8-CPU pod fits after
+    node = NodeContext(cpu_free=24_000, memory_free=40_960)
+    assert fgd.score(devices, idle, (), nothing, node=node, pod=hungry) == 50  # nothing changes for FGD
+    assert int(ours.score(devices, idle, (), nothing, node=node, pod=hungry)) == _sigmoid_score(-2000) == 11
+    # 64 -> 48 GiB: 16 -> 12 CPUs, from two fed GPUs to one: an FGD tie, broken against the node
+    node = NodeContext(cpu_free=24_000, memory_free=65_536)
+    assert ours.score(devices, idle, (), nothing, node=node, pod=hungry) == pytest.approx(50 + 0.999 / (1 + math.exp(1)))
+    # pods of the same types asking less memory change the ratio when the target is next due, not before
+    for _ in range(4):
+        ours.observe((share(1000),), PodContext(cpu=8000, memory=8192))
+    epoch = ours.epoch
+    assert int(ours.score(devices, idle, (), nothing, node=NodeContext(cpu_free=24_000, memory_free=40_960),
+                          pod=hungry)) == 11
+    assert ours.due and ours.relearn() and ours.epoch == epoch + 1
+    # now 400 milli-CPU per GiB: 40 -> 24 GiB feeds 16 -> 9.6 CPUs, and one 8-CPU pod still fits
+    assert int(ours.score(devices, idle, (), nothing, node=NodeContext(cpu_free=24_000, memory_free=40_960),
+                          pod=hungry)) == 50
+
+
 def test_bestfit_dotprod_packing_scores_hand_checked():
     devices, usage, reqs = gpus(2), used(0, 600), (share(300),)
     result = fit(devices, usage, reqs, order=bestfit_gpu_order)
