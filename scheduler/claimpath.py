@@ -88,6 +88,15 @@ class ClaimPlacement(Protocol):
         """ExtenderBindingResult when `node` is a DRA node, else None (the device-plugin path binds)."""
         ...
 
+    def unwarmed(self) -> bool:
+        """Whether DRA nodes changed since the recent pod shapes last saw them (`warm` has work)."""
+        ...
+
+    def warm(self, budget: int) -> int:
+        """Off the request path (the caller holds the ledger's lock): the DRA nodes' stale scores rescored and their
+        changed nodes evaluated, at most `budget` evaluations; how many were made."""
+        ...
+
 
 class NoClaims:
     """The claim placement of an extender without DRA mode."""
@@ -109,6 +118,14 @@ class NoClaims:
     def bind(self, host: ExtenderHost, ref: dict[str, str], key: str, node: str) -> dict[str, str] | None:
         """No node is a DRA node."""
         return None
+
+    def unwarmed(self) -> bool:
+        """Nothing to evaluate."""
+        return False
+
+    def warm(self, budget: int) -> int:
+        """Nothing to evaluate."""
+        return 0
 
 
 NO_CLAIMS = NoClaims()
@@ -195,6 +212,14 @@ class DRAPlacement:
             if key in host.ledger.charges:
                 host.ledger.release(key)  # a reservation on a device-plugin node this pod did not take
         return host.bind_plain(ref, node, "whole GPUs through DRA" if requests else "its claims through DRA")
+
+    def unwarmed(self) -> bool:
+        """Whether DRA nodes changed since the recent pod shapes last saw them (`warm` has work)."""
+        return self.view.unwarmed()
+
+    def warm(self, budget: int) -> int:
+        """`DRAView.warm`: stale scores of the DRA nodes rescored, then the changed ones evaluated."""
+        return self.view.warm(budget)
 
     def _show(self, host: ExtenderHost, pod: Mapping[str, Any], requests: tuple[ContainerRequest, ...]) -> None:
         """Show a DRA pod to the node policy once, as the pod watch does for pods with our extended resources."""

@@ -404,6 +404,22 @@ class DRAView:
             out[i] = value
         return out
 
+    def unwarmed(self) -> bool:
+        """Whether nodes changed since the recent pod shapes last saw them (`warm` has work)."""
+        with self._lock:
+            return bool(self._dirty) or self.placement.unwarmed()
+
+    def warm(self, budget: int) -> int:
+        """Off the request path (the caller holds the extender ledger's lock, under which the node policy changes):
+        rescore results a new learned target made stale (`Placement.refresh`), then rebuild the changed nodes and
+        `Placement.warm` them; evaluations made, at most `budget`."""
+        with self._lock:
+            done = self.placement.refresh(budget)
+            if done < budget:
+                self._refresh()
+                done += self.placement.warm(budget - done)
+            return done
+
     def _candidates(self, names: list[str]) -> tuple[list[NodeState], list[int], dict[str, str], np.ndarray]:
         """The candidates that can take DRA pods of our driver, their positions in `names` and their placement
         slots, and the others with the reason; kept for the last list of names while `_layout` stays (lock held,

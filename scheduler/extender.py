@@ -84,6 +84,7 @@ RESOLVE_CACHE_MIN = 64  # candidate lists at least this long are resolved once w
 RESOLVED_KEPT = 4  # candidate lists remembered
 MISSING_POD = "extender args missing Pod"
 LEARN_SLICE = 4  # evaluations the learner thread makes per hold of the ledger's lock (about 0.5 ms)
+WARM_SLICE = 2  # evaluations of changed nodes (`Placement.warm`) per hold of the lock, so a request waits little
 
 
 class BindConflict(VGPUError):
@@ -248,7 +249,9 @@ class Extender:
     def learn(self, slice_size: int | None = None) -> None:
         """Rebuild what the policy learned, if due, then rescore the results a new target made stale; with
         `slice_size`, the ledger's lock is released every `slice_size` evaluations so that requests get through.
-        Never called by a request."""
+        Then evaluate the nodes changed since the recent pod shapes' last requests (`Placement.warm`, in both
+        placements), WARM_SLICE per hold of the lock, so that the next requests find them done. Never called by a
+        request."""
         with self.ledger.lock, self._observe_lock:
             try:
                 self.policy.relearn(self._capacity())
@@ -263,6 +266,13 @@ class Extender:
                 self._current_epoch = epoch
             else:
                 time.sleep(0)  # let a waiting request take the lock
+        for warm in (self.placement.warm, self.claims.warm):
+            while True:
+                with self.ledger.lock:
+                    done = warm(WARM_SLICE)
+                if done < WARM_SLICE:
+                    break
+                time.sleep(0)
 
     def _capacity(self) -> dict[str, int]:
         """GPUs per device type of the ledger's nodes (recounted when they change); callers hold the lock."""
@@ -275,9 +285,14 @@ class Extender:
         """Have the learner thread run `learn` when there is something to learn or rescore (the thread is started
         on first use; it ends when the extender is dropped)."""
         if not (self.policy.due or self._capacity_version != self.ledger.devices_version
-                or self._current_epoch != self.policy.epoch):
+                or self._current_epoch != self.policy.epoch or self.placement.unwarmed() or self.claims.unwarmed()):
             return
         self._learner.wake(self)
+
+    def changed(self) -> None:
+        """Something placement reads changed outside the verbs (a claim or a slice of a DRA node): have the learner
+        thread evaluate the changed nodes for the next pods."""
+        self._wake_learner()
 
     def wait_learned(self, timeout: float = 10.0) -> bool:
         """Block until the learner thread has served every wake (tests and benchmarks); False on timeout."""
@@ -663,6 +678,7 @@ class Extender:
             return self.bind_failed(ref, node, f"binding conflict: {exc}")
         except Exception as exc:
             return self.bind_failed(ref, node, f"binding failed: {exc}")
+        self._wake_learner()  # a DRA node: its claims changed it
         self.events(ref, "Normal", "BindingSucceeded", f"bound to {node}: {what}")
         return {"Error": ""}
 

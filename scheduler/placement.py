@@ -7,7 +7,9 @@ a board keeps every registered node's fit and score as arrays by slot. A node th
 logged since it was last used. Evaluations are memoised by the node's GPU state with the UUIDs left out
 (`nodestate.gpu_state`), the policy's context class of the node for this pod (`NodePolicy.context_bins`) and the
 pod's signature, so nodes in the same state are fitted and scored once. A request costs a few array operations
-over the candidates plus the evaluations of the nodes that changed since the board was last used. A pod that names
+over the candidates plus the evaluations of the nodes that changed since the board was last used; `warm` makes
+those evaluations off the request path for the most recently used shapes (the extender's learner thread, after a
+bind), so that the next request of each finds them in the memo. A pod that names
 GPU UUIDs is evaluated per node. Fits are stored with GPU indices; the chosen node's grants use its own UUIDs.
 In DRA mode someone else picks the GPUs (kube-scheduler's allocator): `device_order` then replaces the policy's GPU
 order, so nodes are fitted and scored on the GPUs the pod will really get (scheduler/draview.py, docs/dra.md).
@@ -39,6 +41,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -49,7 +52,8 @@ from vgpu.scheduler.fit import GPU_ORDERS, FitResult, GPUOrder, fit, grants_on, 
 from vgpu.scheduler.nodestate import NodeState, gpu_state
 from vgpu.scheduler.policies.base import NodePolicy, PodContext, make_policy
 
-__all__ = ["REFRESH_BUDGET", "RESCORE_LIMIT", "TIER_STEP", "Choice", "Evaluation", "Placement", "PodShape"]
+__all__ = ["REFRESH_BUDGET", "RESCORE_LIMIT", "TIER_STEP", "WARM_BOARDS", "Choice", "Evaluation", "Placement",
+           "PodShape"]
 
 # Decide mode, after a change of learned target: stale nodes refreshed per request in candidate order, then stale
 # nodes rescored best first until a current score is the best.
@@ -58,6 +62,7 @@ RESCORE_LIMIT = 4
 MEMO_LIMIT = 200_000  # evaluations kept before the memo starts over
 KEY_LIMIT = 200_000  # distinct GPU states (and pod signatures) numbered before the numbering starts over
 BOARD_LIMIT = 256  # pod shapes whose per-node results are kept (least recently used dropped first)
+WARM_BOARDS = 16  # pod shapes, most recently used first, whose changed nodes `warm` evaluates off the request path
 LOG_LIMIT = 1 << 20  # change-log entries kept; a board further behind re-evaluates every node
 LOG_TRIM = 1 << 14  # change-log entries added between looks at what every board has read (which is then dropped)
 NO_CONTEXT = -(2**62)  # the context class of a node that reports no allocatable CPU and memory
@@ -125,6 +130,7 @@ class _Board:
     epoch: np.ndarray
     entries: list[Evaluation | None]
     pos: int
+    warmed: int = 0  # change-log position up to which `Placement.warm` has evaluated the changed nodes
 
 
 def _better(score: float, rank: int, best: tuple[float, int] | None) -> bool:
@@ -518,6 +524,38 @@ class Placement:
         return out
 
     # ------------------------------------------------------------------ off the request path
+
+    def unwarmed(self, boards: int = WARM_BOARDS) -> bool:
+        """Whether nodes changed since one of the `boards` most recently used boards last saw them wait for `warm`."""
+        end = self._base + len(self._changes)
+        return any(max(board.pos, board.warmed) < end for board in islice(reversed(self._boards.values()), boards))
+
+    def warm(self, budget: int, boards: int = WARM_BOARDS) -> int:
+        """Evaluate, for the `boards` most recently used pod shapes, the nodes changed since their last request, so
+        that the next request of each finds them in the memo; at most `budget` evaluations. Returns how many were
+        made (fewer than `budget`: nothing is left)."""
+        epoch, made = self.policy.epoch, 0
+        end = self._base + len(self._changes)
+        for board in list(islice(reversed(self._boards.values()), boards)):
+            pod, position = board.pod, max(board.pos, board.warmed, self._base)
+            done: set[int] = set()
+            while position < end:
+                slot = self._changes[position - self._base]
+                if slot not in done:
+                    if made >= budget:
+                        break
+                    done.add(slot)
+                    state = self._nodes[slot]
+                    key = self._memo_key(state, self._classes([state], pod)[0], pod)
+                    entry = self._memo.get(key)
+                    if entry is None or entry.epoch != epoch or entry.fit_epoch != epoch:
+                        made += 1
+                    self._evaluate(state, key, pod, epoch, self.decide)
+                position += 1
+            board.warmed = position
+            if made >= budget:
+                break
+        return made
 
     def refresh(self, budget: int) -> int:
         """Rescore up to `budget` stale results (most recently used boards first); how many were rescored."""

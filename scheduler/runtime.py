@@ -111,6 +111,9 @@ class SchedulerRuntime:
             if config.preemption else None,
             topology=config.topology,
         )
+        for cache in self.dra_caches:  # a DRA node changes with its claims and slices, outside the verbs
+            cache.add_handlers(lambda obj: self.extender.changed(), lambda old, new: self.extender.changed(),
+                               lambda obj: self.extender.changed())
         self.app = create_app(self.extender, self.not_ready, self.metrics, config.max_body_bytes,
                               housekeeping=self.ledger.expire, housekeeping_interval=EXPIRY_INTERVAL)
         self._metrics_server: Any = None

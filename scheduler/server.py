@@ -200,8 +200,9 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
     housekeeping: Callable[[], Any] | None = None,
     housekeeping_interval: float = 1.0,
-) -> FastAPI:
-    """The FastAPI application serving `extender`; `ready()` returns "" when ready, else why not.
+) -> ExtenderVerbs:
+    """The ASGI application serving `extender`: the verbs, in front of a FastAPI application for the rest;
+    `ready()` returns "" when ready, else why not.
 
     `housekeeping` (the ledger's reservation expiry) runs every `housekeeping_interval` seconds while the server
     runs, so that reservations expire and metrics follow even when no request comes."""
@@ -220,7 +221,6 @@ def create_app(
     app = FastAPI(title="vgpu-scheduler extender", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
     not_ready = ready or extender.ready
-    app.add_middleware(ExtenderVerbs, extender=extender, metrics=metrics, max_body=max_body)
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -235,4 +235,5 @@ def create_app(
             return Response(f"not ready: {reason}".encode(), status_code=503, media_type="text/plain")
         return Response(b"ok", media_type="text/plain")
 
-    return app
+    # outside FastAPI's own layers (error handling, body limit, telemetry): a verb passes through none of them
+    return ExtenderVerbs(app, extender=extender, metrics=metrics, max_body=max_body)

@@ -18,8 +18,8 @@ few small vector operations per distinct GPU state.
 
 import math
 from collections import Counter
-from fractions import Fraction
 from collections.abc import Iterable, Mapping, Sequence
+from fractions import Fraction
 
 import numpy as np
 

@@ -169,7 +169,8 @@ def test_fragaware_reads_free_cpu_as_far_as_free_memory_feeds_it():
     assert int(ours.score(devices, idle, (), nothing, node=node, pod=hungry)) == _sigmoid_score(-2000) == 11
     # 64 -> 48 GiB: 16 -> 12 CPUs, from two fed GPUs to one: an FGD tie, broken against the node
     node = NodeContext(cpu_free=24_000, memory_free=65_536)
-    assert ours.score(devices, idle, (), nothing, node=node, pod=hungry) == pytest.approx(50 + 0.999 / (1 + math.exp(1)))
+    tie = 0.999 / (1 + math.exp(1))
+    assert ours.score(devices, idle, (), nothing, node=node, pod=hungry) == pytest.approx(50 + tie)
     # pods of the same types asking less memory change the ratio when the target is next due, not before
     for _ in range(4):
         ours.observe((share(1000),), PodContext(cpu=8000, memory=8192))
