@@ -291,8 +291,10 @@ class Extender:
 
     def changed(self) -> None:
         """Something placement reads changed outside the verbs (a claim or a slice of a DRA node): have the learner
-        thread evaluate the changed nodes for the next pods."""
-        self._wake_learner()
+        thread evaluate the changed nodes for the next pods (not before the extender is ready: the initial lists
+        are read first, and the first requests rebuild what they need once)."""
+        if not self.ready():
+            self._wake_learner()
 
     def wait_learned(self, timeout: float = 10.0) -> bool:
         """Block until the learner thread has served every wake (tests and benchmarks); False on timeout."""
