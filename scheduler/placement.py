@@ -24,8 +24,9 @@ without topology. Islands are part of the memo key (`_key`), so nodes of differe
 Comparison: the higher score wins, then the lower `NodeState.rank` (the extender's ledger ranks nodes by name, the
 replay by the seed's random order); a policy with `tie_break = "random"` draws uniformly among the best instead.
 
-Learning policies: a score computed before the policy's `epoch` changed is stale. Decide mode (the extender's
-default, and the replay) refreshes at most `refresh_budget` stale nodes per request in candidate order, then
+Learning policies: a score computed before the policy's `epoch` changed is stale, and so is a fit, unless the GPU
+order it was made with says it did not depend on the learned target (`depends_on_target`). Decide mode (the
+extender's default, and the replay) refreshes at most `refresh_budget` stale nodes per request in candidate order, then
 rescores the best-ranked stale ones until a current score is the best (at most `rescore_limit`), so a change of
 target never stalls one request and the chosen node always has a current score. `refresh` rescores stale entries
 off the request path (the extender's learner thread; the replay between pods when told to). Score mode reports
@@ -67,6 +68,7 @@ LOG_LIMIT = 1 << 20  # change-log entries kept; a board further behind re-evalua
 LOG_TRIM = 1 << 14  # change-log entries added between looks at what every board has read (which is then dropped)
 NO_CONTEXT = -(2**62)  # the context class of a node that reports no allocatable CPU and memory
 ANY_EPOCH = -2  # the epoch of a failed fit that no GPU order can change (a pod with one request)
+ANY_TARGET = -3  # the epoch of a stored fit whose GPU order did not depend on the learned target
 FAIL = -np.inf  # the board score of a node the pod does not fit
 # what a node's score loses per topology tier of a multi-GPU pod's placement: more than any policy's score range
 # (scores of nodes up to 1024 GPUs stay apart; ties among tie-breaks finer than 1e-9 may merge on tiers 1 and 2)
@@ -254,10 +256,12 @@ class Placement:
             order_class = 0 if self.device_order else self.policy.order_class(node, pod.context)
             fit_key = (key[0], order_class, key[2])
             known = self._fits.get(fit_key)
-            if known is None or known[1] != epoch:
+            if known is None or (known[1] != epoch and known[1] != ANY_TARGET):
                 order = (self.device_order or GPU_ORDERS.get(pod.selectors.gpu_order)
                          or self.policy.gpu_order(node, pod.context) or self.default_order)
-                known = (fit(state.devices, state.usage, pod.requests, pod.selectors, order, self.topology), epoch)
+                result = fit(state.devices, state.usage, pod.requests, pod.selectors, order, self.topology)
+                # a fit no learned target could change (the order said so) stays valid when the target does
+                known = (result, epoch if getattr(order, "depends_on_target", True) else ANY_TARGET)
                 self.evaluations += 1
                 if len(self._fits) >= MEMO_LIMIT:
                     self._fits = {}

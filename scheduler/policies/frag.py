@@ -55,6 +55,54 @@ def _sigmoid_score(delta: float) -> int:
 
 
 
+class _FragOrder:
+    """A frag policy's GPU order for one node and pod: the first GPU with the best integer score for a one-GPU
+    container (GPUs in the same state rank the same, F does not depend on GPU order: each state is ranked once), the
+    lowest indices for a multi-GPU one. `depends_on_target` says whether any call ranked GPUs in more than one
+    state, the only case in which the target workload can change what it returns."""
+
+    __slots__ = ("depends_on_target", "node", "pod", "policy")
+
+    def __init__(self, policy: "_FragDescent", node: NodeContext | None, pod: PodContext | None) -> None:
+        self.policy, self.node, self.pod = policy, node, pod
+        self.depends_on_target = False
+
+    def __call__(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request: ContainerRequest,
+                 candidates: list[int]) -> list[int]:
+        if request.count != 1:
+            return lowest_index_order(devices, usage, request, candidates)
+        policy, node, pod = self.policy, self.node, self.pod
+        table = policy.table
+        start = table.sums(devices, usage)
+        row_of: dict[GPURaw, int] = {}
+        moves: list[tuple[int, GPUVector]] = []
+        keys: list[int] = []
+        raws, vector_of, cores = start.raws, table.known_vector, request.cores
+        for i in candidates:
+            state = raws[i]
+            k = row_of.get(state)
+            if k is None:
+                memory, kind, healthy, split, shares, used, used_cores = state
+                after = (memory, kind, healthy, split, shares + 1, used + request.memory_on(memory),
+                         used_cores + cores)
+                vector = vector_of(after)
+                if vector is None:
+                    vector = table.vector(devices[i], GPUUsage(*after[4:]), after)
+                k = row_of[state] = len(moves)
+                moves.append((i, vector))
+            keys.append(k)
+        if len(moves) > 1:
+            self.depends_on_target = True
+        scores, ties = policy._ranks(start, table.moves(start, moves), node, pod)
+        # `score` of the fit that follows reads the move from here: per state of the GPU the request moves to, its
+        # integer score plus tie-break
+        policy._last_order = (start, policy._cpu(node), policy._cpu_after(node, pod), request, {
+            raws[i]: scores[k] + ties[k] for k, (i, _) in enumerate(moves)
+        })
+        rank = {i: (-scores[k], i) for i, k in zip(candidates, keys)}
+        return sorted(candidates, key=rank.__getitem__)
+
+
 class _FragDescent(NodePolicy):
     """Shared machinery: a target table, CPU-class bins, the first-best GPU order and the sigmoid score."""
 
@@ -143,41 +191,7 @@ class _FragDescent(NodePolicy):
                 [weight * _sigmoid((second_start - end) / 1000.0) for end in second_ends])
 
     def gpu_order(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None:
-        def order(devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request: ContainerRequest,
-                  candidates: list[int]) -> list[int]:
-            if request.count != 1:
-                return lowest_index_order(devices, usage, request, candidates)
-            # the first GPU with the best integer score; GPUs in the same state rank the same (F does not depend on
-            # GPU order): each state is ranked once
-            table = self._target[0]
-            start = table.sums(devices, usage)
-            row_of: dict[GPURaw, int] = {}
-            moves: list[tuple[int, GPUVector]] = []
-            keys: list[int] = []
-            raws, vector_of, cores = start.raws, table.known_vector, request.cores
-            for i in candidates:
-                state = raws[i]
-                k = row_of.get(state)
-                if k is None:
-                    memory, kind, healthy, split, shares, used, used_cores = state
-                    after = (memory, kind, healthy, split, shares + 1, used + request.memory_on(memory),
-                             used_cores + cores)
-                    vector = vector_of(after)
-                    if vector is None:
-                        vector = table.vector(devices[i], GPUUsage(*after[4:]), after)
-                    k = row_of[state] = len(moves)
-                    moves.append((i, vector))
-                keys.append(k)
-            scores, ties = self._ranks(start, table.moves(start, moves), node, pod)
-            # `score` of the fit that follows reads the move from here: per state of the GPU the request moves to,
-            # its integer score plus tie-break
-            self._last_order = (start, self._cpu(node), self._cpu_after(node, pod), request, {
-                raws[i]: scores[k] + ties[k] for k, (i, _) in enumerate(moves)
-            })
-            rank = {i: (-scores[k], i) for i, k in zip(candidates, keys)}
-            return sorted(candidates, key=rank.__getitem__)
-
-        return order
+        return _FragOrder(self, node, pod)
 
     def score(
         self,
