@@ -282,11 +282,13 @@ class Extender:
         return self._gpu_types
 
     def _wake_learner(self) -> None:
-        """Have the learner thread run `learn` when there is something to learn or rescore (the thread is started
-        on first use; it ends when the extender is dropped)."""
+        """Have the learner thread run `learn` when there is something to learn, rescore or warm (the thread is
+        started on first use; it ends when the extender is dropped)."""
         if not (self.policy.due or self._capacity_version != self.ledger.devices_version
-                or self._current_epoch != self.policy.epoch or self.placement.unwarmed() or self.claims.unwarmed()):
-            return
+                or self._current_epoch != self.policy.epoch):
+            with self.ledger.lock:  # requests change the placements' boards under it
+                if not (self.placement.unwarmed() or self.claims.unwarmed()):
+                    return
         self._learner.wake(self)
 
     def changed(self) -> None:
