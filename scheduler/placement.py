@@ -5,7 +5,7 @@ slot. For each pod shape (`PodShape`: requests, selectors and, for policies that
 a board keeps every registered node's fit and score as arrays by slot. A node that changes (`NodeState.charge`,
 `set_requested`, ...) appends its slot to the placement's change log, and a board re-evaluates exactly the nodes
 logged since it was last used. Evaluations are memoised by the node's GPU state with the UUIDs left out
-(`nodestate.gpu_state`), the policy's context class of the node for this pod (`NodePolicy.context_bins`) and the
+(`nodestate.gpu_state`), the policy's context class of the node for this pod (`NodePolicy.context_class`) and the
 pod's signature, so nodes in the same state are fitted and scored once. A request costs a few array operations
 over the candidates plus the evaluations of the nodes that changed since the board was last used; `warm` makes
 those evaluations off the request path for the most recently used shapes (the extender's learner thread, after a
@@ -37,10 +37,9 @@ Not thread-safe: callers serialise (the extender holds its ledger's lock).
 
 from __future__ import annotations
 
-import heapq
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -60,6 +59,7 @@ __all__ = ["REFRESH_BUDGET", "RESCORE_LIMIT", "TIER_STEP", "WARM_BOARDS", "Choic
 # nodes rescored best first until a current score is the best.
 REFRESH_BUDGET = 2
 RESCORE_LIMIT = 4
+RESCORE_HEAD = 32  # stale contenders sorted before the first is rescored (the rest only when reached)
 MEMO_LIMIT = 200_000  # evaluations kept before the memo starts over
 KEY_LIMIT = 200_000  # distinct GPU states (and pod signatures) numbered before the numbering starts over
 BOARD_LIMIT = 256  # pod shapes whose per-node results are kept (least recently used dropped first)
@@ -68,7 +68,8 @@ LOG_LIMIT = 1 << 20  # change-log entries kept; a board further behind re-evalua
 LOG_TRIM = 1 << 14  # change-log entries added between looks at what every board has read (which is then dropped)
 NO_CONTEXT = -(2**62)  # the context class of a node that reports no allocatable CPU and memory
 ANY_EPOCH = -2  # the epoch of a failed fit that no GPU order can change (a pod with one request)
-ANY_TARGET = -3  # the epoch of a stored fit whose GPU order did not depend on the learned target
+ANY_TARGET = -3  # the epoch of a stored fit whose GPU order depended on neither the learned target nor the node
+ANY_CLASS = -(2**62) - 1  # the order class of such a fit: it holds for every context class
 FAIL = -np.inf  # the board score of a node the pod does not fit
 # what a node's score loses per topology tier of a multi-GPU pod's placement: more than any policy's score range
 # (scores of nodes up to 1024 GPUs stay apart; ties among tie-breaks finer than 1e-9 may merge on tiers 1 and 2)
@@ -133,6 +134,33 @@ class _Board:
     entries: list[Evaluation | None]
     pos: int
     warmed: int = 0  # change-log position up to which `Placement.warm` has evaluated the changed nodes
+
+
+def _stale(entry: Evaluation | None, epoch: int) -> bool:
+    """Whether a board's evaluation needs scoring with the policy's current target."""
+    return entry is None or entry.epoch != epoch
+
+
+def _best_first(values: np.ndarray, ranks: np.ndarray, slots: np.ndarray,
+                head: int) -> Iterator[list[tuple[float, int, int]]]:
+    """(value, rank, slot) of each node, higher value then lower rank (then lower slot) first: about the `head`
+    first in one sorted list, then the others in a second (sorted only if reached)."""
+    n = len(values)
+    if n <= head:
+        parts = [np.ones(n, dtype=bool)]
+    else:
+        threshold = np.partition(values, n - head)[n - head]
+        top, at = values > threshold, values == threshold
+        need = head - int(top.sum())  # at least 1: `threshold` is the head-th highest value
+        if int(at.sum()) > need:  # many nodes share the threshold: take those of the lowest ranks among them
+            tied = ranks[at]
+            top |= at & (ranks <= np.partition(tied, need - 1)[need - 1])
+        else:
+            top |= at
+        parts = [top, ~top]
+    for part in parts:
+        order = np.lexsort((slots[part], ranks[part], -values[part]))
+        yield list(zip(values[part][order].tolist(), ranks[part][order].tolist(), slots[part][order].tolist()))
 
 
 def _better(score: float, rank: int, best: tuple[float, int] | None) -> bool:
@@ -235,14 +263,10 @@ class Placement:
         """The policy's context class of each node for this pod (0 when the policy uses no node context)."""
         if not self.contextual:
             return [0] * len(states)
-        classes = [NO_CONTEXT] * len(states)
-        known = [i for i, s in enumerate(states) if s.cpu_allocatable is not None and s.memory_allocatable is not None]
-        if known:
-            cpu = np.array([states[i].cpu_free for i in known], dtype=np.int64)
-            memory = np.array([states[i].memory_free for i in known], dtype=np.int64)
-            for i, cls in zip(known, self.policy.context_bins(cpu, memory, pod.context).tolist()):
-                classes[i] = int(cls)
-        return classes
+        of, context = self.policy.context_class, pod.context
+        return [NO_CONTEXT if s.cpu_allocatable is None or s.memory_allocatable is None
+                else of(s.cpu_allocatable - s.cpu_requested, s.memory_allocatable - s.memory_requested, context)
+                for s in states]
 
     # ------------------------------------------------------------------ evaluation
 
@@ -251,21 +275,25 @@ class Placement:
         entry = self._memo.get(key)
         node = None
         if entry is None or (entry.fit_epoch != epoch and entry.epoch != ANY_EPOCH):
-            # a learning policy's GPU order may have changed too
-            node = state.context() if self.contextual else None
-            order_class = 0 if self.device_order else self.policy.order_class(node, pod.context)
-            fit_key = (key[0], order_class, key[2])
-            known = self._fits.get(fit_key)
-            if known is None or (known[1] != epoch and known[1] != ANY_TARGET):
-                order = (self.device_order or GPU_ORDERS.get(pod.selectors.gpu_order)
-                         or self.policy.gpu_order(node, pod.context) or self.default_order)
-                result = fit(state.devices, state.usage, pod.requests, pod.selectors, order, self.topology)
-                # a fit no learned target could change (the order said so) stays valid when the target does
-                known = (result, epoch if getattr(order, "depends_on_target", True) else ANY_TARGET)
-                self.evaluations += 1
-                if len(self._fits) >= MEMO_LIMIT:
-                    self._fits = {}
-                self._fits[fit_key] = known
+            # a fit that no GPU order of the policy could change is stored for every context class
+            known = self._fits.get((key[0], ANY_CLASS, key[2]))
+            if known is None:
+                # a learning policy's GPU order may have changed too
+                node = state.context() if self.contextual else None
+                order_class = 0 if self.device_order else self.policy.order_class(node, pod.context)
+                fit_key = (key[0], order_class, key[2])
+                known = self._fits.get(fit_key)
+                if known is None or (known[1] != epoch and known[1] != ANY_TARGET):
+                    order = (self.device_order or GPU_ORDERS.get(pod.selectors.gpu_order)
+                             or self.policy.gpu_order(node, pod.context) or self.default_order)
+                    result = fit(state.devices, state.usage, pod.requests, pod.selectors, order, self.topology)
+                    self.evaluations += 1
+                    if len(self._fits) >= MEMO_LIMIT:
+                        self._fits = {}
+                    if getattr(order, "depends_on_policy", True):
+                        known = self._fits[fit_key] = (result, epoch)
+                    else:  # neither the learned target nor the node's context class could change it
+                        known = self._fits[(key[0], ANY_CLASS, key[2])] = (result, ANY_TARGET)
             entry = Evaluation(known[0], epoch)
             if len(self._memo) >= MEMO_LIMIT:
                 self._memo = {}
@@ -354,12 +382,18 @@ class Placement:
             key = ((state.name, state.generation) if pod.per_node else self._key(state), cls, sig)
             self._store(board, slot, self._evaluate(state, key, pod, epoch, want_score))
 
-    def _refresh(self, board: _Board, slots: list[int], epoch: int) -> list[Evaluation]:
-        """Rescore nodes of a board with the current target; their context classes are computed in one batch."""
+    def _refresh(self, board: _Board, slots: list[int], epoch: int,
+                 classes: dict[int, int] | None = None) -> list[Evaluation]:
+        """Rescore nodes of a board with the current target; their context classes are taken from `classes` (by
+        slot) or computed in one batch."""
         entries: list[Evaluation | None] = [board.entries[s] for s in slots]
         todo = [i for i, entry in enumerate(entries) if entry is None or entry.epoch != epoch]
         states = [self._nodes[slots[i]] for i in todo]
-        for i, state, cls in zip(todo, states, self._classes(states, board.pod)):
+        if classes is not None and all(slots[i] in classes for i in todo):
+            known = [classes[slots[i]] for i in todo]
+        else:
+            known = self._classes(states, board.pod)
+        for i, state, cls in zip(todo, states, known):
             entries[i] = self._evaluate(state, self._memo_key(state, cls, board.pod), board.pod, epoch, True)
         out: list[Evaluation] = []
         for slot, entry in zip(slots, entries):
@@ -472,19 +506,22 @@ class Placement:
         if best is not None:
             keep = (values > best[0]) | ((values == best[0]) & (self._rank[contenders] < best[1]))
             contenders, values = contenders[keep], values[keep]
-        heap = list(zip((-values).tolist(), self._rank[contenders].tolist(), contenders.tolist()))
-        heapq.heapify(heap)
+        ranks = self._rank[contenders]
+        classes: dict[int, int] = {}  # context classes of the contenders to rescore, computed a few at a time
         rescored = 0
-        while heap:
-            negated, rank, slot = heapq.heappop(heap)
-            if best is not None and (rescored >= self.rescore_limit or not _better(-negated, rank, best[:2])):
-                break
-            entry = board.entries[slot]
-            if entry is None or entry.epoch != epoch:
-                rescored += 1
-            (entry,) = self._refresh(board, [slot], epoch)
-            if entry.result.ok and _better(entry.score, rank, best[:2] if best else None):
-                best = (entry.score, rank, slot)
+        for queue in _best_first(values, ranks, contenders, RESCORE_HEAD):
+            for position, (value, rank, slot) in enumerate(queue):
+                if best is not None and (rescored >= self.rescore_limit or not _better(value, rank, best[:2])):
+                    return best
+                if _stale(board.entries[slot], epoch):
+                    rescored += 1
+                    if slot not in classes:
+                        ahead = [s for _, _, s in islice(queue, position, position + max(self.rescore_limit, 1))
+                                 if _stale(board.entries[s], epoch)]
+                        classes.update(zip(ahead, self._classes([self._nodes[s] for s in ahead], board.pod)))
+                (entry,) = self._refresh(board, [slot], epoch, classes)
+                if entry.result.ok and _better(entry.score, rank, best[:2] if best else None):
+                    best = (entry.score, rank, slot)
         return best
 
     def _resolve_best(self, best: tuple[float, int, int], states: Sequence[NodeState], slots: np.ndarray,

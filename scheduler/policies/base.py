@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, NamedTuple
 
-import numpy as np
-
 from vgpu.errors import ConfigError
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest, Selectors
@@ -46,7 +44,7 @@ class NodePolicy(ABC):
     """Scores a feasible placement of a pod on a node; higher is better.
 
     Contract: `score` depends on a node only through its GPUs' state (memory, type, health, split, mode and usage,
-    not their UUIDs) and, for a policy with `uses_node_context`, the class `context_bins` gives the node; placement
+    not their UUIDs) and, for a policy with `uses_node_context`, the class `context_class` gives the node; placement
     shares results between nodes on that basis. `epoch` changes whenever the scores of unchanged nodes change (a
     policy that learns the workload), so that placement recomputes them.
     """
@@ -54,7 +52,7 @@ class NodePolicy(ABC):
     name: ClassVar[str] = ""
     # How placement breaks equal scores: "rank" (lower rank, then name) or "random" (uniform among the best).
     tie_break: ClassVar[Literal["rank", "random"]] = "rank"
-    # Whether `score` or `gpu_order` reads the node context (free CPU and memory); see `context_bins`.
+    # Whether `score` or `gpu_order` reads the node context (free CPU and memory); see `context_class`.
     uses_node_context: ClassVar[bool] = False
 
     def __init__(self) -> None:
@@ -81,10 +79,10 @@ class NodePolicy(ABC):
         the same GPU order for this pod, so placement shares their fits (0: the order reads no context)."""
         return 0
 
-    def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
-        """For arrays of node free CPU and memory, a class per node such that nodes with the same GPU state and
-        class get the same score and GPU order for this pod. Policies without node context: one class."""
-        return np.zeros(len(cpu_free), dtype=np.int64)
+    def context_class(self, cpu_free: int, memory_free: int, pod: PodContext) -> int:
+        """A class of a node's free CPU (milli) and memory (MiB) such that nodes with the same GPU state and class
+        get the same score and GPU order for this pod. Policies without node context: one class."""
+        return 0
 
     def observe(self, requests: Sequence[ContainerRequest], pod: PodContext | None = None) -> None:
         """Count a pod the scheduler has seen (policies that learn the workload online); cheap, never rebuilds."""

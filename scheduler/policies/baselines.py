@@ -8,8 +8,6 @@ enters bestfit and dotprod through the optional node context; without it (the ex
 import random as _random
 from collections.abc import Sequence
 
-import numpy as np
-
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest
 from vgpu.scheduler.fit import FitResult, GPUOrder, GPUUsage
@@ -37,8 +35,8 @@ class _CPUAware(NodePolicy):
     def gpu_order(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None:
         return bestfit_gpu_order
 
-    def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
-        return cpu_free.astype(np.int64)
+    def context_class(self, cpu_free: int, memory_free: int, pod: PodContext) -> int:
+        return cpu_free
 
 
 @register("random")

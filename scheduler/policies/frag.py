@@ -21,25 +21,21 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
 
-import numpy as np
-
 from vgpu.inventory import GPUDevice
 from vgpu.requests import ContainerRequest
 from vgpu.scheduler.fit import FitResult, GPUOrder, GPUUsage
 from vgpu.scheduler.policies.base import NodeContext, NodePolicy, PodContext, register
-from vgpu.scheduler.policies.fragtable import GPURaw, GPUSums, GPUVector, TypeTable
-from vgpu.scheduler.policies.shares import lowest_index_order, usage_after
+from vgpu.scheduler.policies.fragtable import GPURaw, GPUSums, TypeTable, gpu_raw
+from vgpu.scheduler.policies.shares import lowest_index_order, placed_usage
 from vgpu.scheduler.policies.workload import PodType, WorkloadLearner, pod_type, scarcity_weights, typical_types
 
 __all__ = ["FGD", "FragAware"]
 
 # the target workload: its table, and for fragaware the same target with CPU as a capacity
 Target = tuple[TypeTable, TypeTable | None]
-# moves as `TypeTable.moves` rows: per-type counts, usable shares, idle shares
-Row = tuple[np.ndarray, np.ndarray, list[int]]
 # the last GPU order, for the score that follows: (sums before, free CPU, free CPU after, the request, per state of
-# the GPU it moves to the request: the integer score plus the tie-break)
-LastOrder = tuple[GPUSums | None, int | None, int | None, ContainerRequest | None, dict[GPURaw, float]]
+# the GPU it moves to the request: the integer score and the tie-break)
+LastOrder = tuple[GPUSums | None, int | None, int | None, ContainerRequest | None, dict[GPURaw, tuple[int, float]]]
 
 
 def _sigmoid(x: float) -> float:
@@ -58,14 +54,14 @@ def _sigmoid_score(delta: float) -> int:
 class _FragOrder:
     """A frag policy's GPU order for one node and pod: the first GPU with the best integer score for a one-GPU
     container (GPUs in the same state rank the same, F does not depend on GPU order: each state is ranked once), the
-    lowest indices for a multi-GPU one. `depends_on_target` says whether any call ranked GPUs in more than one
+    lowest indices for a multi-GPU one. `depends_on_policy` says whether any call ranked GPUs in more than one
     state, the only case in which the target workload can change what it returns."""
 
-    __slots__ = ("depends_on_target", "node", "pod", "policy")
+    __slots__ = ("depends_on_policy", "node", "pod", "policy")
 
     def __init__(self, policy: "_FragDescent", node: NodeContext | None, pod: PodContext | None) -> None:
         self.policy, self.node, self.pod = policy, node, pod
-        self.depends_on_target = False
+        self.depends_on_policy = False
 
     def __call__(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], request: ContainerRequest,
                  candidates: list[int]) -> list[int]:
@@ -74,32 +70,22 @@ class _FragOrder:
         policy, node, pod = self.policy, self.node, self.pod
         table = policy.table
         start = table.sums(devices, usage)
-        row_of: dict[GPURaw, int] = {}
-        moves: list[tuple[int, GPUVector]] = []
-        keys: list[int] = []
-        raws, vector_of, cores = start.raws, table.known_vector, request.cores
+        cpu, cpu_after = policy._cpu(node), policy._cpu_after(node, pod)
+        # per state of a candidate GPU: the integer score and tie-break of moving the request onto it
+        moved: dict[GPURaw, tuple[int, float]] = {}
+        raws, cores = start.raws, request.cores
         for i in candidates:
             state = raws[i]
-            k = row_of.get(state)
-            if k is None:
+            if state not in moved:
                 memory, kind, healthy, split, shares, used, used_cores = state
-                after = (memory, kind, healthy, split, shares + 1, used + request.memory_on(memory),
-                         used_cores + cores)
-                vector = vector_of(after)
-                if vector is None:
-                    vector = table.vector(devices[i], GPUUsage(*after[4:]), after)
-                k = row_of[state] = len(moves)
-                moves.append((i, vector))
-            keys.append(k)
-        if len(moves) > 1:
-            self.depends_on_target = True
-        scores, ties = policy._ranks(start, table.moves(start, moves), node, pod)
-        # `score` of the fit that follows reads the move from here: per state of the GPU the request moves to, its
-        # integer score plus tie-break
-        policy._last_order = (start, policy._cpu(node), policy._cpu_after(node, pod), request, {
-            raws[i]: scores[k] + ties[k] for k, (i, _) in enumerate(moves)
-        })
-        rank = {i: (-scores[k], i) for i, k in zip(candidates, keys)}
+                raw = (memory, kind, healthy, split, shares + 1, used + request.memory_on(memory), used_cores + cores)
+                end = table.moved(start, i, devices[i], raw)
+                moved[state] = policy._move_scores(start, end, cpu, cpu_after, node is not None)
+        if len(moved) > 1:
+            self.depends_on_policy = True
+        # `score` of the fit that follows reads the move from here
+        policy._last_order = (start, cpu, cpu_after, request, moved)
+        rank = {i: (-moved[raws[i]][0], i) for i in candidates}
         return sorted(candidates, key=rank.__getitem__)
 
 
@@ -162,33 +148,31 @@ class _FragDescent(NodePolicy):
         """The free CPU F reads on a node once `pod` is placed there."""
         return None if node is None else node.cpu_free - (pod.cpu if pod else 0)
 
-    def _cpu_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray,
-                  pod: PodContext) -> tuple[np.ndarray, np.ndarray]:
-        """`_cpu` and `_cpu_after` of many nodes at once."""
+    def _cpu_pair(self, cpu_free: int, memory_free: int, pod: PodContext) -> tuple[int, int]:
+        """`_cpu` and `_cpu_after` of a node with this free CPU and memory."""
         return cpu_free, cpu_free - pod.cpu
 
-    def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
-        return self.table.bins(*self._cpu_bins(cpu_free, memory_free, pod))
+    def context_class(self, cpu_free: int, memory_free: int, pod: PodContext) -> int:
+        table = self.table
+        before, after = self._cpu_pair(cpu_free, memory_free, pod)
+        return table.cpu_class(before) * (len(table.cpu_levels) + 2) + table.cpu_class(after)
 
     def order_class(self, node: NodeContext | None, pod: PodContext) -> int:
         table = self.table
         return (table.cpu_class(self._cpu(node)) * (len(table.cpu_levels) + 2)
                 + table.cpu_class(self._cpu_after(node, pod)))
 
-    def _ranks(self, start: GPUSums, rows: Row, node: NodeContext | None,
-               pod: PodContext | None) -> tuple[list[int], list[float]]:
-        """FGD's integer score of each move from `start` to a row of `rows` (`TypeTable.moves`), and its tie-break
-        in [0, TIE_WEIGHT): the sigmoid of the change of the second table's measure (fragaware), 0 without one or
-        without node context. Only nodes of equal integer score are compared by the tie-break."""
+    def _move_scores(self, start: GPUSums, end: GPUSums, cpu: int | None, after: int | None,
+                     contextual: bool) -> tuple[int, float]:
+        """FGD's integer score of a placement that takes a node's GPUs from `start` to `end` (sums) and its free CPU
+        from `cpu` to `after` (`_cpu`, `_cpu_after`), and its tie-break in [0, TIE_WEIGHT]: the sigmoid of the
+        change of the second table's measure (fragaware), 0 without one or without node context (`contextual`).
+        Only nodes of equal integer score are compared by the tie-break."""
         table, second = self._target
-        cpu, after = self._cpu(node), self._cpu_after(node, pod)
-        f_start = table.f(start, cpu)
-        if second is None or node is None:
-            return [_sigmoid_score(f_start - end) for end in table.f_rows(*rows, after)], [0.0] * len(rows[2])
-        ends, second_ends = table.f_rows_pair(second, *rows, after)
-        second_start, weight = second.f(start, cpu), self.TIE_WEIGHT
-        return ([_sigmoid_score(f_start - end) for end in ends],
-                [weight * _sigmoid((second_start - end) / 1000.0) for end in second_ends])
+        score = _sigmoid_score(table.f(start, cpu) - table.f(end, after))
+        if second is None or not contextual:
+            return score, 0.0
+        return score, self.TIE_WEIGHT * _sigmoid((second.f(start, cpu) - second.f(end, after)) / 1000.0)
 
     def gpu_order(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None:
         return _FragOrder(self, node, pod)
@@ -205,17 +189,17 @@ class _FragDescent(NodePolicy):
         table = self._target[0]
         start = table.sums(devices, usage)
         last = self._last_order
+        cpu, after = self._cpu(node), self._cpu_after(node, pod)
+        known = None
         if (len(requests) == 1 and requests[0] is last[3] and len(result.placement[0]) == 1 and last[0] is start
-                and last[1] == self._cpu(node) and last[2] == self._cpu_after(node, pod)):
+                and last[1] == cpu and last[2] == after):
             known = last[4].get(start.raws[result.placement[0][0]])
-            if known is not None:
-                return known
-        placed = usage_after(usage, result)
-        end = start
-        for i in sorted({i for indices in result.placement for i in indices}):
-            end = table.moved(end, i, devices[i], placed[i])
-        scores, ties = self._ranks(start, (end.count[None], end.usable[None], [end.idle]), node, pod)
-        return float(scores[0] + ties[0])
+        if known is None:
+            end = start
+            for i, used in sorted(placed_usage(usage, result).items()):
+                end = table.moved(end, i, devices[i], gpu_raw(devices[i], used))
+            known = self._move_scores(start, end, cpu, after, node is not None)
+        return float(known[0] + known[1])
 
 
 @register("fgd")
@@ -300,9 +284,11 @@ class FragAware(_FragDescent):
         scheduled = self._due
         if super().relearn(capacity):
             return True
+        if not scheduled:
+            return False
         # the types held still: rebuild anyway when the pods' CPU-to-memory ratio has drifted
         ratio, installed = self._observed_ratio(), self._per_memory
-        if not scheduled or ratio is None:
+        if ratio is None:
             return False
         if installed is not None and abs(ratio - Fraction(*installed)) <= self.drift * Fraction(*installed):
             return False
@@ -325,14 +311,9 @@ class FragAware(_FragDescent):
             return self._cpu(node)
         return self._fed_by_memory(node.cpu_free - pod.cpu, node.memory_free - pod.memory)
 
-    def _cpu_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray,
-                  pod: PodContext) -> tuple[np.ndarray, np.ndarray]:
-        ratio = self._per_memory
-        if ratio is None:
-            return super()._cpu_bins(cpu_free, memory_free, pod)
-        num, den = ratio
-        return (np.minimum(cpu_free, memory_free * num // den),
-                np.minimum(cpu_free - pod.cpu, (memory_free - pod.memory) * num // den))
+    def _cpu_pair(self, cpu_free: int, memory_free: int, pod: PodContext) -> tuple[int, int]:
+        return (self._fed_by_memory(cpu_free, memory_free),
+                self._fed_by_memory(cpu_free - pod.cpu, memory_free - pod.memory))
 
     @property
     def fed(self) -> TypeTable:
@@ -341,10 +322,10 @@ class FragAware(_FragDescent):
         assert fed is not None  # fragaware always installs both tables
         return fed
 
-    def context_bins(self, cpu_free: np.ndarray, memory_free: np.ndarray, pod: PodContext) -> np.ndarray:
+    def context_class(self, cpu_free: int, memory_free: int, pod: PodContext) -> int:
         table, fed = self._target
         assert fed is not None  # fragaware always installs both tables
-        levels = len(table.cpu_levels) + 1
-        before, after = self._cpu_bins(cpu_free, memory_free, pod)
-        classes: np.ndarray = fed.bins(before, after) * (levels * levels) + table.bins(before, after)
-        return classes
+        levels = len(table.cpu_levels) + 2
+        before, after = self._cpu_pair(cpu_free, memory_free, pod)
+        return (((fed.cpu_class(before) << 24) + fed.cpu_class(after)) * levels * levels
+                + table.cpu_class(before) * levels + table.cpu_class(after))

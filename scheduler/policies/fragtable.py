@@ -39,7 +39,7 @@ class GPUSums:
     """A node's GPUs summed per target type: how many GPUs fit the type, their idle share, and the node's idle
     share (all exact integers), plus each GPU's own vectors so that a change of one GPU is two vector updates."""
 
-    __slots__ = ("count", "idle", "known", "raws", "stack", "usable", "vectors")
+    __slots__ = ("count", "idle", "known", "raws", "usable", "vectors")
 
     def __init__(self, count: np.ndarray, usable: np.ndarray, idle: int, vectors: list[GPUVector],
                  raws: tuple[GPURaw, ...] = ()) -> None:
@@ -48,8 +48,7 @@ class GPUSums:
         self.idle = idle
         self.vectors = vectors
         self.raws = raws  # per GPU (memory, type, healthy, split, shares, memory used, cores used), when memoised
-        self.known: dict[tuple[int, int | None], float] = {}  # (table id, free CPU) -> F, for memoised sums
-        self.stack: np.ndarray | None = None  # the GPUs' stacked vectors, (GPUs, 2, types), made by `moves`
+        self.known: dict[tuple[int, int], float] = {}  # (table id, CPU class) -> F, for memoised sums
 
 
 class TypeTable:
@@ -57,9 +56,9 @@ class TypeTable:
 
     F is additive over a node's GPUs except for the thresholds (enough fitting GPUs, enough CPU), so a node is
     summed once from memoised per-GPU vectors (`sums`), a placement on one GPU updates the sums (`moved`), and F
-    is read off the sums (`f`, `f_rows`). Every sum over GPUs is of integers, and the type weights are integers
-    too (the probabilities in units of 2^-20), so the weighted sum over types is exact whatever order it is added
-    in: one node state gets the same F bits alone (`f`) or in a batch of moves (`f_rows`, one matrix product).
+    is read off the sums (`f`, memoised per CPU class). Every sum over GPUs is of integers, and the type weights are
+    integers too (the probabilities in units of 2^-20), so the weighted sum over types is exact whatever order it is
+    added in: one node state gets the same F bits whether its sums were added up (`sums`) or updated (`moved`).
 
     With `cpu_capacity` the node's free CPU limits how much of its idle GPU share a type can use (as many pods
     of the type as the CPU can feed, each taking its GPU demand), instead of only whether one pod fits, and a
@@ -75,6 +74,7 @@ class TypeTable:
         self.cpu_quantum = cpu_quantum
         # weights in units of 2^-WEIGHT_BITS: integer-valued, so sums of their products with integer shares are exact
         self.weights = np.round(np.array([w for _, w in types], dtype=np.float64) * (1 << WEIGHT_BITS))
+        self.weight_total = float(self.weights.sum())
         self.cpu = np.array([t[0] for t, _ in types], dtype=np.int64)
         self.count = np.array([sum(r.count for r in t[1]) for t, _ in types], dtype=np.int64)
         self.gpu = self.count > 0
@@ -90,16 +90,11 @@ class TypeTable:
         self._zeros = np.zeros(len(self.types), dtype=np.float64)
         self._columns: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._vectors: dict[GPURaw, GPUVector] = {}  # one GPU's device and usage -> vectors
-        self._cpu_parts: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}  # CPU class -> its part of F
-        self._cpu_terms: dict[int | None, tuple[np.ndarray, np.ndarray | None]] = {}  # free CPU -> its part of F
+        self._cpu_caps: dict[int, np.ndarray] = {}  # CPU class -> `_cap`
         self._sums: dict[tuple[GPURaw, ...], GPUSums] = {}  # a node's GPU states, in order -> their sums
 
     def __len__(self) -> int:
         return len(self.types)
-
-    def known_vector(self, raw: GPURaw) -> GPUVector | None:
-        """The memoised vectors of one GPU state (`gpu_raw`), or None."""
-        return self._vectors.get(raw)
 
     def with_cpu_capacity(self, weights: Sequence[float] | None = None) -> "TypeTable":
         """The same types with CPU as a capacity (and other `weights` when given), sharing this table's per-GPU
@@ -168,78 +163,52 @@ class TypeTable:
             self._sums[raws] = found
         return found
 
-    def moved(self, sums: GPUSums, index: int, device: GPUDevice, used: GPUUsage) -> GPUSums:
-        """`sums` with GPU `index` (`device`) at usage `used` instead."""
-        old_one, old_idle_fit, old_idle, _ = sums.vectors[index]
-        vector = self.vector(device, used)
-        one, idle_fit, idle, _ = vector
-        vectors = list(sums.vectors)
-        vectors[index] = vector
-        return GPUSums(sums.count + (one - old_one), sums.usable + (idle_fit - old_idle_fit),
-                       sums.idle - old_idle + idle, vectors)
+    def moved(self, sums: GPUSums, index: int, device: GPUDevice, raw: GPURaw) -> GPUSums:
+        """`sums` with GPU `index` (`device`) in state `raw` (`gpu_raw`) instead (memoised like `sums` when `sums`
+        is)."""
+        raws = sums.raws[:index] + (raw,) + sums.raws[index + 1:] if sums.raws else ()
+        found = self._sums.get(raws) if raws else None
+        if found is None:
+            old_one, old_idle_fit, old_idle, _ = sums.vectors[index]
+            vector = self.vector(device, GPUUsage(*raw[4:]), raw)
+            one, idle_fit, idle, _ = vector
+            vectors = list(sums.vectors)
+            vectors[index] = vector
+            found = GPUSums(sums.count + (one - old_one), sums.usable + (idle_fit - old_idle_fit),
+                            sums.idle - old_idle + idle, vectors, raws)
+            if raws:
+                if len(self._sums) >= MEMO_LIMIT // 10:
+                    self._sums.clear()
+                self._sums[raws] = found
+        return found
 
-    def moves(self, sums: GPUSums,
-              moves: Sequence[tuple[int, GPUVector]]) -> tuple[np.ndarray, np.ndarray, list[int]]:
-        """Rows of per-type counts, usable shares and idle shares: one row per (GPU index, its new vector) move,
-        each applied to `sums` alone."""
-        if sums.stack is None:
-            sums.stack = np.array([v[3] for v in sums.vectors])
-        index = [i for i, _ in moves]
-        rows = np.array([v[3] for _, v in moves]) - sums.stack[index] + np.stack((sums.count, sums.usable))
-        vectors = sums.vectors
-        return rows[:, 0], rows[:, 1], [sums.idle - vectors[i][2] + v[2] for i, v in moves]
-
-    def _terms(self, cpu_free: int | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """Per type, whether it can be hosted at this free CPU (FGD: GPU types only; with `cpu_capacity` a CPU-only
-        type too, when the CPU covers it, and the node's GPUs then strand nothing for it), and the GPU share the CPU
-        can feed."""
-        terms = self._cpu_terms.get(cpu_free)
-        if terms is None:
-            if len(self._cpu_terms) >= MEMO_LIMIT:
-                self._cpu_terms.clear()
-            cpu_ok, feed = self._cpu_part(self.cpu_class(cpu_free))
-            terms = self._cpu_terms[cpu_free] = (cpu_ok if self.cpu_capacity else self.gpu & cpu_ok, feed)
-        return terms
+    def _cap(self, cpu_free: int | None) -> np.ndarray:
+        """Per type, the most of a node's usable idle share the type can take at this free CPU: 0 when the node
+        cannot host it (FGD: GPU types only; with `cpu_capacity` a CPU-only type too, when the CPU covers it, and
+        the node's GPUs then strand nothing for it), else the GPU share the CPU can feed (inf: no bound)."""
+        cls = self.cpu_class(cpu_free)
+        cap = self._cpu_caps.get(cls)
+        if cap is None:
+            if len(self._cpu_caps) >= MEMO_LIMIT:
+                self._cpu_caps.clear()
+            cpu_ok, feed = self._cpu_part(cls)
+            hostable = cpu_ok if self.cpu_capacity else self.gpu & cpu_ok
+            cap = self._cpu_caps[cls] = np.where(hostable, np.inf if feed is None else feed, 0.0)
+        return cap
 
     def f(self, sums: GPUSums, cpu_free: int | None) -> float:
         """F_n(M) in milli-GPU of a node with these sums and free CPU (None: unlimited)."""
         if sums.idle == 0 or not len(self.types):
             return 0.0
-        key = (id(self), cpu_free)
+        key = (id(self), self.cpu_class(cpu_free))
         value = sums.known.get(key)
         if value is None:
-            hostable, feed = self._terms(cpu_free)
-            usable = sums.usable if feed is None else np.minimum(sums.usable, feed)
-            per_type = np.where((sums.count >= self.count) & hostable, sums.idle - usable, float(sums.idle))
-            value = sums.known[key] = float(per_type @ self.weights) / (1 << WEIGHT_BITS)
+            # the idle share less what each type with enough fitting GPUs can use of it (`_cap`), weighed; every
+            # term is an integer (shares, counts, caps, weights), so the sums are exact however they are grouped
+            used = np.minimum(sums.usable, self._cap(cpu_free)) * (sums.count >= self.count)
+            value = (sums.idle * self.weight_total - float(used @ self.weights)) / (1 << WEIGHT_BITS)
+            sums.known[key] = value
         return value
-
-    def f_rows(self, count: np.ndarray, usable: np.ndarray, idle: Sequence[int], cpu_free: int | None) -> list[float]:
-        """`f` of each row of per-type counts, usable shares and idle share (`moves`), at free CPU `cpu_free`."""
-        if not len(self.types):
-            return [0.0] * len(idle)
-        hostable, feed = self._terms(cpu_free)
-        if feed is not None:
-            usable = np.minimum(usable, feed)
-        column = np.array(idle, dtype=np.float64)[:, None]
-        per_type = np.where((count >= self.count) & hostable, column - usable, column)
-        values: list[float] = (per_type @ self.weights / (1 << WEIGHT_BITS)).tolist()
-        return values
-
-    def f_rows_pair(self, other: "TypeTable", count: np.ndarray, usable: np.ndarray, idle: Sequence[int],
-                    cpu_free: int | None) -> tuple[list[float], list[float]]:
-        """`f_rows` of this table and of `other` (the same types, other weights or CPU as a capacity) in one pass."""
-        if not len(self.types):
-            return [0.0] * len(idle), [0.0] * len(idle)
-        hostable, feed = self._terms(cpu_free)
-        other_hostable, other_feed = other._terms(cpu_free)
-        enough = count >= self.count
-        column = np.array(idle, dtype=np.float64)[:, None]
-        first = np.where(enough & hostable, column - (usable if feed is None else np.minimum(usable, feed)), column)
-        second = np.where(enough & other_hostable,
-                          column - (usable if other_feed is None else np.minimum(usable, other_feed)), column)
-        scale = 1 << WEIGHT_BITS
-        return (first @ self.weights / scale).tolist(), (second @ other.weights / scale).tolist()
 
     def fragment(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], cpu_free: int | None) -> float:
         """F_n(M) in milli-GPU for a node with these GPUs, usage and free CPU (None: unlimited)."""
@@ -247,30 +216,10 @@ class TypeTable:
 
     def _cpu_part(self, cls: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Per type, whether the CPU class covers one pod, and the GPU share the CPU can feed (None: no bound)."""
-        part = self._cpu_parts.get(cls)
-        if part is None:
-            feed = None
-            if not self.cpu_capacity:
-                cpu_ok = self.cpu <= (self.cpu_levels[cls - 1] if cls > 0 else -1)
-            elif cls < 0:
-                cpu_ok = np.ones(len(self.cpu), dtype=bool)
-            else:
-                cpu_free = cls * self.cpu_quantum
-                cpu_ok = self.cpu <= cpu_free
-                feedable = np.where(self.cpu > 0, cpu_free // np.maximum(self.cpu, 1), np.iinfo(np.int64).max)
-                feed = np.where(self.gpu, feedable * self.demand, np.inf)  # a CPU-only type takes no GPU share
-            part = self._cpu_parts[cls] = (cpu_ok, feed)
-        return part
-
-    def bins(self, cpu_before: np.ndarray, cpu_after: np.ndarray) -> np.ndarray:
-        """Vectorised CPU classes of nodes' free CPU before and after a placement, as one integer per node."""
-        if self.cpu_capacity:
-            q = self.cpu_quantum
-            classes: np.ndarray = (cpu_before // q).astype(np.int64) * (1 << 24) + cpu_after // q
-            return classes
-        n = len(self.cpu_levels) + 1
-        before: np.ndarray = np.searchsorted(self.cpu_levels, cpu_before, side="right")
-        after = np.searchsorted(self.cpu_levels, cpu_after, side="right")
-        return before.astype(np.int64) * n + after
-
-
+        if not self.cpu_capacity:
+            return self.cpu <= (self.cpu_levels[cls - 1] if cls > 0 else -1), None
+        if cls < 0:
+            return np.ones(len(self.cpu), dtype=bool), None
+        cpu_free = cls * self.cpu_quantum
+        feedable = np.where(self.cpu > 0, cpu_free // np.maximum(self.cpu, 1), np.iinfo(np.int64).max)
+        return self.cpu <= cpu_free, np.where(self.gpu, feedable * self.demand, np.inf)  # CPU-only: no GPU share

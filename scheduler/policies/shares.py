@@ -18,8 +18,8 @@ __all__ = [
     "idle_milli",
     "lowest_index_order",
     "placed_milli",
+    "placed_usage",
     "request_milli",
-    "usage_after",
 ]
 
 MILLI = 1000
@@ -41,12 +41,16 @@ def request_milli(request: ContainerRequest, device: GPUDevice) -> int:
     return min(MILLI, max(by_memory, 10 * request.cores))
 
 
-def usage_after(usage: Sequence[GPUUsage], result: FitResult) -> list[GPUUsage]:
-    """A copy of `usage` with the pod placed as `result` says."""
-    after = [GPUUsage(u.shares, u.memory, u.cores) for u in usage]
+def placed_usage(usage: Sequence[GPUUsage], result: FitResult) -> dict[int, GPUUsage]:
+    """The usage of each GPU `result` places a container on, once the pod is placed (copies; `usage` is kept)."""
+    after: dict[int, GPUUsage] = {}
     for indices, grants in zip(result.placement, result.assignment):
         for i, grant in zip(indices, grants):
-            after[i].add(grant.memory, grant.cores)
+            used = after.get(i)
+            if used is None:
+                old = usage[i]
+                used = after[i] = GPUUsage(old.shares, old.memory, old.cores)
+            used.add(grant.memory, grant.cores)
     return after
 
 

@@ -1,5 +1,6 @@
-"""A stored fit outlives a new learned target when the frag policies' GPU order could not have depended on it;
-otherwise it is refitted, and the placement is the one a fresh placement makes."""
+"""A stored fit outlives a new learned target, and serves nodes of every free CPU, when the frag policies' GPU order
+could not have depended on the target or the node; otherwise it is refitted (or fitted per CPU class), and the
+placement is the one a fresh placement makes."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_the_order_says_whether_the_target_could_change_it():
     for usage, requests, depends in ((idle, _ask(), False), (mixed, _ask(), True), (mixed, _ask(count=2), False)):
         order = policy.gpu_order(None, None)
         assert fit(_devices(), usage, requests, order=order).ok
-        assert order.depends_on_target is depends
+        assert order.depends_on_policy is depends
 
 
 def test_a_fit_outlives_a_new_target_only_when_no_target_could_change_it():
@@ -69,3 +70,36 @@ def test_a_fit_outlives_a_new_target_only_when_no_target_could_change_it():
         assert choice.result.assignment == again.result.assignment
         assert placement.evaluate(state, shape)[1] == fresh.evaluate(state, fresh.shape(_ask(), Selectors(),
                                                                                           PodContext()))[1]
+
+
+def test_a_fit_no_order_could_change_serves_every_cpu_class():
+    policy = _taught()
+    states = []
+    for name, cpu, held in (("roomy", 64_000, False), ("tight", 1_500, False), ("roomy-mixed", 64_000, True),
+                            ("tight-mixed", 1_500, True)):
+        state = NodeState(name=name, rank=len(states))
+        state.set_devices(_devices(name))
+        state.set_allocatable(cpu, 256 * GIB)
+        if held:
+            state.charge(((f"{name}-g0", 10 * GIB, 30),))
+        states.append(state)
+    placement = Placement(policy)
+    for state in states:
+        placement.register(state)
+    shape = placement.shape(_ask(), Selectors(), PodContext(cpu=1000, memory=GIB))
+    assert policy.context_class(64_000, 256 * GIB, shape.context) != policy.context_class(1_500, 256 * GIB,
+                                                                                          shape.context)
+    made = []
+    for state in states:
+        placement.choose([state], shape)
+        made.append(placement.evaluations)
+    # one fit for both idle nodes (all GPUs in one state), one per CPU class (the pod leaves the tight node short
+    # of the CPU of every type) where the GPUs differ
+    assert made == [1, 1, 2, 3]
+    fresh = Placement(policy)
+    for state in states:
+        fresh.register(state)
+        choice = placement.choose([state], shape)
+        again = fresh.choose([state], fresh.shape(_ask(), Selectors(), PodContext(cpu=1000, memory=GIB)))
+        assert choice.result is not None and again.result is not None
+        assert choice.result.assignment == again.result.assignment
