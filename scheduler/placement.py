@@ -147,18 +147,18 @@ def _best_first(values: np.ndarray, ranks: np.ndarray, slots: np.ndarray,
     first in one sorted list, then the others in a second (sorted only if reached)."""
     n = len(values)
     if n <= head:
-        parts = [np.ones(n, dtype=bool)]
+        order = np.lexsort((slots, ranks, -values))
+        yield list(zip(values[order].tolist(), ranks[order].tolist(), slots[order].tolist()))
+        return
+    threshold = np.partition(values, n - head)[n - head]
+    top, at = values > threshold, values == threshold
+    need = head - int(top.sum())  # at least 1: `threshold` is the head-th highest value
+    if int(at.sum()) > need:  # many nodes share the threshold: take those of the lowest ranks among them
+        tied = ranks[at]
+        top |= at & (ranks <= np.partition(tied, need - 1)[need - 1])
     else:
-        threshold = np.partition(values, n - head)[n - head]
-        top, at = values > threshold, values == threshold
-        need = head - int(top.sum())  # at least 1: `threshold` is the head-th highest value
-        if int(at.sum()) > need:  # many nodes share the threshold: take those of the lowest ranks among them
-            tied = ranks[at]
-            top |= at & (ranks <= np.partition(tied, need - 1)[need - 1])
-        else:
-            top |= at
-        parts = [top, ~top]
-    for part in parts:
+        top |= at
+    for part in (top, ~top):
         order = np.lexsort((slots[part], ranks[part], -values[part]))
         yield list(zip(values[part][order].tolist(), ranks[part][order].tolist(), slots[part][order].tolist()))
 
@@ -506,6 +506,8 @@ class Placement:
         if best is not None:
             keep = (values > best[0]) | ((values == best[0]) & (self._rank[contenders] < best[1]))
             contenders, values = contenders[keep], values[keep]
+            if not len(contenders):
+                return best
         ranks = self._rank[contenders]
         classes: dict[int, int] = {}  # context classes of the contenders to rescore, computed a few at a time
         rescored = 0

@@ -81,12 +81,12 @@ class _FragOrder:
                 raw = (memory, kind, healthy, split, shares + 1, used + request.memory_on(memory), used_cores + cores)
                 end = table.moved(start, i, devices[i], raw)
                 moved[state] = policy._move_scores(start, end, cpu, cpu_after, node is not None)
-        if len(moved) > 1:
-            self.depends_on_policy = True
         # `score` of the fit that follows reads the move from here
         policy._last_order = (start, cpu, cpu_after, request, moved)
-        rank = {i: (-moved[raws[i]][0], i) for i in candidates}
-        return sorted(candidates, key=rank.__getitem__)
+        if len(moved) == 1:
+            return candidates  # one state: lowest index first, as fit lists them
+        self.depends_on_policy = True
+        return sorted(candidates, key=lambda i: -moved[raws[i]][0])  # stable: lowest index first among equals
 
 
 class _FragDescent(NodePolicy):
@@ -312,8 +312,13 @@ class FragAware(_FragDescent):
         return self._fed_by_memory(node.cpu_free - pod.cpu, node.memory_free - pod.memory)
 
     def _cpu_pair(self, cpu_free: int, memory_free: int, pod: PodContext) -> tuple[int, int]:
-        return (self._fed_by_memory(cpu_free, memory_free),
-                self._fed_by_memory(cpu_free - pod.cpu, memory_free - pod.memory))
+        ratio = self._per_memory
+        if ratio is None:
+            return cpu_free, cpu_free - pod.cpu
+        num, den = ratio
+        after, fed_after = cpu_free - pod.cpu, (memory_free - pod.memory) * num // den
+        fed = memory_free * num // den
+        return (fed if fed < cpu_free else cpu_free), (fed_after if fed_after < after else after)
 
     @property
     def fed(self) -> TypeTable:
