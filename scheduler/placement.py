@@ -25,7 +25,8 @@ Comparison: the higher score wins, then the lower `NodeState.rank` (the extender
 replay by the seed's random order); a policy with `tie_break = "random"` draws uniformly among the best instead.
 
 Learning policies: a score computed before the policy's `epoch` changed is stale, and so is a fit, unless the GPU
-order it was made with says it did not depend on the learned target (`depends_on_target`). Decide mode (the
+order it was made with says it depended on neither the learned target nor the node (`depends_on_policy`: such a
+fit is stored once for every context class). Decide mode (the
 extender's default, and the replay) refreshes at most `refresh_budget` stale nodes per request in candidate order, then
 rescores the best-ranked stale ones until a current score is the best (at most `rescore_limit`), so a change of
 target never stalls one request and the chosen node always has a current score. `refresh` rescores stale entries
