@@ -84,12 +84,12 @@ def test_without_retries_the_first_failure_surfaces(apiserver):
 
 
 def test_a_silent_watch_is_noticed_and_resumed(apiserver, api):
-    """The watch stalls (headers sent, then nothing, not even bookmarks) while a pod is created: the progress
-    check sees the collection move on, closes the watch and resumes; the new pod reaches the cache without a
-    relist."""
+    """The watch stalls (headers sent, then nothing, not even bookmarks) while a pod is created: once silent for
+    `stall_after` (150 s by default; 2 s here to keep the test short), the progress check sees the collection move
+    on, closes the watch and resumes; the new pod reaches the cache without a relist."""
     apiserver.faults.set([{"action": "stall", "method": "GET", "watch": True, "path": "/pods", "seconds": 120,
                            "times": 1}])  # the cache's first watch
-    cache = WatchCache(api, "pods", progress_interval=0.5, watch_timeout=60).start()
+    cache = WatchCache(api, "pods", progress_interval=0.5, watch_timeout=60, stall_after=2.0).start()
     try:
         assert cache.wait_synced(10)
         lists = cache.relists
@@ -125,6 +125,33 @@ def test_a_node_filtered_watch_is_not_reopened_while_other_nodes_pods_change(tmp
         read_json(core.create_namespaced_pod("default", _on("mine", "n1"), _preload_content=False))
         _wait_for(cache, "default/mine", 10)
         assert "default/mine" in cache
+        assert (cache.stalls, cache.watches) == (0, watches)
+    finally:
+        cache.stop()
+        api.close()
+        server.stop()
+
+
+def test_a_quiet_watch_is_not_reopened_while_other_kinds_change(tmp_path):
+    """A list's resourceVersion is etcd's revision, shared by every kind (etcd3/store.go GetList), so it moves while
+    a watch of nodes that do not change delivers nothing but a BOOKMARK about once a minute. That silence is not a
+    stall: the watch stays open, and the next node change arrives on it."""
+    server = ApiServerStandIn(bookmark_interval=60.0).start()
+    api = make_api_client(server.write_kubeconfig(tmp_path / "kubeconfig"))
+    core = k8s.CoreV1Api(api)
+    read_json(core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}},
+                               _preload_content=False))
+    cache = WatchCache(api, "nodes", progress_interval=0.3).start()
+    try:
+        assert cache.wait_synced(10)
+        watches = cache.watches
+        for i in range(12):  # 6 s of pods: about twenty progress checks find the nodes watch behind
+            read_json(core.create_namespaced_pod("default", _pod(f"other-{i}"), _preload_content=False))
+            time.sleep(0.5)
+        read_json(core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}},
+                                   _preload_content=False))
+        _wait_for(cache, "n2", 10)
+        assert "n2" in cache
         assert (cache.stalls, cache.watches) == (0, watches)
     finally:
         cache.stop()

@@ -8,15 +8,16 @@ resourceVersion, resumes from the last seen resourceVersion after a dropped or t
 and backs off exponentially with jitter while the API server is unreachable.
 
 A watch can also go silent without ending (a proxy or an API server that stops delivering). A progress check
-(`progress_interval`, default 5 s) notices it: while the open watch has delivered nothing, not even a bookmark, it
-asks the API server for the collection's current resourceVersion (a list of one object); when that is newer than
-what the watch delivered at two checks in a row, the watch is closed and resumed from its last resourceVersion
-(a 410 then relists). A change an unfiltered watch missed is so seen within about two intervals. A watch with a
-field or label selector is different: the list's resourceVersion is the whole cluster's, which moves whenever any
-object changes, while such a watch rightly delivers nothing for objects it does not select. It is judged on
-bookmarks instead: kube-apiserver's watch cache sends each watcher a BOOKMARK about once a minute
-(staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go, `defaultBookmarkFrequency`), so such a watch counts as
-stalled only once it has been silent for `stall_after` (default 150 s) while the collection moved on.
+(`progress_interval`, default 5 s) notices it: once the open watch has delivered nothing, not even a bookmark, for
+`stall_after` (default 150 s), it asks the API server for the collection's current resourceVersion (a list of one
+object); when that is newer than what the watch delivered at two checks in a row, the watch is closed and resumed
+from its last resourceVersion (a 410 then relists). Silence alone proves nothing, and neither does a newer list
+resourceVersion: a list's resourceVersion is etcd's revision, shared by every object of every kind
+(staging/src/k8s.io/apiserver/pkg/storage/etcd3/store.go `GetList`), so it moves whenever anything in the cluster
+changes while a watch of quiet nodes, slices or one node's pods rightly delivers nothing. What a live watch does
+deliver is a BOOKMARK about once a minute (kube-apiserver's watch cache, staging/src/k8s.io/apiserver/pkg/storage/
+cacher/cacher.go `defaultBookmarkFrequency`, to watchers that allow bookmarks, as these do), so a watch silent for
+well over that while the cluster moved on is taken as stalled.
 
 Handlers run in order on the cache thread: on_add(obj), on_update(old, new), on_delete(obj). They must be quick
 and must not mutate the dicts they receive (the cache shares them). A handler that raises is logged and skipped.
@@ -105,8 +106,8 @@ class WatchCache:
         self.namespace = namespace
         self.watch_timeout = watch_timeout
         self.progress_interval = progress_interval  # 0: no progress check
-        # the silence after which a filtered watch that is behind counts as stalled (see the module docstring)
-        self.stall_after = stall_after if field_selector or label_selector else 0.0
+        # the silence after which a watch that is behind counts as stalled (see the module docstring)
+        self.stall_after = stall_after
         self.name = name or f"watch-{kind}" + (f"[{field_selector}]" if field_selector else "")
         self._core = k8s.CoreV1Api(api_client)
         self._resource = k8s.ResourceV1Api(api_client)
