@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-__all__ = ["API_GROUPS", "CORE_VERSIONS", "ServedResource", "api_groups", "as_table", "resource_list",
+__all__ = ["API_GROUPS", "CORE_VERSIONS", "ServedResource", "api_groups", "as_table", "resource_list", "short_age",
            "wants_table"]
 
 Obj = dict[str, Any]
@@ -119,7 +119,7 @@ def wants_table(accept: str) -> bool:
 
 # ------------------------------------------------------------------------------------------------------ tables
 
-def _age(timestamp: str | None, now: datetime) -> str:
+def short_age(timestamp: str | None, now: datetime) -> str:
     """kubectl's short age: 45s, 12m, 5h, 3d, 2y (<unknown> when absent)."""
     if not timestamp:
         return "<unknown>"
@@ -151,7 +151,7 @@ def _pod_cells(pod: Obj, now: datetime) -> list[Any]:
         reason = "Terminating"
     restarts = sum(int(s.get("restartCount") or 0) for s in statuses)
     return [meta.get("name", ""), f"{ready}/{len(spec.get('containers') or [])}", reason, restarts,
-            _age(meta.get("creationTimestamp"), now), status.get("podIP") or "<none>",
+            short_age(meta.get("creationTimestamp"), now), status.get("podIP") or "<none>",
             spec.get("nodeName") or "<none>", status.get("nominatedNodeName") or "<none>", "<none>"]
 
 
@@ -165,7 +165,7 @@ def _node_cells(node: Obj, now: datetime) -> list[Any]:
                    if k.startswith("node-role.kubernetes.io/") and "/" in k)
     info = status.get("nodeInfo") or {}
     addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or ()}
-    return [meta.get("name", ""), state, ",".join(roles) or "<none>", _age(meta.get("creationTimestamp"), now),
+    return [meta.get("name", ""), state, ",".join(roles) or "<none>", short_age(meta.get("creationTimestamp"), now),
             info.get("kubeletVersion") or "", addresses.get("InternalIP") or "<none>",
             addresses.get("ExternalIP") or "<none>", info.get("osImage") or "<unknown>",
             info.get("kernelVersion") or "<unknown>", info.get("containerRuntimeVersion") or "<unknown>"]
@@ -176,17 +176,17 @@ def _event_cells(event: Obj, now: datetime) -> list[Any]:
     regarding = event.get("involvedObject") or event.get("regarding") or {}
     last = event.get("lastTimestamp") or event.get("eventTime") or meta.get("creationTimestamp")
     source = event.get("source") or {}
-    return [_age(last, now), event.get("type", ""), event.get("reason", ""),
+    return [short_age(last, now), event.get("type", ""), event.get("reason", ""),
             f"{str(regarding.get('kind', '')).lower()}/{regarding.get('name', '')}",
             event.get("message") or event.get("note") or "", regarding.get("fieldPath") or "",
             source.get("component") or event.get("reportingController") or "",
-            _age(event.get("firstTimestamp") or meta.get("creationTimestamp"), now), event.get("count") or 1,
+            short_age(event.get("firstTimestamp") or meta.get("creationTimestamp"), now), event.get("count") or 1,
             meta.get("name", "")]
 
 
 def _lease_cells(lease: Obj, now: datetime) -> list[Any]:
     meta, spec = lease.get("metadata") or {}, lease.get("spec") or {}
-    return [meta.get("name", ""), spec.get("holderIdentity") or "<none>", _age(meta.get("creationTimestamp"), now)]
+    return [meta.get("name", ""), spec.get("holderIdentity") or "<none>", short_age(meta.get("creationTimestamp"), now)]
 
 
 def _int_or_string(value: Any) -> str:
@@ -200,7 +200,7 @@ def _pdb_cells(pdb: Obj, now: datetime) -> list[Any]:
     min_available = "N/A" if spec.get("minAvailable") is None else _int_or_string(spec["minAvailable"])
     max_unavailable = "N/A" if spec.get("maxUnavailable") is None else _int_or_string(spec["maxUnavailable"])
     return [meta.get("name", ""), min_available, max_unavailable, int(status.get("disruptionsAllowed") or 0),
-            _age(meta.get("creationTimestamp"), now)]
+            short_age(meta.get("creationTimestamp"), now)]
 
 
 def _columns(*names: tuple[str, str, int]) -> list[Obj]:

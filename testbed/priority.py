@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from vgpu.testbed.admission import Denied
-from vgpu.testbed.discovery import _age
+from vgpu.testbed.discovery import short_age
 
 __all__ = ["admit_pod", "as_table", "check", "check_delete", "default", "keep_pod_priority",
            "system_classes", "validate_class"]
@@ -255,7 +255,7 @@ def as_table(items: Iterable[Obj], resource_version: str, include: str = "Metada
     for pc in items:
         meta = pc.get("metadata") or {}
         row: Obj = {"cells": [meta.get("name", ""), int(pc.get("value") or 0), bool(pc.get("globalDefault")),
-                              _age(meta.get("creationTimestamp"), when), pc.get("preemptionPolicy") or ""]}
+                              short_age(meta.get("creationTimestamp"), when), pc.get("preemptionPolicy") or ""]}
         if include == "Object":
             row["object"] = pc
         elif include != "None":
