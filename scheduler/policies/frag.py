@@ -72,15 +72,18 @@ class _FragOrder:
         start = table.sums(devices, usage)
         cpu, cpu_after = policy._cpu(node), policy._cpu_after(node, pod)
         # per state of a candidate GPU: the integer score and tie-break of moving the request onto it
-        moved: dict[GPURaw, tuple[int, float]] = {}
+        states: dict[GPURaw, int] = {}
+        moves: list[tuple[int, GPUDevice, GPURaw]] = []
         raws, cores = start.raws, request.cores
         for i in candidates:
             state = raws[i]
-            if state not in moved:
+            if state not in states:
                 memory, kind, healthy, split, shares, used, used_cores = state
-                raw = (memory, kind, healthy, split, shares + 1, used + request.memory_on(memory), used_cores + cores)
-                end = table.moved(start, i, devices[i], raw)
-                moved[state] = policy._move_scores(start, end, cpu, cpu_after, node is not None)
+                states[state] = i
+                moves.append((i, devices[i], (memory, kind, healthy, split, shares + 1,
+                                              used + request.memory_on(memory), used_cores + cores)))
+        moved = dict(zip(states, policy._move_scores(start, table.moved(start, moves), cpu, cpu_after,
+                                                     node is not None)))
         # `score` of the fit that follows reads the move from here
         policy._last_order = (start, cpu, cpu_after, request, moved)
         if len(moved) == 1:
@@ -162,17 +165,20 @@ class _FragDescent(NodePolicy):
         return (table.cpu_class(self._cpu(node)) * (len(table.cpu_levels) + 2)
                 + table.cpu_class(self._cpu_after(node, pod)))
 
-    def _move_scores(self, start: GPUSums, end: GPUSums, cpu: int | None, after: int | None,
-                     contextual: bool) -> tuple[int, float]:
-        """FGD's integer score of a placement that takes a node's GPUs from `start` to `end` (sums) and its free CPU
-        from `cpu` to `after` (`_cpu`, `_cpu_after`), and its tie-break in [0, TIE_WEIGHT]: the sigmoid of the
-        change of the second table's measure (fragaware), 0 without one or without node context (`contextual`).
-        Only nodes of equal integer score are compared by the tie-break."""
+    def _move_scores(self, start: GPUSums, ends: Sequence[GPUSums], cpu: int | None, after: int | None,
+                     contextual: bool) -> list[tuple[int, float]]:
+        """For placements that take a node's GPUs from `start` to each of `ends` (sums) and its free CPU from `cpu`
+        to `after` (`_cpu`, `_cpu_after`): FGD's integer score, and the tie-break in [0, TIE_WEIGHT]: the sigmoid of
+        the change of the second table's measure (fragaware), 0 without one or without node context
+        (`contextual`). Only nodes of equal integer score are compared by the tie-break."""
         table, second = self._target
-        score = _sigmoid_score(table.f(start, cpu) - table.f(end, after))
+        f_start = table.f(start, cpu)
+        scores = [_sigmoid_score(f_start - end) for end in table.f_many(ends, after)]
         if second is None or not contextual:
-            return score, 0.0
-        return score, self.TIE_WEIGHT * _sigmoid((second.f(start, cpu) - second.f(end, after)) / 1000.0)
+            return [(score, 0.0) for score in scores]
+        second_start, weight = second.f(start, cpu), self.TIE_WEIGHT
+        return [(score, weight * _sigmoid((second_start - end) / 1000.0))
+                for score, end in zip(scores, second.f_many(ends, after))]
 
     def gpu_order(self, node: NodeContext | None, pod: PodContext | None) -> GPUOrder | None:
         return _FragOrder(self, node, pod)
@@ -197,8 +203,8 @@ class _FragDescent(NodePolicy):
         if known is None:
             end = start
             for i, used in sorted(placed_usage(usage, result).items()):
-                end = table.moved(end, i, devices[i], gpu_raw(devices[i], used))
-            known = self._move_scores(start, end, cpu, after, node is not None)
+                (end,) = table.moved(end, [(i, devices[i], gpu_raw(devices[i], used))])
+            (known,) = self._move_scores(start, [end], cpu, after, node is not None)
         return float(known[0] + known[1])
 
 

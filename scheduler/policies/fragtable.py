@@ -92,6 +92,7 @@ class TypeTable:
         self._vectors: dict[GPURaw, GPUVector] = {}  # one GPU's device and usage -> vectors
         self._cpu_caps: dict[int, np.ndarray] = {}  # CPU class -> `_cap`
         self._sums: dict[tuple[GPURaw, ...], GPUSums] = {}  # a node's GPU states, in order -> their sums
+        self._ends: dict[tuple[GPURaw, ...], GPUSums] = {}  # the same for states a move leads to (`moved`)
 
     def __len__(self) -> int:
         return len(self.types)
@@ -101,7 +102,7 @@ class TypeTable:
         caches (they depend on neither), so a node's sums serve both tables."""
         types = self.types if weights is None else [(t, w) for (t, _), w in zip(self.types, weights)]
         fed = TypeTable(types, cpu_capacity=True, cpu_quantum=self.cpu_quantum)
-        fed._columns, fed._vectors, fed._sums = self._columns, self._vectors, self._sums
+        fed._columns, fed._vectors, fed._sums, fed._ends = self._columns, self._vectors, self._sums, self._ends
         return fed
 
     def cpu_class(self, cpu_free: int | None) -> int:
@@ -163,24 +164,33 @@ class TypeTable:
             self._sums[raws] = found
         return found
 
-    def moved(self, sums: GPUSums, index: int, device: GPUDevice, raw: GPURaw) -> GPUSums:
-        """`sums` with GPU `index` (`device`) in state `raw` (`gpu_raw`) instead (memoised like `sums` when `sums`
-        is)."""
-        raws = sums.raws[:index] + (raw,) + sums.raws[index + 1:] if sums.raws else ()
-        found = self._sums.get(raws) if raws else None
-        if found is None:
-            old_one, old_idle_fit, old_idle, _ = sums.vectors[index]
-            vector = self.vector(device, GPUUsage(*raw[4:]), raw)
-            one, idle_fit, idle, _ = vector
-            vectors = list(sums.vectors)
-            vectors[index] = vector
-            found = GPUSums(sums.count + (one - old_one), sums.usable + (idle_fit - old_idle_fit),
-                            sums.idle - old_idle + idle, vectors, raws)
-            if raws:
-                if len(self._sums) >= MEMO_LIMIT // 10:
-                    self._sums.clear()
-                self._sums[raws] = found
-        return found
+    def moved(self, sums: GPUSums, moves: Sequence[tuple[int, GPUDevice, GPURaw]]) -> list[GPUSums]:
+        """For each (index, device, raw) of `moves`, `sums` with GPU `index` (`device`) in state `raw` (`gpu_raw`)
+        instead, each applied to `sums` alone: the sums of a node in that state when known (`sums`), else memoised
+        apart (so that moves of a node in many states do not push out the nodes' own sums), the new ones computed
+        in one pass."""
+        known: dict[int, GPUSums] = {}
+        todo: list[tuple[int, int, GPUVector, tuple[GPURaw, ...]]] = []
+        old = sums.vectors
+        for k, (index, device, raw) in enumerate(moves):
+            raws = sums.raws[:index] + (raw,) + sums.raws[index + 1:] if sums.raws else ()
+            found = (self._sums.get(raws) or self._ends.get(raws)) if raws else None
+            if found is None:
+                todo.append((k, index, self.vector(device, GPUUsage(*raw[4:]), raw), raws))
+            else:
+                known[k] = found
+        if todo:
+            rows = (np.array([vector[3] for _, _, vector, _ in todo]) - np.array([old[i][3] for _, i, _, _ in todo])
+                    + np.stack((sums.count, sums.usable)))
+            for (k, index, vector, raws), row in zip(todo, rows):
+                vectors = list(old)
+                vectors[index] = vector
+                known[k] = GPUSums(row[0], row[1], sums.idle - old[index][2] + vector[2], vectors, raws)
+                if raws:
+                    if len(self._ends) >= MEMO_LIMIT // 10:
+                        self._ends.clear()
+                    self._ends[raws] = known[k]
+        return [known[k] for k in range(len(moves))]
 
     def _cap(self, cpu_free: int | None) -> np.ndarray:
         """Per type, the most of a node's usable idle share the type can take at this free CPU: 0 when the node
@@ -209,6 +219,25 @@ class TypeTable:
             value = (sums.idle * self.weight_total - float(used @ self.weights)) / (1 << WEIGHT_BITS)
             sums.known[key] = value
         return value
+
+    def f_many(self, many: Sequence[GPUSums], cpu_free: int | None) -> list[float]:
+        """`f` of each of `many` at the same free CPU, the ones not known yet computed in one pass (same bits)."""
+        key = (id(self), self.cpu_class(cpu_free))
+        values: dict[int, float] = {}
+        todo: list[int] = []
+        for k, sums in enumerate(many):
+            value = 0.0 if sums.idle == 0 or not len(self.types) else sums.known.get(key)
+            if value is None:
+                todo.append(k)
+            else:
+                values[k] = value
+        if todo:
+            count = np.array([many[k].count for k in todo])
+            used = np.minimum(np.array([many[k].usable for k in todo]), self._cap(cpu_free)) * (count >= self.count)
+            idle = np.array([many[k].idle for k in todo], dtype=np.float64)
+            for k, value in zip(todo, ((idle * self.weight_total - used @ self.weights) / (1 << WEIGHT_BITS)).tolist()):
+                values[k] = many[k].known[key] = value
+        return [values[k] for k in range(len(many))]
 
     def fragment(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], cpu_free: int | None) -> float:
         """F_n(M) in milli-GPU for a node with these GPUs, usage and free CPU (None: unlimited)."""
