@@ -92,7 +92,6 @@ class TypeTable:
         self._vectors: dict[GPURaw, GPUVector] = {}  # one GPU's device and usage -> vectors
         self._cpu_caps: dict[int, np.ndarray] = {}  # CPU class -> `_cap`
         self._sums: dict[tuple[GPURaw, ...], GPUSums] = {}  # a node's GPU states, in order -> their sums
-        self._ends: dict[tuple[GPURaw, ...], GPUSums] = {}  # the same for states a move leads to (`moved`)
 
     def __len__(self) -> int:
         return len(self.types)
@@ -102,7 +101,7 @@ class TypeTable:
         caches (they depend on neither), so a node's sums serve both tables."""
         types = self.types if weights is None else [(t, w) for (t, _), w in zip(self.types, weights)]
         fed = TypeTable(types, cpu_capacity=True, cpu_quantum=self.cpu_quantum)
-        fed._columns, fed._vectors, fed._sums, fed._ends = self._columns, self._vectors, self._sums, self._ends
+        fed._columns, fed._vectors, fed._sums = self._columns, self._vectors, self._sums
         return fed
 
     def cpu_class(self, cpu_free: int | None) -> int:
@@ -166,15 +165,15 @@ class TypeTable:
 
     def moved(self, sums: GPUSums, moves: Sequence[tuple[int, GPUDevice, GPURaw]]) -> list[GPUSums]:
         """For each (index, device, raw) of `moves`, `sums` with GPU `index` (`device`) in state `raw` (`gpu_raw`)
-        instead, each applied to `sums` alone: the sums of a node in that state when known (`sums`), else memoised
-        apart (so that moves of a node in many states do not push out the nodes' own sums), the new ones computed
-        in one pass."""
+        instead, each applied to `sums` alone: the sums of a node in that state when known (`sums`; they carry their
+        memoised F), else computed in one pass and not kept (in a cluster of many GPU states they are seldom met
+        again, and keeping them pushes the nodes' own sums out)."""
         known: dict[int, GPUSums] = {}
         todo: list[tuple[int, int, GPUVector, tuple[GPURaw, ...]]] = []
         old = sums.vectors
         for k, (index, device, raw) in enumerate(moves):
             raws = sums.raws[:index] + (raw,) + sums.raws[index + 1:] if sums.raws else ()
-            found = (self._sums.get(raws) or self._ends.get(raws)) if raws else None
+            found = self._sums.get(raws) if raws else None
             if found is None:
                 todo.append((k, index, self.vector(device, GPUUsage(*raw[4:]), raw), raws))
             else:
@@ -186,10 +185,6 @@ class TypeTable:
                 vectors = list(old)
                 vectors[index] = vector
                 known[k] = GPUSums(row[0], row[1], sums.idle - old[index][2] + vector[2], vectors, raws)
-                if raws:
-                    if len(self._ends) >= MEMO_LIMIT // 10:
-                        self._ends.clear()
-                    self._ends[raws] = known[k]
         return [known[k] for k in range(len(moves))]
 
     def _cap(self, cpu_free: int | None) -> np.ndarray:
