@@ -318,13 +318,8 @@ class FragAware(_FragDescent):
         return self._fed_by_memory(node.cpu_free - pod.cpu, node.memory_free - pod.memory)
 
     def _cpu_pair(self, cpu_free: int, memory_free: int, pod: PodContext) -> tuple[int, int]:
-        ratio = self._per_memory
-        if ratio is None:
-            return cpu_free, cpu_free - pod.cpu
-        num, den = ratio
-        after, fed_after = cpu_free - pod.cpu, (memory_free - pod.memory) * num // den
-        fed = memory_free * num // den
-        return (fed if fed < cpu_free else cpu_free), (fed_after if fed_after < after else after)
+        return (self._fed_by_memory(cpu_free, memory_free),
+                self._fed_by_memory(cpu_free - pod.cpu, memory_free - pod.memory))
 
     @property
     def fed(self) -> TypeTable:
