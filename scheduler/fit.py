@@ -112,11 +112,22 @@ GPU_ORDERS: dict[str, GPUOrder] = {"binpack": binpack_order, "spread": spread_or
 _STATIC = (Reason.MODE, Reason.TYPE, Reason.UUID, Reason.TOO_SMALL)
 
 
-def _type_ok(device_type: str, selectors: Selectors) -> bool:
-    return _DEVICE_TYPE in device_type.lower() and selectors.type_allowed(device_type)
-
-
 _DEVICE_TYPE = keys.DEVICE_TYPE.lower()
+_MEMO_LIMIT = 4096  # entries of the memos below before they start over
+# (card type, use types, nouse types) -> whether the card may take the pod's containers; fits ask it for every node
+_TYPE_OK: dict[tuple[str, tuple[str, ...], tuple[str, ...]], bool] = {}
+# (container, GPUs asked, GPUs of the node, *(reason, GPUs)) -> the failure message `_summary` makes of it
+_SUMMARIES: dict[tuple[object, ...], str] = {}
+
+
+def _type_ok(device_type: str, selectors: Selectors) -> bool:
+    key = (device_type, selectors.use_types, selectors.nouse_types)
+    ok = _TYPE_OK.get(key)
+    if ok is None:
+        if len(_TYPE_OK) >= _MEMO_LIMIT:
+            _TYPE_OK.clear()
+        ok = _TYPE_OK[key] = _DEVICE_TYPE in device_type.lower() and selectors.type_allowed(device_type)
+    return ok
 
 
 def _reject(
@@ -153,9 +164,16 @@ def gpu_takes(device: GPUDevice, used: GPUUsage, request: ContainerRequest, sele
 
 
 def _summary(container: str, count: int, total: int, rejected: dict[str, int]) -> str:
-    parts = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0])))
-    detail = f" ({parts})" if parts else ""
-    return f"container {container!r} needs {count} GPU(s): {total - sum(rejected.values())}/{total} fit{detail}"
+    key = (container, count, total, *rejected.items())
+    text = _SUMMARIES.get(key)
+    if text is None:
+        parts = ", ".join(f"{n} {why}" for why, n in sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0])))
+        detail = f" ({parts})" if parts else ""
+        text = f"container {container!r} needs {count} GPU(s): {total - sum(rejected.values())}/{total} fit{detail}"
+        if len(_SUMMARIES) >= _MEMO_LIMIT:
+            _SUMMARIES.clear()
+        _SUMMARIES[key] = text
+    return text
 
 
 _NO_SELECTORS = Selectors()
