@@ -38,7 +38,9 @@ Semantics copied from kube-apiserver where our code depends on them:
   * a watch that allowed bookmarks gets a BOOKMARK (with the current resourceVersion, whatever its selector) once
     it has had nothing for `bookmark_interval`, by default a minute as kube-apiserver's watch cache
     (staging/src/k8s.io/apiserver/pkg/storage/cacher/cacher.go, `defaultBookmarkFrequency = time.Minute`);
-  * one global, monotonically increasing resourceVersion (like an etcd revision);
+  * one global, monotonically increasing resourceVersion, shared by every kind, as etcd's revision is, and a
+    list's resourceVersion is that revision at the time of the list (staging/src/k8s.io/apiserver/pkg/storage/
+    etcd3/store.go `GetList`);
   * pods are created with uid, creationTimestamp and status.phase=Pending (a client-supplied status is dropped),
     and a container's limits without requests are copied to its requests; a spec without containers, or whose
     containers or resources are not objects, is refused with 422 Invalid;

@@ -6,6 +6,7 @@ server may have acted on, and watches that go silent detected by the progress ch
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -107,56 +108,56 @@ def _on(name: str, node: str) -> dict:
     return pod
 
 
-def test_a_node_filtered_watch_is_not_reopened_while_other_nodes_pods_change(tmp_path):
-    """kube-apiserver sends a watcher a BOOKMARK about once a minute (cacher.go defaultBookmarkFrequency), and the
-    stand-in here does the same; a watch of one node's pods is silent while other nodes' pods change, which moves
-    the collection's resourceVersion. That silence is not a stall: the watch stays open, and this node's next pod
-    still arrives on it."""
+def _node(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+
+
+def _stays_open_while_others_change(tmp_path, cache_args: dict, others: Callable[[k8s.CoreV1Api, int], object],
+                                    mine: Callable[[k8s.CoreV1Api], object], key: str) -> None:
+    """Against a stand-in sending bookmarks once a minute, as kube-apiserver does: a watch that `others` (6 s of
+    changes it does not select) leave silent, while about twenty progress checks find it behind, stays open, and
+    the change `mine` makes (object `key`) arrives on it."""
     server = ApiServerStandIn(bookmark_interval=60.0).start()
     api = make_api_client(server.write_kubeconfig(tmp_path / "kubeconfig"))
     core = k8s.CoreV1Api(api)
-    cache = WatchCache(api, "pods", field_selector="spec.nodeName=n1", progress_interval=0.3).start()
+    cache = WatchCache(api, progress_interval=0.3, **cache_args).start()
     try:
         assert cache.wait_synced(10)
         watches = cache.watches
-        for i in range(12):  # 6 s of other nodes' pods: about twenty progress checks find the watch behind
-            read_json(core.create_namespaced_pod("default", _on(f"other-{i}", "n2"), _preload_content=False))
+        for i in range(12):
+            read_json(others(core, i))
             time.sleep(0.5)
-        read_json(core.create_namespaced_pod("default", _on("mine", "n1"), _preload_content=False))
-        _wait_for(cache, "default/mine", 10)
-        assert "default/mine" in cache
+        read_json(mine(core))
+        _wait_for(cache, key, 10)
+        assert key in cache
         assert (cache.stalls, cache.watches) == (0, watches)
     finally:
         cache.stop()
         api.close()
         server.stop()
+
+
+def test_a_node_filtered_watch_is_not_reopened_while_other_nodes_pods_change(tmp_path):
+    """kube-apiserver sends a watcher a BOOKMARK about once a minute (cacher.go defaultBookmarkFrequency), and the
+    stand-in here does the same; a watch of one node's pods is silent while other nodes' pods change, which moves
+    the collection's resourceVersion. That silence is not a stall: the watch stays open, and this node's next pod
+    still arrives on it."""
+    _stays_open_while_others_change(
+        tmp_path, {"kind": "pods", "field_selector": "spec.nodeName=n1"},
+        lambda core, i: core.create_namespaced_pod("default", _on(f"other-{i}", "n2"), _preload_content=False),
+        lambda core: core.create_namespaced_pod("default", _on("mine", "n1"), _preload_content=False),
+        "default/mine")
 
 
 def test_a_quiet_watch_is_not_reopened_while_other_kinds_change(tmp_path):
     """A list's resourceVersion is etcd's revision, shared by every kind (etcd3/store.go GetList), so it moves while
     a watch of nodes that do not change delivers nothing but a BOOKMARK about once a minute. That silence is not a
     stall: the watch stays open, and the next node change arrives on it."""
-    server = ApiServerStandIn(bookmark_interval=60.0).start()
-    api = make_api_client(server.write_kubeconfig(tmp_path / "kubeconfig"))
-    core = k8s.CoreV1Api(api)
-    read_json(core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}},
-                               _preload_content=False))
-    cache = WatchCache(api, "nodes", progress_interval=0.3).start()
-    try:
-        assert cache.wait_synced(10)
-        watches = cache.watches
-        for i in range(12):  # 6 s of pods: about twenty progress checks find the nodes watch behind
-            read_json(core.create_namespaced_pod("default", _pod(f"other-{i}"), _preload_content=False))
-            time.sleep(0.5)
-        read_json(core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}},
-                                   _preload_content=False))
-        _wait_for(cache, "n2", 10)
-        assert "n2" in cache
-        assert (cache.stalls, cache.watches) == (0, watches)
-    finally:
-        cache.stop()
-        api.close()
-        server.stop()
+    _stays_open_while_others_change(
+        tmp_path, {"kind": "nodes"},
+        lambda core, i: core.create_namespaced_pod("default", _pod(f"other-{i}"), _preload_content=False),
+        lambda core: core.create_node(_node("n2"), _preload_content=False),
+        "n2")
 
 
 def test_a_filtered_watch_silent_past_the_bookmark_cadence_is_resumed(apiserver, api):
