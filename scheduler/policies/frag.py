@@ -155,15 +155,17 @@ class _FragDescent(NodePolicy):
         """`_cpu` and `_cpu_after` of a node with this free CPU and memory."""
         return cpu_free, cpu_free - pod.cpu
 
-    def context_class(self, cpu_free: int, memory_free: int, pod: PodContext) -> int:
+    def _table_class(self, before: int | None, after: int | None) -> int:
+        """The target table's CPU classes of a node's free CPU before and after a placement, as one number in
+        [0, (levels + 2)^2): what the GPU order and FGD's score read of the node."""
         table = self.table
-        before, after = self._cpu_pair(cpu_free, memory_free, pod)
         return table.cpu_class(before) * (len(table.cpu_levels) + 2) + table.cpu_class(after)
 
+    def context_class(self, cpu_free: int, memory_free: int, pod: PodContext) -> int:
+        return self._table_class(*self._cpu_pair(cpu_free, memory_free, pod))
+
     def order_class(self, node: NodeContext | None, pod: PodContext) -> int:
-        table = self.table
-        return (table.cpu_class(self._cpu(node)) * (len(table.cpu_levels) + 2)
-                + table.cpu_class(self._cpu_after(node, pod)))
+        return self._table_class(self._cpu(node), self._cpu_after(node, pod))
 
     def _move_scores(self, start: GPUSums, ends: Sequence[GPUSums], cpu: int | None, after: int | None,
                      contextual: bool) -> list[tuple[int, float]]:
@@ -321,17 +323,10 @@ class FragAware(_FragDescent):
         return (self._fed_by_memory(cpu_free, memory_free),
                 self._fed_by_memory(cpu_free - pod.cpu, memory_free - pod.memory))
 
-    @property
-    def fed(self) -> TypeTable:
-        """The target workload's table with CPU as a capacity (the tie-break's measure)."""
-        fed = self._target[1]
-        assert fed is not None  # fragaware always installs both tables
-        return fed
-
     def context_class(self, cpu_free: int, memory_free: int, pod: PodContext) -> int:
         table, fed = self._target
         assert fed is not None  # fragaware always installs both tables
         levels = len(table.cpu_levels) + 2
         before, after = self._cpu_pair(cpu_free, memory_free, pod)
-        return (((fed.cpu_class(before) << 24) + fed.cpu_class(after)) * levels * levels
-                + table.cpu_class(before) * levels + table.cpu_class(after))
+        tie = (fed.cpu_class(before) << 24) + fed.cpu_class(after)  # the tie-break's classes
+        return tie * levels * levels + self._table_class(before, after)  # the table's below levels^2

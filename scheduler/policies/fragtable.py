@@ -205,18 +205,11 @@ class TypeTable:
         """F_n(M) in milli-GPU of a node with these sums and free CPU (None: unlimited)."""
         if sums.idle == 0 or not len(self.types):
             return 0.0
-        key = (id(self), self.cpu_class(cpu_free))
-        value = sums.known.get(key)
-        if value is None:
-            # the idle share less what each type with enough fitting GPUs can use of it (`_cap`), weighed; every
-            # term is an integer (shares, counts, caps, weights), so the sums are exact however they are grouped
-            used = np.minimum(sums.usable, self._cap(cpu_free)) * (sums.count >= self.count)
-            value = (sums.idle * self.weight_total - float(used @ self.weights)) / (1 << WEIGHT_BITS)
-            sums.known[key] = value
-        return value
+        value = sums.known.get((id(self), self.cpu_class(cpu_free)))
+        return self.f_many([sums], cpu_free)[0] if value is None else value
 
     def f_many(self, many: Sequence[GPUSums], cpu_free: int | None) -> list[float]:
-        """`f` of each of `many` at the same free CPU, the ones not known yet computed in one pass (same bits)."""
+        """`f` of each of `many` at the same free CPU, the ones not known yet computed in one pass."""
         key = (id(self), self.cpu_class(cpu_free))
         values: dict[int, float] = {}
         todo: list[int] = []
@@ -227,6 +220,8 @@ class TypeTable:
             else:
                 values[k] = value
         if todo:
+            # the idle share less what each type with enough fitting GPUs can use of it (`_cap`), weighed; every
+            # term is an integer (shares, counts, caps, weights), so the sums are exact however they are grouped
             count = np.array([many[k].count for k in todo])
             used = np.minimum(np.array([many[k].usable for k in todo]), self._cap(cpu_free)) * (count >= self.count)
             idle = np.array([many[k].idle for k in todo], dtype=np.float64)
