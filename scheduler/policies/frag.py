@@ -31,6 +31,8 @@ from vgpu.scheduler.policies.workload import PodType, WorkloadLearner, pod_type,
 
 __all__ = ["FGD", "FragAware"]
 
+CONTEXT_LIMIT = 65_536  # fragaware's memoised context classes kept before the memo starts over
+
 # the target workload: its table, and for fragaware the same target with CPU as a capacity
 Target = tuple[TypeTable, TypeTable | None]
 # the last GPU order, for the score that follows: (sums before, free CPU, free CPU after, the request, per state of
@@ -278,6 +280,7 @@ class FragAware(_FragDescent):
         table = TypeTable(types)
         self._target = (table, table.with_cpu_capacity(scarcity_weights(types, self._capacity)))
         self._last_order = (None, None, None, None, {})
+        self._context_classes: dict[tuple[int, int, int, int], int] = {}  # `context_class`, memoised
         # fixed with the target, so that the scores of unchanged nodes change only with the epoch
         ratio = self._observed_ratio()
         self._per_memory = (ratio.numerator, ratio.denominator) if ratio else None
@@ -324,6 +327,15 @@ class FragAware(_FragDescent):
                 self._fed_by_memory(cpu_free - pod.cpu, memory_free - pod.memory))
 
     def context_class(self, cpu_free: int, memory_free: int, pod: PodContext) -> int:
+        key = (cpu_free, memory_free, pod.cpu, pod.memory)
+        known = self._context_classes.get(key)
+        if known is None:
+            if len(self._context_classes) >= CONTEXT_LIMIT:
+                self._context_classes.clear()
+            known = self._context_classes[key] = self._context_class(cpu_free, memory_free, pod)
+        return known
+
+    def _context_class(self, cpu_free: int, memory_free: int, pod: PodContext) -> int:
         table, fed = self._target
         assert fed is not None  # fragaware always installs both tables
         levels = len(table.cpu_levels) + 2

@@ -39,16 +39,18 @@ class GPUSums:
     """A node's GPUs summed per target type: how many GPUs fit the type, their idle share, and the node's idle
     share (all exact integers), plus each GPU's own vectors so that a change of one GPU is two vector updates."""
 
-    __slots__ = ("count", "idle", "known", "raws", "usable", "vectors")
+    __slots__ = ("count", "fitted", "idle", "known", "raws", "stacked", "usable", "vectors")
 
-    def __init__(self, count: np.ndarray, usable: np.ndarray, idle: int, vectors: list[GPUVector],
-                 raws: tuple[GPURaw, ...] = ()) -> None:
-        self.count = count
-        self.usable = usable
+    def __init__(self, stacked: np.ndarray, idle: int, vectors: list[GPUVector], raws: tuple[GPURaw, ...] = ()) -> None:
+        self.stacked = stacked  # the two rows below, stacked
+        self.count, self.usable = stacked
         self.idle = idle
         self.vectors = vectors
         self.raws = raws  # per GPU (memory, type, healthy, split, shares, memory used, cores used), when memoised
         self.known: dict[tuple[int, int], float] = {}  # (table id, CPU class) -> F, for memoised sums
+        # per type, the idle share of the fitting GPUs when enough of them fit the type, else 0; with the GPU counts
+        # per type it was computed for (`TypeTable._fitted`)
+        self.fitted: tuple[np.ndarray, np.ndarray] | None = None
 
 
 class TypeTable:
@@ -90,7 +92,7 @@ class TypeTable:
         self._zeros = np.zeros(len(self.types), dtype=np.float64)
         self._columns: dict[tuple[int, str], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._vectors: dict[GPURaw, GPUVector] = {}  # one GPU's device and usage -> vectors
-        self._cpu_caps: dict[int, np.ndarray] = {}  # CPU class -> `_cap`
+        self._cpu_terms: dict[int, tuple[np.ndarray | None, np.ndarray]] = {}  # CPU class -> `_terms`
         self._sums: dict[tuple[GPURaw, ...], GPUSums] = {}  # a node's GPU states, in order -> their sums
 
     def __len__(self) -> int:
@@ -102,6 +104,7 @@ class TypeTable:
         types = self.types if weights is None else [(t, w) for (t, _), w in zip(self.types, weights)]
         fed = TypeTable(types, cpu_capacity=True, cpu_quantum=self.cpu_quantum)
         fed._columns, fed._vectors, fed._sums = self._columns, self._vectors, self._sums
+        fed.count = self.count  # the same types: a node's `fitted` serves both
         return fed
 
     def cpu_class(self, cpu_free: int | None) -> int:
@@ -154,10 +157,9 @@ class TypeTable:
         if found is None:
             vectors = [self.vector(d, u, raw) for d, u, raw in zip(devices, usage, raws)]
             if vectors:
-                total = np.add.reduce([v[3] for v in vectors])
-                found = GPUSums(total[0], total[1], sum(v[2] for v in vectors), vectors, raws)
+                found = GPUSums(np.add.reduce([v[3] for v in vectors]), sum(v[2] for v in vectors), vectors, raws)
             else:
-                found = GPUSums(self._zeros, self._zeros, 0, vectors, raws)
+                found = GPUSums(np.stack((self._zeros, self._zeros)), 0, vectors, raws)
             if len(self._sums) >= MEMO_LIMIT // 10:
                 self._sums.clear()
             self._sums[raws] = found
@@ -166,7 +168,7 @@ class TypeTable:
     def moved(self, sums: GPUSums, moves: Sequence[tuple[int, GPUDevice, GPURaw]]) -> list[GPUSums]:
         """For each (index, device, raw) of `moves`, `sums` with GPU `index` (`device`) in state `raw` (`gpu_raw`)
         instead, each applied to `sums` alone: the sums of a node in that state when known (`sums`; they carry their
-        memoised F), else computed in one pass and not kept (in a cluster of many GPU states they are seldom met
+        memoised F), else updated from `sums` and not kept (in a cluster of many GPU states they are seldom met
         again, and keeping them pushes the nodes' own sums out)."""
         known: dict[int, GPUSums] = {}
         todo: list[tuple[int, int, GPUVector, tuple[GPURaw, ...]]] = []
@@ -178,28 +180,39 @@ class TypeTable:
                 todo.append((k, index, self.vector(device, GPUUsage(*raw[4:]), raw), raws))
             else:
                 known[k] = found
-        if todo:
-            rows = (np.array([vector[3] for _, _, vector, _ in todo]) - np.array([old[i][3] for _, i, _, _ in todo])
-                    + np.stack((sums.count, sums.usable)))
-            for (k, index, vector, raws), row in zip(todo, rows):
-                vectors = list(old)
-                vectors[index] = vector
-                known[k] = GPUSums(row[0], row[1], sums.idle - old[index][2] + vector[2], vectors, raws)
+        for k, index, vector, raws in todo:
+            vectors = list(old)
+            vectors[index] = vector
+            known[k] = GPUSums(sums.stacked + (vector[3] - old[index][3]), sums.idle - old[index][2] + vector[2],
+                               vectors, raws)
         return [known[k] for k in range(len(moves))]
 
-    def _cap(self, cpu_free: int | None) -> np.ndarray:
-        """Per type, the most of a node's usable idle share the type can take at this free CPU: 0 when the node
-        cannot host it (FGD: GPU types only; with `cpu_capacity` a CPU-only type too, when the CPU covers it, and
-        the node's GPUs then strand nothing for it), else the GPU share the CPU can feed (inf: no bound)."""
+    def _terms(self, cpu_free: int | None) -> tuple[np.ndarray | None, np.ndarray]:
+        """Per type at this free CPU: the most of a node's usable idle share the type can take, and its weight. A
+        type the node cannot host takes nothing (FGD: GPU types only; with `cpu_capacity` a CPU-only type too, when
+        the CPU covers it, and the node's GPUs then strand nothing for it); else it takes the GPU share the CPU can
+        feed, or all of it. Without a finite bound the caps are left out (None) and a type the node cannot host
+        weighs 0 instead."""
         cls = self.cpu_class(cpu_free)
-        cap = self._cpu_caps.get(cls)
-        if cap is None:
-            if len(self._cpu_caps) >= MEMO_LIMIT:
-                self._cpu_caps.clear()
+        terms = self._cpu_terms.get(cls)
+        if terms is None:
+            if len(self._cpu_terms) >= MEMO_LIMIT:
+                self._cpu_terms.clear()
             cpu_ok, feed = self._cpu_part(cls)
             hostable = cpu_ok if self.cpu_capacity else self.gpu & cpu_ok
-            cap = self._cpu_caps[cls] = np.where(hostable, np.inf if feed is None else feed, 0.0)
-        return cap
+            if feed is None:
+                terms = (None, np.where(hostable, self.weights, 0.0))
+            else:
+                terms = (np.where(hostable, feed, 0.0), self.weights)
+            self._cpu_terms[cls] = terms
+        return terms
+
+    def _fitted(self, sums: GPUSums) -> np.ndarray:
+        """Per type, the idle share of the node's GPUs that fit it when enough of them do (its GPU count), else 0."""
+        known = sums.fitted
+        if known is None or known[0] is not self.count:
+            known = sums.fitted = (self.count, sums.usable * (sums.count >= self.count))
+        return known[1]
 
     def f(self, sums: GPUSums, cpu_free: int | None) -> float:
         """F_n(M) in milli-GPU of a node with these sums and free CPU (None: unlimited)."""
@@ -209,25 +222,23 @@ class TypeTable:
         return self.f_many([sums], cpu_free)[0] if value is None else value
 
     def f_many(self, many: Sequence[GPUSums], cpu_free: int | None) -> list[float]:
-        """`f` of each of `many` at the same free CPU, the ones not known yet computed in one pass."""
+        """`f` of each of `many` at the same free CPU (memoised on each)."""
         key = (id(self), self.cpu_class(cpu_free))
-        values: dict[int, float] = {}
-        todo: list[int] = []
-        for k, sums in enumerate(many):
-            value = 0.0 if sums.idle == 0 or not len(self.types) else sums.known.get(key)
+        cap, weights = self._terms(cpu_free)
+        total, scale = self.weight_total, float(1 << WEIGHT_BITS)
+        values: list[float] = []
+        for sums in many:
+            if sums.idle == 0 or not len(self.types):
+                values.append(0.0)
+                continue
+            value = sums.known.get(key)
             if value is None:
-                todo.append(k)
-            else:
-                values[k] = value
-        if todo:
-            # the idle share less what each type with enough fitting GPUs can use of it (`_cap`), weighed; every
-            # term is an integer (shares, counts, caps, weights), so the sums are exact however they are grouped
-            count = np.array([many[k].count for k in todo])
-            used = np.minimum(np.array([many[k].usable for k in todo]), self._cap(cpu_free)) * (count >= self.count)
-            idle = np.array([many[k].idle for k in todo], dtype=np.float64)
-            for k, value in zip(todo, ((idle * self.weight_total - used @ self.weights) / (1 << WEIGHT_BITS)).tolist()):
-                values[k] = many[k].known[key] = value
-        return [values[k] for k in range(len(many))]
+                # the idle share less what each type can use of it, weighed; every term is an integer (shares,
+                # caps, weights), so the sum is exact however it is grouped
+                used = self._fitted(sums) if cap is None else np.minimum(self._fitted(sums), cap)
+                value = sums.known[key] = (sums.idle * total - float(used @ weights)) / scale
+            values.append(value)
+        return values
 
     def fragment(self, devices: Sequence[GPUDevice], usage: Sequence[GPUUsage], cpu_free: int | None) -> float:
         """F_n(M) in milli-GPU for a node with these GPUs, usage and free CPU (None: unlimited)."""
