@@ -72,7 +72,7 @@ class _FragOrder:
         policy, node, pod = self.policy, self.node, self.pod
         table = policy.table
         start = table.sums(devices, usage)
-        cpu, cpu_after = policy._cpu(node), policy._cpu_after(node, pod)
+        cpu, cpu_after = policy._cpu_read(node, pod)
         # per state of a candidate GPU: the integer score and tie-break of moving the request onto it
         states: dict[GPURaw, int] = {}
         moves: list[tuple[int, GPUDevice, GPURaw]] = []
@@ -145,16 +145,14 @@ class _FragDescent(NodePolicy):
         self.epoch += 1
         return True
 
-    def _cpu(self, node: NodeContext | None) -> int | None:
-        """The free CPU (milli) F reads on a node (None: unlimited)."""
-        return None if node is None else node.cpu_free
-
-    def _cpu_after(self, node: NodeContext | None, pod: PodContext | None) -> int | None:
-        """The free CPU F reads on a node once `pod` is placed there."""
-        return None if node is None else node.cpu_free - (pod.cpu if pod else 0)
+    def _cpu_read(self, node: NodeContext | None, pod: PodContext | None) -> tuple[int | None, int | None]:
+        """The free CPU (milli) F reads on a node, and once `pod` is placed there (None: unlimited)."""
+        if node is None:
+            return None, None
+        return node.cpu_free, node.cpu_free - (pod.cpu if pod else 0)
 
     def _cpu_pair(self, cpu_free: int, memory_free: int, pod: PodContext) -> tuple[int, int]:
-        """`_cpu` and `_cpu_after` of a node with this free CPU and memory."""
+        """`_cpu_read` of a node with this free CPU and memory."""
         return cpu_free, cpu_free - pod.cpu
 
     def _table_class(self, before: int | None, after: int | None) -> int:
@@ -167,7 +165,7 @@ class _FragDescent(NodePolicy):
         return self._table_class(*self._cpu_pair(cpu_free, memory_free, pod))
 
     def order_class(self, node: NodeContext | None, pod: PodContext) -> int:
-        return self._table_class(self._cpu(node), self._cpu_after(node, pod))
+        return self._table_class(*self._cpu_read(node, pod))
 
     def _move_scores(self, start: GPUSums, ends: Sequence[GPUSums], cpu: int | None, after: int | None,
                      contextual: bool) -> list[tuple[int, float]]:
@@ -199,7 +197,7 @@ class _FragDescent(NodePolicy):
         table = self._target[0]
         start = table.sums(devices, usage)
         last = self._last_order
-        cpu, after = self._cpu(node), self._cpu_after(node, pod)
+        cpu, after = self._cpu_read(node, pod)
         known = None
         if (len(requests) == 1 and requests[0] is last[3] and len(result.placement[0]) == 1 and last[0] is start
                 and last[1] == cpu and last[2] == after):
@@ -281,6 +279,7 @@ class FragAware(_FragDescent):
         self._target = (table, table.with_cpu_capacity(scarcity_weights(types, self._capacity)))
         self._last_order = (None, None, None, None, {})
         self._context_classes: dict[tuple[int, int, int, int], int] = {}  # `context_class`, memoised
+        self._last_read: tuple[NodeContext | None, PodContext | None, tuple[int, int]] = (None, None, (0, 0))
         # fixed with the target, so that the scores of unchanged nodes change only with the epoch
         ratio = self._observed_ratio()
         self._per_memory = (ratio.numerator, ratio.denominator) if ratio else None
@@ -312,15 +311,19 @@ class FragAware(_FragDescent):
         ratio = self._per_memory
         return cpu if ratio is None else min(cpu, memory * ratio[0] // ratio[1])
 
-    def _cpu(self, node: NodeContext | None) -> int | None:
-        return None if node is None else self._fed_by_memory(node.cpu_free, node.memory_free)
-
-    def _cpu_after(self, node: NodeContext | None, pod: PodContext | None) -> int | None:
+    def _cpu_read(self, node: NodeContext | None, pod: PodContext | None) -> tuple[int | None, int | None]:
+        # one evaluation asks it for its GPU order, its fit's order and its score: the last answer is kept (both
+        # contexts are immutable, and held here, so `is` cannot be fooled by a reused id)
         if node is None:
-            return None
-        if pod is None:
-            return self._cpu(node)
-        return self._fed_by_memory(node.cpu_free - pod.cpu, node.memory_free - pod.memory)
+            return None, None
+        last = self._last_read
+        if last[0] is node and last[1] is pod:
+            return last[2]
+        before = self._fed_by_memory(node.cpu_free, node.memory_free)
+        pair = (before, before if pod is None else
+                self._fed_by_memory(node.cpu_free - pod.cpu, node.memory_free - pod.memory))
+        self._last_read = (node, pod, pair)
+        return pair
 
     def _cpu_pair(self, cpu_free: int, memory_free: int, pod: PodContext) -> tuple[int, int]:
         return (self._fed_by_memory(cpu_free, memory_free),
