@@ -61,6 +61,7 @@ __all__ = ["REFRESH_BUDGET", "RESCORE_LIMIT", "TIER_STEP", "WARM_BOARDS", "Choic
 REFRESH_BUDGET = 2
 RESCORE_LIMIT = 4
 RESCORE_HEAD = 32  # stale contenders sorted before the first is rescored (the rest only when reached)
+FULL_SORT = 512  # stale contenders up to which one sort of all is cheaper than sorting the head first
 MEMO_LIMIT = 200_000  # evaluations kept before the memo starts over
 KEY_LIMIT = 200_000  # distinct GPU states (and pod signatures) numbered before the numbering starts over
 BOARD_LIMIT = 256  # pod shapes whose per-node results are kept (least recently used dropped first)
@@ -145,11 +146,14 @@ def _stale(entry: Evaluation | None, epoch: int) -> bool:
 def _best_first(values: np.ndarray, ranks: np.ndarray, slots: np.ndarray,
                 head: int) -> Iterator[list[tuple[float, int, int]]]:
     """(value, rank, slot) of each node, higher value then lower rank (then lower slot) first: about the `head`
-    first in one sorted list, then the others in a second (sorted only if reached)."""
+    first in one sorted list, then the others in a second (made only if reached). Up to `FULL_SORT` nodes are sorted
+    at once; of more, only the head first (the rest sorted only if reached)."""
     n = len(values)
-    if n <= head:
+    if n <= FULL_SORT:
         order = np.lexsort((slots, ranks, -values))
-        yield list(zip(values[order].tolist(), ranks[order].tolist(), slots[order].tolist()))
+        for part in (order[:head], order[head:]):
+            if len(part):
+                yield list(zip(values[part].tolist(), ranks[part].tolist(), slots[part].tolist()))
         return
     threshold = np.partition(values, n - head)[n - head]
     top, at = values > threshold, values == threshold
@@ -159,9 +163,9 @@ def _best_first(values: np.ndarray, ranks: np.ndarray, slots: np.ndarray,
         top |= at & (ranks <= np.partition(tied, need - 1)[need - 1])
     else:
         top |= at
-    for part in (top, ~top):
-        order = np.lexsort((slots[part], ranks[part], -values[part]))
-        yield list(zip(values[part][order].tolist(), ranks[part][order].tolist(), slots[part][order].tolist()))
+    for mask in (top, ~top):
+        order = np.lexsort((slots[mask], ranks[mask], -values[mask]))
+        yield list(zip(values[mask][order].tolist(), ranks[mask][order].tolist(), slots[mask][order].tolist()))
 
 
 def _better(score: float, rank: int, best: tuple[float, int] | None) -> bool:
@@ -448,6 +452,7 @@ class Placement:
         if stale.any() and self.refresh_budget > 0:
             self._refresh_some(board, mine[stale], epoch, self.refresh_budget)
             score, past = board.score[mine], board.epoch[mine]
+            fits = score > FAIL  # a refit under the current target may fail where an earlier one fitted
             stale = fits & (past != epoch)
         best = self._best(mine, score, fits & ~stale, extra, states)
         if stale.any():
@@ -469,14 +474,20 @@ class Placement:
         """Rescore stale nodes in candidate order; a node whose evaluation is already current (shared with a node
         in the same state) costs nothing."""
         picked: list[int] = []
-        for slot in stale.tolist():
-            entry = board.entries[slot]
-            if entry is not None and entry.epoch == epoch:
-                self._store(board, slot, entry)
+        start, step = 0, 4 * budget + 4  # read a few at a time: most requests stop soon after `budget` stale nodes
+        while start < len(stale):
+            for slot in stale[start:start + step].tolist():
+                entry = board.entries[slot]
+                if entry is not None and entry.epoch == epoch:
+                    self._store(board, slot, entry)
+                    continue
+                if len(picked) >= budget:
+                    break
+                picked.append(slot)
+            else:
+                start, step = start + step, 2 * step
                 continue
-            if len(picked) >= budget:
-                break
-            picked.append(slot)
+            break
         self._refresh(board, picked, epoch)
 
     def _best(self, mine: np.ndarray, score: np.ndarray, current: np.ndarray,

@@ -5,6 +5,7 @@ Used by the request parser; a quantity that is not well formed raises ValueError
 
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 __all__ = ["parse_integer_quantity", "parse_quantity"]
 
@@ -36,6 +37,11 @@ def parse_quantity(value: object) -> Fraction:
         return Fraction(value)
     if not isinstance(value, str):
         raise ValueError(f"not a quantity: {value!r}")
+    return _parse_text(value)
+
+
+@lru_cache(maxsize=4096)  # pods repeat a few quantities ("4", "8Gi"); a Fraction is immutable, so one may be shared
+def _parse_text(value: str) -> Fraction:
     text = value.strip()
     if not text or len(text) > _MAX_LEN:
         raise ValueError(f"not a quantity: {value!r}")
