@@ -151,9 +151,10 @@ class DRAPlacement:
                 if asked.problem:
                     log.info("event=dra_pod_neutral pod=%s reason=%s", pod_ref(pod)["name"], asked.problem)
                 return filter_result(names, objects, names, {}, {})
-            self._show(host, pod, asked.requests)
+            context = PodContext(*pod_cpu_memory(pod))
+            self._show(host, pod, asked.requests, context)
             with host.ledger.lock:  # the policy's learner rebuilds under this lock
-                choice, skipped = self.view.choose(names, pod, asked.requests)
+                choice, skipped = self.view.choose(names, pod, asked.requests, context)
         except VGPUError as exc:
             host.events(pod_ref(pod), "Warning", "FilteringFailed", str(exc))
             return filter_result(names, objects, [], {}, {}, error=str(exc))
@@ -221,8 +222,9 @@ class DRAPlacement:
         """`DRAView.warm`: stale scores of the DRA nodes rescored, then the changed ones evaluated."""
         return self.view.warm(budget)
 
-    def _show(self, host: ExtenderHost, pod: Mapping[str, Any], requests: tuple[ContainerRequest, ...]) -> None:
-        """Show a DRA pod to the node policy once, as the pod watch does for pods with our extended resources."""
+    def _show(self, host: ExtenderHost, pod: Mapping[str, Any], requests: tuple[ContainerRequest, ...],
+              context: PodContext | None = None) -> None:
+        """Show a DRA pod to the node policy once, as the pod watch does for pods with our extended resources
+        (`context`: its CPU and memory, when already read)."""
         if self.view.first_sight(pod):
-            cpu, memory = pod_cpu_memory(pod)
-            host.show_policy(requests, PodContext(cpu=cpu, memory=memory))
+            host.show_policy(requests, PodContext(*pod_cpu_memory(pod)) if context is None else context)

@@ -378,12 +378,13 @@ class DRAView:
         with self._claim_arrived:
             self._claim_arrived.wait_for(lambda: all(key in self._claims for key in keys), timeout)
 
-    def choose(self, names: Iterable[str], pod: Mapping[str, Any],
-               requests: tuple[ContainerRequest, ...]) -> tuple[Choice, dict[str, str]]:
+    def choose(self, names: Iterable[str], pod: Mapping[str, Any], requests: tuple[ContainerRequest, ...],
+               context: PodContext | None = None) -> tuple[Choice, dict[str, str]]:
         """Place the pod's claim requests over the candidate nodes: the placement's choice, and the candidates that
-        cannot take DRA pods of our driver with the reason."""
-        cpu, memory = pod_cpu_memory(pod)
-        context = PodContext(cpu=cpu, memory=memory)
+        cannot take DRA pods of our driver with the reason (`context`: the pod's CPU and memory, when already
+        read)."""
+        if context is None:
+            context = PodContext(*pod_cpu_memory(pod))
         with self._lock:
             self._refresh()
             states, _, skipped, slots = self._candidates(list(names))
