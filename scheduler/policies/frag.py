@@ -170,7 +170,7 @@ class _FragDescent(NodePolicy):
     def _move_scores(self, start: GPUSums, ends: Sequence[GPUSums], cpu: int | None, after: int | None,
                      contextual: bool) -> list[tuple[int, float]]:
         """For placements that take a node's GPUs from `start` to each of `ends` (sums) and its free CPU from `cpu`
-        to `after` (`_cpu`, `_cpu_after`): FGD's integer score, and the tie-break in [0, TIE_WEIGHT]: the sigmoid of
+        to `after` (`_cpu_read`): FGD's integer score, and the tie-break in [0, TIE_WEIGHT]: the sigmoid of
         the change of the second table's measure (fragaware), 0 without one or without node context
         (`contextual`). Only nodes of equal integer score are compared by the tie-break."""
         table, second = self._target
