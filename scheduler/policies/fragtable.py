@@ -37,7 +37,7 @@ def gpu_raw(device: GPUDevice, used: GPUUsage) -> GPURaw:
 
 class GPUSums:
     """A node's GPUs summed per target type: how many GPUs fit the type, their idle share, and the node's idle
-    share (all exact integers), plus each GPU's own vectors so that a change of one GPU is two vector updates."""
+    share (all exact integers), plus each GPU's own vectors so that a change of one GPU is one vector update."""
 
     __slots__ = ("count", "fitted", "idle", "known", "raws", "stacked", "usable", "vectors")
 
@@ -170,30 +170,26 @@ class TypeTable:
         instead, each applied to `sums` alone: the sums of a node in that state when known (`sums`; they carry their
         memoised F), else updated from `sums` and not kept (in a cluster of many GPU states they are seldom met
         again, and keeping them pushes the nodes' own sums out)."""
-        known: dict[int, GPUSums] = {}
-        todo: list[tuple[int, int, GPUVector, tuple[GPURaw, ...]]] = []
+        out: list[GPUSums] = []
         old = sums.vectors
-        for k, (index, device, raw) in enumerate(moves):
+        for index, device, raw in moves:
             raws = sums.raws[:index] + (raw,) + sums.raws[index + 1:] if sums.raws else ()
             found = self._sums.get(raws) if raws else None
             if found is None:
-                todo.append((k, index, self.vector(device, GPUUsage(*raw[4:]), raw), raws))
-            else:
-                known[k] = found
-        for k, index, vector, raws in todo:
-            vectors = list(old)
-            vectors[index] = vector
-            known[k] = GPUSums(sums.stacked + (vector[3] - old[index][3]), sums.idle - old[index][2] + vector[2],
-                               vectors, raws)
-        return [known[k] for k in range(len(moves))]
+                vector = self.vector(device, GPUUsage(*raw[4:]), raw)
+                vectors = list(old)
+                vectors[index] = vector
+                found = GPUSums(sums.stacked + (vector[3] - old[index][3]), sums.idle - old[index][2] + vector[2],
+                                vectors, raws)
+            out.append(found)
+        return out
 
-    def _terms(self, cpu_free: int | None) -> tuple[np.ndarray | None, np.ndarray]:
-        """Per type at this free CPU: the most of a node's usable idle share the type can take, and its weight. A
-        type the node cannot host takes nothing (FGD: GPU types only; with `cpu_capacity` a CPU-only type too, when
-        the CPU covers it, and the node's GPUs then strand nothing for it); else it takes the GPU share the CPU can
-        feed, or all of it. Without a finite bound the caps are left out (None) and a type the node cannot host
-        weighs 0 instead."""
-        cls = self.cpu_class(cpu_free)
+    def _terms(self, cls: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """Per type at this CPU class (`cpu_class`): the most of a node's usable idle share the type can take, and
+        its weight. A type the node cannot host takes nothing (FGD: GPU types only; with `cpu_capacity` a CPU-only
+        type too, when the CPU covers it, and the node's GPUs then strand nothing for it); else it takes the GPU
+        share the CPU can feed, or all of it. Without a finite bound the caps are left out (None) and a type the
+        node cannot host weighs 0 instead."""
         terms = self._cpu_terms.get(cls)
         if terms is None:
             if len(self._cpu_terms) >= MEMO_LIMIT:
@@ -223,9 +219,9 @@ class TypeTable:
 
     def f_many(self, many: Sequence[GPUSums], cpu_free: int | None) -> list[float]:
         """`f` of each of `many` at the same free CPU (memoised on each)."""
-        key = (id(self), self.cpu_class(cpu_free))
-        cap, weights = self._terms(cpu_free)
-        total, scale = self.weight_total, float(1 << WEIGHT_BITS)
+        cls = self.cpu_class(cpu_free)
+        key = (id(self), cls)
+        terms: tuple[np.ndarray | None, np.ndarray] | None = None  # read on the first value not known yet
         values: list[float] = []
         for sums in many:
             if sums.idle == 0 or not len(self.types):
@@ -233,10 +229,13 @@ class TypeTable:
                 continue
             value = sums.known.get(key)
             if value is None:
+                if terms is None:
+                    terms = self._terms(cls)
+                cap, weights = terms
                 # the idle share less what each type can use of it, weighed; every term is an integer (shares,
                 # caps, weights), so the sum is exact however it is grouped
                 used = self._fitted(sums) if cap is None else np.minimum(self._fitted(sums), cap)
-                value = sums.known[key] = (sums.idle * total - float(used @ weights)) / scale
+                value = sums.known[key] = (sums.idle * self.weight_total - float(used @ weights)) / (1 << WEIGHT_BITS)
             values.append(value)
         return values
 
