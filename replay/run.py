@@ -42,11 +42,12 @@ from vgpu.scheduler.policies import make_policy
 from vgpu.scheduler.policies.base import NodePolicy
 from vgpu.scheduler.policies.shares import lowest_index_order
 
-__all__ = ["FLAT", "MODES", "Candidates", "RunResult", "curve", "load_trace", "new_placement", "prepare_policy",
-           "replay", "run_many", "run_one"]
+__all__ = ["FLAT", "MODES", "WORK", "Candidates", "RunResult", "curve", "load_trace", "new_placement",
+           "prepare_policy", "replay", "run_many", "run_one"]
 
 MODES = ("deviceplugin", "dra", "dra-naive")
 FLAT = "@flat"  # the suffix of a policy name that turns placement's topology awareness off
+WORK = ("evaluated", "evaluations", "scorings")  # `Placement`'s counts of its work that `replay` reports
 
 
 @dataclass(slots=True)
@@ -148,10 +149,12 @@ def replay(
     mode: str = "deviceplugin",
     topology: bool = True,
     tiers: dict[int, int] | None = None,
+    work: dict[str, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Place `sequence` one pod at a time; per event the arrived and allocated milli-GPU and the node (-1: failed).
     `mode` (`MODES`, module docstring) says who picks the GPUs inside the chosen node; `topology` is placement's
-    option; `tiers`, when given, gets the topology tier (`fit.topology_tier`) of every placed multi-GPU pod by event.
+    option; `tiers`, when given, gets the topology tier (`fit.topology_tier`) of every placed multi-GPU pod by event;
+    `work`, when given, gets placement's counts of node states evaluated, fits and scores computed (`WORK`).
 
     As in the extender, the policy counts each pod before it is placed and relearns after it (`relearn`, off the
     request path: a new target applies from the next pod); `background` stale results are rescored between pods,
@@ -192,6 +195,8 @@ def replay(
             placement.refresh(background)
         if on_pod is not None:
             on_pod(e)
+    if work is not None:
+        work.update((name, getattr(placement, name)) for name in WORK)
     return arrived_hist, alloc_hist, where
 
 

@@ -204,7 +204,10 @@ class Placement:
         self._base = 0  # change-log entries dropped so far
         self._next_trim = LOG_TRIM  # log length at which the entries every board has read are dropped
         self._boards: OrderedDict[int, _Board] = OrderedDict()  # by pod signature, least recently used first
-        self.evaluations = 0  # fits computed (for benchmarks)
+        # work done, for benchmarks: node states evaluated (results not found in the memo), fits and scores computed
+        self.evaluated = 0
+        self.evaluations = 0
+        self.scorings = 0
 
     # ------------------------------------------------------------------ nodes and keys
 
@@ -280,6 +283,7 @@ class Placement:
         entry = self._memo.get(key)
         node = None
         if entry is None or (entry.fit_epoch != epoch and entry.epoch != ANY_EPOCH):
+            self.evaluated += 1
             # a fit that no GPU order of the policy could change is stored for every context class
             known = self._fits.get((key[0], ANY_CLASS, key[2]))
             if known is None:
@@ -314,6 +318,7 @@ class Placement:
             if self.topology and pod.multi_gpu:
                 entry.score -= TIER_STEP * topology_tier(state.devices, entry.result.placement)
             entry.epoch = epoch
+            self.scorings += 1
         return entry
 
     def evaluate(self, state: NodeState, pod: PodShape, want_score: bool = True) -> tuple[FitResult, float]:
