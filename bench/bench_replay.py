@@ -6,7 +6,7 @@ Rows: `fgd` and `fragaware` as `vgpu replay` runs them (stale results rescored o
 which is what the extender does when its learner thread finishes before the next request (the setting of
 tests/replay/test_replay_extender.py). Issues 20 and 32's goal: one replay of ours within 1.5 x FGD's time.
 Beside the time, placement's work (`replay.run.WORK`): node states evaluated (results not in the memo), fits and
-scores computed, in thousands per run; the states evaluated are most of the time, for every policy.
+scores computed, in thousands per run; the time follows the states evaluated (docs/placement.md, Performance).
 
 Usage: nice .venv/bin/python bench/bench_replay.py [--trace default] [--seeds 3]
 """
