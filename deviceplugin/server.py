@@ -143,7 +143,12 @@ class ResourceService(pb_grpc.DevicePluginServicer):
         devices = []
         for gpu in gpus:
             status = HEALTHY if health.get(gpu.uuid) else UNHEALTHY
-            topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=gpu.numa)]) if gpu.numa is not None else None
+            # A share's GPU is the extender's choice, named in the pod's grant before kubelet admits it; a NUMA node
+            # on a share would let kubelet's Topology Manager (any policy but none) offer Allocate only the devices
+            # of the NUMA node it prefers, other GPUs than the grant's, and fail the pod. Only a whole GPU, which
+            # kubelet itself chooses, says where it sits.
+            numa = gpu.numa if self.kind == WHOLE else None
+            topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=numa)]) if numa is not None else None
             for i in range(self.per_gpu(gpu)):
                 devices.append(pb.Device(ID=gpu.uuid + self._suffix(i), health=status, topology=topology))
         return pb.ListAndWatchResponse(devices=devices)

@@ -8,11 +8,14 @@
     extender is our `vgpu scheduler`;
   * deploy/'s namespace, RBAC and admission policies applied with kubectl, as an operator would;
   * per node: a mount namespace of its own (kubelet's device-plugin directory is fixed at
-    /var/lib/kubelet/device-plugins, so two kubelets on one machine each need their own), containerd
+    /var/lib/kubelet/device-plugins, so two kubelets on one machine each need their own; with `numa_nodes` the
+    machine's NUMA layout that kubelet's Topology Manager reads is replaced there by one of that many nodes), containerd
     (testbed/containerd.py) whose runc is the NVIDIA container runtime stand-in (testbed/nvidia_runtime.py), the
     real kubelet, and our `vgpu device-plugin` (or `vgpu dra-plugin`) with a ServiceAccount token bound to the node,
     the simulated libnvidia-ml.so.1 describing the node's GPUs (testbed/machine.py);
-  * with `webhook=True` our `vgpu webhook`, registered by the chart's MutatingWebhookConfiguration pointed at it.
+  * with `webhook_configuration` (such as the chart's MutatingWebhookConfiguration) our `vgpu webhook` over HTTPS,
+    registered by that configuration with each clientConfig turned into its URL: kube-apiserver reaches a webhook
+    Service through its endpoints, and an endpoint may not be a loopback address.
 The upstream programs come from testbed/upstream/build.sh's cache (`upstream_bin()`); `unavailable()` says what
 is missing. Pods are real containers of a local image (an empty root filesystem; `host_software()` gives the
 hostPath volumes that bring this machine's Python, the virtual environment and the checkout in).
@@ -20,7 +23,9 @@ hostPath volumes that bring this machine's Python, the virtual environment and t
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import copy
 import json
 import os
 import shutil
@@ -144,6 +149,41 @@ def remove_cgroup(paths: Iterable[Path]) -> None:
             top.rmdir()
 
 
+_SYS_NODES = Path("/sys/devices/system/node")
+_SYS_CPUS = Path("/sys/devices/system/cpu")
+
+
+def numa_sysfs(folder: Path, nodes: int) -> Path:
+    """A copy of /sys/devices/system/node describing this machine as `nodes` NUMA nodes, its CPUs dealt out in turn
+    and each node with node 0's memory figures: what kubelet (cAdvisor's sysfs reader: node*/cpu*, meminfo,
+    distance, hugepages) sees when it is bound over the real one in a node's mount namespace. Test infrastructure
+    for the Topology Manager, as the simulated NVML is for the GPUs."""
+    cpus = sorted(int(p.name[3:]) for p in _SYS_CPUS.glob("cpu[0-9]*"))
+    source = _SYS_NODES / "node0"
+    folder.mkdir(parents=True, exist_ok=True)
+    span = f"0-{nodes - 1}" if nodes > 1 else "0"
+    for name in ("online", "possible", "has_cpu", "has_memory", "has_normal_memory"):
+        (folder / name).write_text(span + "\n")
+    for index in range(nodes):
+        node = folder / f"node{index}"
+        node.mkdir(exist_ok=True)
+        mine = [cpu for cpu in cpus if cpu % nodes == index]
+        for cpu in mine:
+            link = node / f"cpu{cpu}"
+            if not link.is_symlink():
+                link.symlink_to(_SYS_CPUS / f"cpu{cpu}")
+        (node / "cpulist").write_text(",".join(map(str, mine)) + "\n")
+        (node / "distance").write_text(" ".join("10" if i == index else "20" for i in range(nodes)) + "\n")
+        (node / "meminfo").write_text((source / "meminfo").read_text().replace("Node 0 ", f"Node {index} "))
+        for pages in (source / "hugepages").glob("hugepages-*"):
+            target = node / "hugepages" / pages.name
+            target.mkdir(parents=True, exist_ok=True)
+            for counter in ("nr_hugepages", "free_hugepages", "surplus_hugepages"):
+                if (pages / counter).exists():
+                    (target / counter).write_text((pages / counter).read_text())
+    return folder
+
+
 class UpstreamNode:
     """One node: its mount namespace, containerd, kubelet and our plugin, with their paths."""
 
@@ -180,8 +220,11 @@ class UpstreamCluster:
     """The real control plane, N nodes of real kubelets and containerd, and our components; see the module text."""
 
     def __init__(self, workdir: str | os.PathLike[str], nodes: int = 2, gpus: str | list[str] = "2xA100-40GB",
-                 topology_policy: str = "none", dra: bool = False, webhook: bool = False,
-                 log_level: str = "INFO", scheduler_args: Iterable[str] = (), plugin_args: Iterable[str] = ()) -> None:
+                 topology_policy: str = "none", numa_nodes: int = 0, dra: bool = False,
+                 manifests: list[dict] | None = None,
+                 webhook_configuration: dict | None = None,
+                 webhook_args: Iterable[str] = (), log_level: str = "INFO", scheduler_args: Iterable[str] = (),
+                 plugin_args: Iterable[str] = ()) -> None:
         found = upstream_dir()
         if found is None:
             raise RuntimeError(unavailable())
@@ -192,8 +235,11 @@ class UpstreamCluster:
         self.logs = self.workdir / "logs"
         self.pki = self.workdir / "pki"
         self.dra = dra
-        self.webhook_enabled = webhook
+        self.manifests = manifests
+        self.webhook_configuration = webhook_configuration
+        self.webhook_args = list(webhook_args)
         self.topology_policy = topology_policy
+        self.numa_nodes = numa_nodes
         self.log_level = log_level
         self.scheduler_args = list(scheduler_args) + (["--dra"] if dra else [])
         self.plugin_args = list(plugin_args)
@@ -348,7 +394,14 @@ class UpstreamCluster:
         self.wait("kube-apiserver ready", lambda: self.http.get("/readyz").status_code == 200, 120, proc=proc)
 
     def _apply_deploy(self) -> None:
-        """deploy/'s namespace, RBAC and admission policies (and DRA's classes and RBAC), applied with kubectl."""
+        """What an operator installs: `manifests` (such as the chart's render) into a namespace created for them,
+        or else deploy/'s namespace, RBAC and admission policies (DRA mode: its classes and RBAC too); kubectl."""
+        if self.manifests is not None:
+            self.kubectl("create", "namespace", NAMESPACE)
+            path = self.workdir / "manifests.yaml"
+            path.write_text(yaml.safe_dump_all(self.manifests))
+            self.kubectl("apply", "--server-side", "-f", str(path))
+            return
         files = [DEPLOY / "namespace.yaml", *sorted((DEPLOY / "rbac").glob("*.yaml")),
                  *sorted((DEPLOY / "admission").glob("*.yaml"))]
         if self.dra:
@@ -379,20 +432,38 @@ class UpstreamCluster:
         self.wait("the extender ready", lambda: httpx.get(
             f"http://127.0.0.1:{self.extender_port}/readyz", timeout=2).status_code == 200, 60, proc=proc)
 
+    def _start_webhook(self) -> None:
+        assert self._ca is not None and self.webhook_configuration is not None
+        cert, key = self._ca.issue("webhook", "vgpu-webhook", dns_names=["localhost"], ips=["127.0.0.1"], server=True)
+        proc = self._proc("webhook", _vgpu(
+            "--log-level", self.log_level, "webhook", "--listen", f"127.0.0.1:{self.webhook_port}",
+            "--tls-cert-file", str(cert), "--tls-private-key-file", str(key), *self.webhook_args))
+        context = ssl.create_default_context(cafile=str(self._ca.cert))
+        self.wait("the webhook", lambda: httpx.get(f"https://127.0.0.1:{self.webhook_port}/healthz", timeout=2,
+                                                   verify=context).status_code == 200, 60, proc=proc)
+        doc = copy.deepcopy(self.webhook_configuration)
+        bundle = base64.b64encode(self._ca.cert.read_bytes()).decode()
+        for hook in doc.get("webhooks") or ():
+            path = ((hook.get("clientConfig") or {}).get("service") or {}).get("path", "/")
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{self.webhook_port}{path}", "caBundle": bundle}
+        path = self.workdir / "webhook-configuration.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+
     def scheduler_configuration(self) -> dict:
-        """deploy/'s KubeSchedulerConfiguration (DRA mode: deploy/dra/scheduler's), with the extender's address
-        and kube-scheduler's kubeconfig filled in."""
-        folder = DEPLOY / "dra" / "scheduler" if self.dra else DEPLOY / "scheduler"
-        for path in sorted(folder.glob("*.yaml")):
-            for doc in yaml.safe_load_all(path.read_text()):
-                if doc and doc.get("kind") == "ConfigMap" and "config.yaml" in (doc.get("data") or {}):
-                    config = yaml.safe_load(doc["data"]["config.yaml"])
-                    break
-            else:
-                continue
-            break
+        """The KubeSchedulerConfiguration installed (the `vgpu-scheduler-config` ConfigMap of `manifests`, else
+        deploy/'s, in DRA mode deploy/dra/scheduler's), with the extender's address and kube-scheduler's
+        kubeconfig filled in."""
+        if self.manifests is not None:
+            docs = self.manifests
         else:
-            raise FileNotFoundError(f"no KubeSchedulerConfiguration ConfigMap in {folder}")
+            folder = DEPLOY / "dra" / "scheduler" if self.dra else DEPLOY / "scheduler"
+            docs = [doc for path in sorted(folder.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())]
+        found = [doc for doc in docs if doc and doc.get("kind") == "ConfigMap"
+                 and doc["metadata"]["name"] == "vgpu-scheduler-config"]
+        if not found:
+            raise FileNotFoundError("no vgpu-scheduler-config ConfigMap installed")
+        config = yaml.safe_load(found[0]["data"]["config.yaml"])
         for extender in config.get("extenders") or []:
             extender["urlPrefix"] = f"http://127.0.0.1:{self.extender_port}"
         config["clientConnection"] = {"kubeconfig": self.token_kubeconfig("vgpu-kube-scheduler")}
@@ -441,6 +512,9 @@ class UpstreamCluster:
                   != os.readlink("/proc/self/ns/mnt"), 10, proc=node.holder)
         subprocess.run([*node.nsenter(), "mount", "--bind", str(node.device_plugins), _DEVICE_PLUGIN_DIR],
                        check=True, capture_output=True, timeout=10)
+        if self.numa_nodes > 1:
+            subprocess.run([*node.nsenter(), "mount", "--bind", str(numa_sysfs(node.dir / "numa", self.numa_nodes)),
+                            str(_SYS_NODES)], check=True, capture_output=True, timeout=10)
         runc = shutil.which("runc") or "runc"
         wrapper = wrapper_script(node.dir / "nvidia-container-runtime", node.gpus, node.name,
                                  isolation_paths()[1], node.state_dir, runc)
@@ -486,6 +560,8 @@ class UpstreamCluster:
         self._start_controller_manager()
         self._start_extender()
         self._start_scheduler()
+        if self.webhook_configuration is not None:
+            self._start_webhook()
         for node in self.nodes:
             self._start_node(node)
         for node in self.nodes:

@@ -16,7 +16,7 @@ from dp_helpers import NODE
 from test_dp_nvml import start_nvml_plugin
 
 from vgpu.deviceplugin.registrar import topology_value
-from vgpu.deviceplugin.server import DeviceState
+from vgpu.deviceplugin.server import NUMBER, WHOLE, DeviceState, ResourceService
 from vgpu.errors import ConfigError
 from vgpu.inventory import decode_topology
 from vgpu.node.backends import GPUInfo
@@ -129,3 +129,16 @@ def test_the_plugin_publishes_the_topology_beside_the_inventory(cluster):
     assert [(t.island, t.numa) for t in decoded.values()] == [(0, 0), (0, 0), (2, 0), (2, 1), (-1, 1), (-1, 1)]
     assert list(decoded) == [g.uuid for g in gpus]
     assert json.loads(value)[gpus[4].uuid] == {"numa": 1}
+
+
+def test_only_whole_gpus_carry_their_numa_node_to_kubelet():
+    """kubelet's Topology Manager restricts Allocate to the devices of the NUMA node it prefers (devicemanager
+    `filterByAffinity`); a share's GPU is already chosen in its grant, so shares say no NUMA node
+    (tests/realk8s/test_realk8s_topology.py shows the failure with the real kubelet)."""
+    state = DeviceState([GPUInfo("GPU-a", "A100", 40960, minor=0, numa=0), GPUInfo("GPU-b", "A100", 40960, minor=1,
+                                                                                 numa=1)])
+    shares = ResourceService(NUMBER, "volcano.sh/vgpu-number", state, lambda gpu: 2).device_list()
+    assert [(d.ID, d.HasField("topology")) for d in shares.devices] == [
+        ("GPU-a-0", False), ("GPU-a-1", False), ("GPU-b-0", False), ("GPU-b-1", False)]
+    whole = ResourceService(WHOLE, "nvidia.com/gpu", state, lambda gpu: 1).device_list()
+    assert [(d.ID, [n.ID for n in d.topology.nodes]) for d in whole.devices] == [("GPU-a", [0]), ("GPU-b", [1])]

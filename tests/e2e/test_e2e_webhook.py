@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
-import helm_python as helm
 import pytest
-import yaml
 from capabilities import tool
+from chart_render import webhook_configuration
 from e2e_helpers import TERMINAL, WORKLOAD, phase, reports, wait_until
 
 from vgpu import keys
@@ -26,20 +24,11 @@ from vgpu.assignment import decode
 pytestmark = pytest.mark.slow
 
 NS = "team"
-CHART = Path(__file__).resolve().parents[2] / "charts" / "vgpu-sharing"
-
-
-def chart_webhook_configuration() -> dict:
-    """The MutatingWebhookConfiguration of the chart's default render."""
-    rendered = helm.Chart.load(str(CHART)).render({}, name="vgpu-sharing", namespace="vgpu-system")
-    docs = [d for path, text in rendered.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
-    (doc,) = [d for d in docs if d["kind"] == "MutatingWebhookConfiguration"]
-    return doc
 
 
 @pytest.fixture(scope="module")
 def cluster(make_cluster):
-    return make_cluster(nodes=1, gpus="4xA100-40GB", webhook_configuration=chart_webhook_configuration(),
+    return make_cluster(nodes=1, gpus="4xA100-40GB", webhook_configuration=webhook_configuration(),
                         webhook_args=["--replace-scheduler-names", "default-scheduler,volcano"])
 
 

@@ -1,11 +1,24 @@
-"""Device-plugin mode judged by the real Kubernetes: pods placed by upstream kube-scheduler through our extender
-(deploy/'s KubeSchedulerConfiguration), admitted by upstream kubelet through our device plugin, run by containerd
-and runc with the limits the plugin answered, and read back through kube-apiserver."""
+"""Device-plugin mode judged by the real Kubernetes: the Helm chart applied with kubectl, pods opted in by our
+webhook through kube-apiserver, refused by the chart's admission policies with kube-apiserver's words, placed by
+upstream kube-scheduler through our extender (the chart's KubeSchedulerConfiguration), admitted by upstream kubelet
+through our device plugin, run by containerd and runc with the limits the plugin answered, and read back through
+kube-apiserver (`kubectl logs`)."""
 
 from __future__ import annotations
 
 import pytest
-from realk8s_helpers import create, get_pod, gpu_container, gpu_pod, phase, report, wait_finished
+from chart_render import render, webhook_configuration
+from realk8s_helpers import (
+    WORKLOAD,
+    create,
+    get_pod,
+    gpu_container,
+    gpu_pod,
+    host_software,
+    phase,
+    report,
+    wait_finished,
+)
 
 from vgpu import keys
 from vgpu.assignment import decode
@@ -15,7 +28,10 @@ pytestmark = [pytest.mark.realk8s, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def cluster(make_real_cluster):
-    return make_real_cluster(nodes=2, gpus="2xA100-40GB")
+    docs = render()
+    return make_real_cluster(nodes=2, gpus="2xA100-40GB", manifests=docs,
+                             webhook_configuration=webhook_configuration(docs),
+                             webhook_args=["--replace-scheduler-names", "default-scheduler,volcano"])
 
 
 def test_a_container_past_its_limit_is_refused_while_its_neighbour_runs(cluster):
@@ -41,3 +57,57 @@ def test_a_container_past_its_limit_is_refused_while_its_neighbour_runs(cluster)
         assert [g.uuid for g in segment] == [seen["uuid"]]
         assert any(e.startswith("Scheduled:") and node in e for e in cluster.events("default", name))
     assert get_pod(cluster, "over")["metadata"]["annotations"].get(keys.BIND_PHASE) == "success"
+
+
+def test_the_chart_policies_refuse_a_forged_assignment_with_kube_apiservers_words(cluster, tmp_path):
+    """The same refusal tests/kube/test_kube_admission.py expects of the API-server stand-in, word for word."""
+    forged = tmp_path / "forged.yaml"
+    forged.write_text("apiVersion: v1\nkind: Pod\nmetadata:\n  name: forged\n  annotations:\n"
+                      "    volcano.sh/vgpu-ids-new: 'GPU-0,NVIDIA,40960,100:'\n"
+                      "spec:\n  containers: [{name: c, image: busybox}]\n")
+    refused = cluster.kubectl("apply", "-f", str(forged), check=False)
+    assert refused.returncode != 0
+    assert 'Error from server (Forbidden): error when creating "' in refused.stderr, refused.stderr
+    assert ('pods "forged" is forbidden: ValidatingAdmissionPolicy \'vgpu-sharing-assignment-annotations\' with '
+            "binding 'vgpu-sharing-assignment-annotations' denied request: a pod may not be created with GPU "
+            "assignment annotations") in refused.stderr, refused.stderr
+    assert cluster.kubectl("get", "pod", "forged", check=False).returncode != 0  # nothing stored
+
+
+def _unedited(name: str, limits: dict, scheduler: str | None = None, annotations: dict | None = None) -> dict:
+    """A pod as a HAMi or Volcano user writes it: no vgpu-scheduler, their resource names."""
+    volumes, mounts = host_software()
+    spec: dict = {"restartPolicy": "Never", "automountServiceAccountToken": False, "volumes": volumes,
+                  "containers": [{"name": "main", "image": "localhost/vgpu-testbed/base:1",
+                                  "imagePullPolicy": "Never", "command": [*WORKLOAD, "--mib", "1000"],
+                                  "volumeMounts": mounts, "resources": {"limits": limits}}]}
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}}, "spec": spec}
+
+
+def test_hami_and_volcano_pods_are_opted_in_by_the_webhook_and_run_with_their_limits(cluster):
+    """kube-apiserver calls our webhook (the chart's MutatingWebhookConfiguration); the pods it stored carry our
+    scheduler and names, with quantities as kube-apiserver writes them; they run with their limits."""
+    hami = create(cluster, _unedited("hami-infer", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000",
+                                                    "nvidia.com/gpucores": "30"}))
+    volcano = create(cluster, _unedited("gpu-pod1", {"volcano.sh/vgpu-number": "2", "volcano.sh/vgpu-memory": "3000",
+                                                     "volcano.sh/vgpu-cores": "50"}, scheduler="volcano",
+                                        annotations={keys.VGPU_MODE: "hami-core"}))
+    assert hami["spec"]["schedulerName"] == "vgpu-scheduler"
+    # kube-apiserver stores a quantity in its canonical form: 4000 is written back as 4k
+    assert hami["spec"]["containers"][0]["resources"]["limits"] == {
+        "volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "4k", "volcano.sh/vgpu-cores": "30",
+        "volcano.sh/vgpu-memory-total": "4k", "volcano.sh/vgpu-cores-total": "30"}
+    assert volcano["spec"]["schedulerName"] == "vgpu-scheduler"
+    assert volcano["spec"]["containers"][0]["resources"]["limits"]["volcano.sh/vgpu-memory-total"] == "6k"
+    done = {name: wait_finished(cluster, name, timeout=150) for name in ("hami-infer", "gpu-pod1")}
+    assert {n: phase(p) for n, p in done.items()} == {"hami-infer": "Succeeded", "gpu-pod1": "Succeeded"}, \
+        {n: cluster.events("default", n) for n in done}
+    infer = report(cluster, "hami-infer", "main")
+    assert infer["limits"] == {"CUDA_DEVICE_MEMORY_LIMIT_0": "4000m"}
+    assert infer["env"]["CUDA_DEVICE_SM_LIMIT"] == "30"
+    example = report(cluster, "gpu-pod1", "main")
+    assert example["limits"] == {"CUDA_DEVICE_MEMORY_LIMIT_0": "3000m", "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m"}
+    assert [d["total_mib"] for d in example["devices"]] == [3000, 3000]
