@@ -6,7 +6,12 @@ kube-apiserver (`kubectl logs`)."""
 
 from __future__ import annotations
 
+import subprocess
+
+import httpx
 import pytest
+import yaml
+from capabilities import tool
 from chart_render import render, webhook_configuration
 from realk8s_helpers import (
     WORKLOAD,
@@ -22,6 +27,7 @@ from realk8s_helpers import (
 
 from vgpu import keys
 from vgpu.assignment import decode
+from vgpu.testbed.cluster import free_port
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.slow]
 
@@ -111,3 +117,35 @@ def test_hami_and_volcano_pods_are_opted_in_by_the_webhook_and_run_with_their_li
     example = report(cluster, "gpu-pod1", "main")
     assert example["limits"] == {"CUDA_DEVICE_MEMORY_LIMIT_0": "3000m", "CUDA_DEVICE_MEMORY_LIMIT_1": "3000m"}
     assert [d["total_mib"] for d in example["devices"]] == [3000, 3000]
+
+
+def test_prometheus_scrapes_what_a_real_container_uses(cluster, tmp_path):
+    """A container of the real runtime holds 1500 MiB; the Prometheus server (Debian's) scrapes the node's device
+    plugin and stores that use under the pod's name, as the plugin exposes it."""
+    binary = tool("prometheus", "Debian's prometheus package; .ci/run installs it")
+    create(cluster, gpu_pod("holder", [gpu_container("main", ["--mib", "1500", "--chunk", "500", "--hold", "60"],
+                                                     memory=2000)]))
+    pod = cluster.wait("holder running", lambda: (p := get_pod(cluster, "holder")) and phase(p) == "Running" and p,
+                       120)
+    node = next(n for n in cluster.nodes if n.name == pod["spec"]["nodeName"])
+    port = free_port()
+    config = {"global": {"scrape_interval": "1s"},
+              "scrape_configs": [{"job_name": "vgpu-device-plugin",
+                                  "static_configs": [{"targets": [f"127.0.0.1:{node.metrics_port}"]}]}]}
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    with open(tmp_path / "prometheus.log", "wb") as log:
+        server = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                   f"--storage.tsdb.path={tmp_path / 'data'}",
+                                   f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], stdout=log,
+                                  stderr=log)
+    query = 'vgpu_container_memory_used_bytes{pod="holder"}'
+    try:
+        stored = cluster.wait("Prometheus storing the holder's memory", lambda: [
+            float(r["value"][1]) for r in httpx.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": query},
+                                                    timeout=5).json()["data"]["result"]
+            if float(r["value"][1]) >= 1500 * 2**20], 90)
+    finally:
+        server.terminate()
+        server.wait(20)
+    exposed = httpx.get(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5).text
+    assert stored == [1500 * 2**20], (stored, [line for line in exposed.splitlines() if "holder" in line])
