@@ -6,9 +6,12 @@ the simulated GPU, `vgpu demo`) is packaged only when its folder is present: the
 leaves it out, and with it the `demo` subcommand it registers under the `vgpu.subcommands` entry-point group.
 
 Building (also for editable installs) first runs `make` in isolation/ (libvgpu.so) and, with the test bed, in
-testbed/ (the simulated libcuda.so.1 and libnvidia-ml.so.1); a failed C build fails the install.
+testbed/ (the simulated libcuda.so.1 and libnvidia-ml.so.1); a failed C build fails the install. cuda.h comes from
+where isolation/cuda_include.py finds it: in pip's isolated build environment, the nvidia-cuda-runtime package that
+pyproject.toml's [build-system] requires.
 """
 
+import importlib.util
 import subprocess
 from pathlib import Path
 
@@ -51,13 +54,22 @@ def _packages(present: dict[str, str]) -> list[str]:
     return sorted(names)
 
 
+def _cuda_include_dir() -> Path:
+    """cuda.h's folder, from isolation/cuda_include.py (loaded by path: the package is not installed yet)."""
+    spec = importlib.util.spec_from_file_location("cuda_include", HERE / "isolation" / "cuda_include.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.cuda_include_dir()
+
+
 class BuildPyWithC(build_py):
     """Run `make` in every present C folder before collecting modules and data, so the libraries ship."""
 
     def run(self) -> None:
+        include = _cuda_include_dir()
         for folder in C_FOLDERS:
             if (HERE / folder / "Makefile").exists():
-                subprocess.run(["make", "-s", "-C", str(HERE / folder)], check=True)
+                subprocess.run(["make", "-s", "-C", str(HERE / folder), f"CUDA_INCLUDE={include}"], check=True)
         super().run()
 
 

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from vgpu.isolation.build import ensure_built
+from vgpu.isolation.cuda_include import cuda_include_dir
 from vgpu.testbed.build import ensure_sim_built
 
 # a driver that does nothing: the calls libvgpu.so and the benchmark make, each returning at once
@@ -108,14 +109,14 @@ def main() -> None:
             sim_dir = Path(tmp) / "neutral"
             sim_dir.mkdir()
             (sim_dir / "neutral.c").write_text(NEUTRAL_C)
-            subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-I/usr/local/cuda/include",
+            subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{cuda_include_dir()}",
                             "-Wl,-soname,libcuda.so.1", "-o", str(sim_dir / "libcuda.so.1"),
                             str(sim_dir / "neutral.c")], check=True)
             (sim_dir / "libcuda.so").symlink_to("libcuda.so.1")
         exe = Path(tmp) / "bench"
         src = Path(tmp) / "bench.c"
         src.write_text(BENCH_C)
-        subprocess.run(["gcc", "-O2", "-I/usr/local/cuda/include", "-o", str(exe), str(src), f"-L{sim_dir}",
+        subprocess.run(["gcc", "-O2", f"-I{cuda_include_dir()}", "-o", str(exe), str(src), f"-L{sim_dir}",
                         "-lcuda"], check=True)
         base = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_DEVICE_", "GPU_CORE_", "LD_PRELOAD"))}
         base.update(LD_LIBRARY_PATH=str(sim_dir), SIMGPU_STATE=str(Path(tmp) / "sim.state"))

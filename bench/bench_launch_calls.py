@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from vgpu.isolation.build import ensure_built
+from vgpu.isolation.cuda_include import cuda_include_dir
 from vgpu.testbed.build import ensure_sim_built
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +32,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
         probe = tmp / "probe_api"
-        subprocess.run(["gcc", "-O2", "-pthread", "-I/usr/local/cuda/include", f"-I{ROOT / 'isolation' / 'src'}",
+        subprocess.run(["gcc", "-O2", "-pthread", f"-I{cuda_include_dir()}", f"-I{ROOT / 'isolation' / 'src'}",
                         "-o", str(probe), str(ROOT / "tests" / "isolation" / "csrc" / "probe_api.c"),
                         f"-L{sim_dir}", "-lcuda", "-ldl"], check=True)
         print(f"extra driver calls per launch, SM limit {a.limit} %, memory limit 4g; library {library}")

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from vgpu.isolation.build import ensure_built
+from vgpu.isolation.cuda_include import cuda_include_dir
 from vgpu.testbed.build import ensure_sim_built
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ WARMUP = 1.5
 
 
 def build_probe(out: Path, sim_dir: Path) -> Path:
-    subprocess.run(["gcc", "-O2", "-I/usr/local/cuda/include", f"-I{ROOT / 'isolation' / 'src'}", "-o", str(out),
+    subprocess.run(["gcc", "-O2", f"-I{cuda_include_dir()}", f"-I{ROOT / 'isolation' / 'src'}", "-o", str(out),
                     str(ROOT / "tests" / "isolation" / "csrc" / "probe.c"), f"-L{sim_dir}", "-lcuda", "-ldl"],
                    check=True)
     return out

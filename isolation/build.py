@@ -3,7 +3,7 @@
 Called by the device plugin (to install the library on the host), `vgpu run` and the tests: `ensure_built()` runs
 `make` when the library is missing or older than any source, under a file lock so that concurrent callers
 (parallel test workers, installers) are safe. `ensure_made` is the same for any folder with a Makefile (the test
-bed builds its simulated driver through it).
+bed builds its simulated driver through it); it passes make the folder of cuda.h (`cuda_include.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vgpu.errors import VGPUError
+from vgpu.isolation.cuda_include import cuda_include_dir
 
 __all__ = ["BuildError", "Paths", "build_dir", "c_sources", "ensure_built", "ensure_made", "paths"]
 
@@ -65,19 +66,20 @@ def _stale(outputs: Sequence[Path], sources: Sequence[Path]) -> bool:
 
 def ensure_made(folder: Path, out: Path, outputs: Sequence[Path], sources: Sequence[Path],
                 force: bool = False, make_vars: Sequence[str] = ()) -> None:
-    """Run `make -C folder BUILD=out [make_vars]` when an output is missing or older than a source; raises
-    BuildError."""
+    """Run `make -C folder BUILD=out CUDA_INCLUDE=<cuda.h's folder> [make_vars]` when an output is missing or older
+    than a source; raises BuildError."""
     if not force and not _stale(outputs, sources):
         return
     out.mkdir(parents=True, exist_ok=True)
     with open(out / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if force or _stale(outputs, sources):
-            cmd = ["make", "-s", "-C", str(folder), f"BUILD={out}", *make_vars]
             try:
+                cmd = ["make", "-s", "-C", str(folder), f"BUILD={out}", f"CUDA_INCLUDE={cuda_include_dir()}",
+                       *make_vars]
                 res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-            except FileNotFoundError as exc:
-                raise BuildError(f"C build in {folder}: `make` not found ({exc})") from exc
+            except FileNotFoundError as exc:  # no cuda.h, or no `make`
+                raise BuildError(f"C build in {folder}: {exc}") from exc
             if res.returncode != 0:
                 raise BuildError(f"C build in {folder} failed (make exit {res.returncode}):\n{res.stdout}{res.stderr}")
 

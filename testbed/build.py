@@ -1,8 +1,9 @@
 """Builds the test bed's simulated GPU driver (C, via make) on demand: `libcuda.so.1` and `libnvidia-ml.so.1`.
 
 Called by the pod runner, `vgpu demo` and the tests. Output: $VGPU_TESTBED_BUILD_DIR or testbed/build/simgpu.
-The simulator is compiled from testbed/simgpu and NVIDIA's headers only: `cuda.h` (CUDA_INCLUDE, default
-/usr/local/cuda/include) and `nvml.h`, which the `nvidia-nvml-dev` package installs (or $VGPU_NVML_INCLUDE).
+The simulator is compiled from testbed/simgpu and NVIDIA's headers only: `cuda.h` (where
+vgpu.isolation.cuda_include finds it) and `nvml.h`, which the `nvidia-nvml-dev` package installs (or
+$VGPU_NVML_INCLUDE).
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from doctor_helpers import doctor_env
 
+from vgpu.isolation.cuda_include import cuda_include_dir
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("pydantic", "kubernetes", "fastapi", "numpy", "cffi", "grpc", "yaml", "orjson", "prometheus_client")
 
@@ -43,7 +45,8 @@ def test_the_doctor_and_its_worker_import_only_light_modules(tmp_path):
 
 def test_bench_script_runs_the_doctor_from_the_checkout(tmp_path, sim_dir):
     out = tmp_path / "out"
-    env = doctor_env(tmp_path, OUT=str(out), PYTHON=str(plain_python(tmp_path)), DOCTOR_TIMEOUT="120")
+    env = doctor_env(tmp_path, OUT=str(out), PYTHON=str(plain_python(tmp_path)), DOCTOR_TIMEOUT="120",
+                     CUDA_INCLUDE=str(cuda_include_dir()))  # cuda.h: this machine may have no CUDA toolkit
     env.pop("PYTHONPATH", None)
     res = subprocess.run([str(ROOT / "bench" / "gpu" / "doctor.sh"), "--driver-dir", str(sim_dir), "--quick",
                           "--probe", "mem-alloc", "--probe", "meminfo-nvml"], cwd=ROOT, env=env,
@@ -60,7 +63,7 @@ def test_bench_script_runs_the_doctor_from_the_checkout(tmp_path, sim_dir):
 def test_gpu_machine_script_runs_the_doctor_and_the_nvml_backend(tmp_path, sim_dir):
     out = tmp_path / "out"
     env = doctor_env(tmp_path, OUT=str(out), PYTHON=sys.executable, DOCTOR_TIMEOUT="120",
-                     LD_LIBRARY_PATH=str(sim_dir))
+                     LD_LIBRARY_PATH=str(sim_dir), CUDA_INCLUDE=str(cuda_include_dir()))
     env.pop("PYTHONPATH", None)
     res = subprocess.run([str(ROOT / "bench" / "gpu" / "h100.sh"), "--driver-dir", str(sim_dir), "--quick",
                           "--probe", "mem-alloc"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vgpu.isolation.build import ensure_built
+from vgpu.isolation.cuda_include import cuda_include_dir
 from vgpu.testbed.build import ensure_sim_built
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -35,7 +36,7 @@ def build_libs() -> Libs:
 def build_probe(libs: Libs, out: Path, source: str = "probe.c") -> Path:
     """Compile a probe program of tests/isolation/csrc against the simulated libcuda into `out`."""
     subprocess.run(
-        ["gcc", "-O2", "-pthread", "-I/usr/local/cuda/include", f"-I{SRC}", "-o", str(out), str(CSRC / source),
+        ["gcc", "-O2", "-pthread", f"-I{cuda_include_dir()}", f"-I{SRC}", "-o", str(out), str(CSRC / source),
          f"-L{libs.sim_dir}", "-lcuda", "-ldl"],
         check=True,
     )

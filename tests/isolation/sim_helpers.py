@@ -11,10 +11,10 @@ import os
 import subprocess
 from pathlib import Path
 
+from vgpu.isolation.cuda_include import cuda_include_dir
 from vgpu.testbed.build import SimPaths, nvml_include_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-CUDA_INCLUDE = Path(os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include"))
 DEFAULT_DEVICES = "Sim-A100-40GB:40960:108"
 
 # CUresult values (cuda.h)
@@ -62,7 +62,7 @@ class SimPrograms:
     def program(self, name: str, nvml: bool = False) -> Path:
         exe = self.out / name
         if not exe.exists():
-            includes = [f"-I{CUDA_INCLUDE}"] + ([f"-I{nvml_include_dir()}"] if nvml else [])
+            includes = [f"-I{cuda_include_dir()}"] + ([f"-I{nvml_include_dir()}"] if nvml else [])
             libs = ["-lcuda"] + (["-lnvidia-ml"] if nvml else []) + ["-lpthread", "-ldl"]
             subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", *includes, "-o", str(exe),
                             str(CSRC / f"{name}.c"), f"-L{self.sim.sim_dir}", *libs], check=True)

@@ -9,6 +9,7 @@ from capabilities import tool
 from iso_helpers import CSRC
 
 from vgpu.isolation.build import PACKAGE_DIR
+from vgpu.isolation.cuda_include import cuda_include_dir
 
 SOURCE = CSRC / "dlsym_next.c"
 
@@ -30,7 +31,8 @@ def test_dlsym_entry_aarch64(tmp_path):
     cc = tool("aarch64-linux-gnu-gcc", "Debian's gcc-aarch64-linux-gnu")
     qemu = tool("qemu-aarch64", "Debian's qemu-user")
     build = tmp_path / "build"
-    subprocess.run(["make", "-s", "-C", str(PACKAGE_DIR), f"BUILD={build}", f"CC={cc}"], check=True)
+    subprocess.run(["make", "-s", "-C", str(PACKAGE_DIR), f"BUILD={build}", f"CC={cc}",
+                    f"CUDA_INCLUDE={cuda_include_dir()}"], check=True)
     program = tmp_path / "dlsym_next"
     subprocess.run([cc, "-O2", "-o", str(program), str(SOURCE), "-ldl"], check=True)
     sysroot = "/usr/aarch64-linux-gnu"
