@@ -147,6 +147,7 @@ from vgpu.testbed import disruption, graceful, priority, quota, resourceapi
 from vgpu.testbed.admission import Attributes, Denied, PolicyAdmission, UserInfo
 from vgpu.testbed.discovery import CORE_VERSIONS, ServedResource, api_groups, as_table, resource_list, wants_table
 from vgpu.testbed.faults import FaultPlan
+from vgpu.testbed.kubemath import Quantity, QuantityError
 from vgpu.testbed.webhooks import MutatingWebhooks, ServiceResolver, default_configuration, warning_header
 
 __all__ = [
@@ -316,10 +317,23 @@ def _drop_consumable_capacity(spec: Any) -> None:
                 entry.pop("requestPolicy", None)
 
 
+def _canonical(quantities: Any) -> None:
+    """Rewrite each readable quantity of a resource list in the form kube-apiserver stores it: a Quantity is decoded
+    and encoded again (apimachinery `pkg/api/resource/quantity.go` `MarshalJSON`, its canonical `String()`), so
+    `4000` is stored as `4k` and `0.5` as `500m`; an unreadable one is left for validation to refuse."""
+    if not isinstance(quantities, dict):
+        return
+    for name, value in list(quantities.items()):
+        try:
+            quantities[name] = str(Quantity.parse(value))
+        except (QuantityError, TypeError, ValueError, AssertionError):
+            continue
+
+
 def _default_pod_spec(spec: Any) -> None:
     """kube-apiserver's defaulting of a pod spec (pkg/apis/core/v1/defaults.go): an empty schedulerName becomes
     `default-scheduler` (SetDefaults_PodSpec), a container's limit without a request of the same resource is copied
-    to requests."""
+    to requests; every quantity is stored in its canonical form (`_canonical`)."""
     if not isinstance(spec, dict):
         return
     if not spec.get("schedulerName"):
@@ -335,6 +349,13 @@ def _default_pod_spec(spec: Any) -> None:
                 if isinstance(requests, dict):
                     for name, value in limits.items():
                         requests.setdefault(name, value)
+            _canonical(resources.get("limits"))
+            _canonical(resources.get("requests"))
+    pod_level = spec.get("resources")
+    if isinstance(pod_level, dict):
+        _canonical(pod_level.get("limits"))
+        _canonical(pod_level.get("requests"))
+    _canonical(spec.get("overhead"))
 
 
 def _denied(exc: Denied) -> StatusError:

@@ -36,7 +36,6 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent import futures
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -246,11 +245,6 @@ class KubeletStandIn:
                 state.connected = False
                 self.cond.notify_all()
 
-    def _connected(self, resource: str) -> bool:
-        """A plugin for `resource` is registered and its ListAndWatch stream is up (callers hold the lock)."""
-        state = self.resources.get(resource)
-        return state is not None and state.connected
-
     def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
         """Wait until `predicate()` (evaluated under the state lock) is true; False on timeout."""
         deadline = time.monotonic() + timeout
@@ -342,12 +336,14 @@ class KubeletStandIn:
                     if needs and self.before_container is not None:
                         self.before_container(pod, admitted.name)
                     for resource, count in needs:
-                        # a plugin that is re-registering gets a short grace period, as kubelet keeps its endpoint
-                        self.wait_for(partial(self._connected, resource), self.rpc_timeout)
+                        # no grace for a plugin that is away: kubelet marks all its devices unhealthy the moment its
+                        # ListAndWatch ends (devicemanager PluginDisconnected) and Allocate fails at once
                         with self.cond:
                             state = self.resources.get(resource)
-                            if state is None or not state.connected or state.stub is None:
-                                raise AdmissionError(f"resource {resource}: no device plugin connected")
+                            if state is None or not state.connected or state.stub is None or not state.healthy():
+                                raise AdmissionError(
+                                    f"UnexpectedAdmissionError: Allocate failed due to no healthy devices present; "
+                                    f"cannot allocate unhealthy devices {resource}, which is unexpected")
                         ids = self._pick(state, uid, count, reusable.get(resource, []))
                         try:
                             answer = state.stub.Allocate(

@@ -67,12 +67,12 @@ def test_unedited_hami_and_volcano_pods_run_with_their_limits(cluster, request):
     # what the API server stored: opted in by the webhook
     assert hami["spec"]["schedulerName"] == "vgpu-scheduler"
     assert hami["spec"]["containers"][0]["resources"]["limits"] == {
-        "volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "4000", "volcano.sh/vgpu-cores": "30",
-        "volcano.sh/vgpu-memory-total": "4000", "volcano.sh/vgpu-cores-total": "30"}
+        "volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "4k", "volcano.sh/vgpu-cores": "30",
+        "volcano.sh/vgpu-memory-total": "4k", "volcano.sh/vgpu-cores-total": "30"}
     assert hami["spec"]["containers"][0]["resources"]["requests"] == \
         hami["spec"]["containers"][0]["resources"]["limits"]  # defaulted again after the patch
     assert volcano["spec"]["schedulerName"] == "vgpu-scheduler"
-    assert volcano["spec"]["containers"][0]["resources"]["limits"]["volcano.sh/vgpu-memory-total"] == "6000"
+    assert volcano["spec"]["containers"][0]["resources"]["limits"]["volcano.sh/vgpu-memory-total"] == "6k"
     assert whole["spec"]["schedulerName"] == "default-scheduler"  # NVIDIA's whole GPU: not ours, not touched
     assert "volcano.sh/vgpu-memory-total" not in whole["spec"]["containers"][0]["resources"]["limits"]
 
