@@ -38,13 +38,17 @@ def register(subparsers: Any) -> None:
         "demo", help="run a simulated GPU cluster with sample pods",
         description="Start an API-server, kubelet and kube-scheduler stand-in around the real extender and device "
                     "plugins over simulated GPUs, submit sample pods and show nodes, GPUs and pods live.")
-    p.add_argument("--nodes", type=_positive, default=None, help="simulated GPU nodes (default 3; 1 with --dra)")
+    p.add_argument("--nodes", type=_positive, default=None,
+                   help="simulated GPU nodes (default 3; 1 with --dra; 2 with --real-kubernetes)")
     p.add_argument("--gpus", default=None,
                    help="GPUs per node, e.g. 4xA100-40GB or 2xA100-80GB,2xT4 (default 4xA100-40GB; 1xA100-40GB "
                         "with --dra)")
     p.add_argument("--dra", action="store_true",
                    help="DRA mode: the real DRA plugin serves the GPUs; the samples ask through ResourceClaims "
                         "(docs/dra.md)")
+    p.add_argument("--real-kubernetes", action="store_true",
+                   help="run the samples on upstream Kubernetes (kube-apiserver, kube-scheduler, kubelet and "
+                        "containerd, built by testbed/upstream/build.sh) instead of the stand-ins")
     p.add_argument("--pods", default=None, help="YAML file of pods to submit instead of the samples")
     p.add_argument("--headless", action="store_true", help="no live table: print a summary, exit 0 on success")
     p.add_argument("--duration", type=_seconds, default=None,
@@ -70,6 +74,15 @@ def _run(args: argparse.Namespace) -> int:
         if not parent.is_dir():
             raise ConfigError(f"--workdir {args.workdir}: {parent} does not exist (the demo makes only the last "
                               "directory)")
+    if args.real_kubernetes:
+        for option, given in (("--dra", args.dra), ("--pods", args.pods)):
+            if given:
+                raise ConfigError(f"{option} works on the stand-ins only, not with --real-kubernetes")
+        from vgpu.testbed.demo_real import run_real_demo
+
+        args.nodes = args.nodes or 2
+        args.gpus = args.gpus or "4xA100-40GB"
+        return run_real_demo(args)
     if args.dra:
         from vgpu.testbed.demo_dra import run_dra_demo
 

@@ -5,7 +5,8 @@ extender and device plugins, all as local processes over simulated GPUs), submit
 `--pods FILE`), and shows nodes, GPUs and pods refreshing in the terminal: what each GPU has allocated, what each
 container uses against its limit (read from the device plugins' real :9394 metrics), and where a limit was hit.
 `--headless` prints a summary instead and exits 0 only if every sample pod succeeded and the deliberate
-over-limit allocation was refused with CUDA_ERROR_OUT_OF_MEMORY.
+over-limit allocation was refused with CUDA_ERROR_OUT_OF_MEMORY. `--real-kubernetes` runs the same samples, table
+and summary on upstream Kubernetes instead of the stand-ins (testbed/demo_real.py).
 
 Pods are submitted one at a time, each once the previous one has left Pending: when two pods bound to the same
 GPU wait for Allocate at the same moment, kubelet's Allocate (device IDs only, no pod) cannot tell them apart and
@@ -37,8 +38,11 @@ from vgpu.errors import ConfigError, VGPUError
 from vgpu.inventory import decode_volcano
 from vgpu.requests import pod_requests, pod_selectors
 from vgpu.resources import SharingConfig
+from vgpu.testbed.cluster import LocalCluster, isolation_paths
+from vgpu.testbed.machine import MachineSpecError, parse_machine_spec
 
-__all__ = ["Snapshot", "evaluate", "load_pods_file", "render", "run_demo", "sample_pods", "workload_reports"]
+__all__ = ["Snapshot", "StandIns", "check_gpus", "demo_workdir", "drive", "evaluate", "load_pods_file", "render",
+           "report_in", "run_demo", "sample_pods", "workload_reports"]
 
 log = logging.getLogger(__name__)
 
@@ -181,24 +185,30 @@ def _check_pod(path: str, pod: dict) -> None:
 
 # ------------------------------------------------------------------------------------------------ observation
 
+def report_in(text: str) -> dict | None:
+    """The sample workload's JSON report: the last report line of a container's log (None without one)."""
+    for line in reversed(text.splitlines()):
+        if line.startswith(_MARK):
+            try:
+                return orjson.loads(line[len(_MARK):])
+            except orjson.JSONDecodeError:
+                return None
+    return None
+
+
 def workload_reports(workdir: Path) -> dict[tuple[str, str, str], dict]:
-    """(namespace, pod, container) -> the sample workload's JSON report, from the kubelets' pod logs."""
+    """(namespace, pod, container) -> the sample workload's JSON report, from the kubelet stand-ins' pod logs."""
     out: dict[tuple[str, str, str], dict] = {}
     for log_path in workdir.glob("node-*/logs/*.log"):
         parts = log_path.stem.split("_", 2)
         if len(parts) != 3:
             continue
         try:
-            text = log_path.read_text(errors="replace")
+            report = report_in(log_path.read_text(errors="replace"))
         except OSError:
             continue
-        for line in reversed(text.splitlines()):
-            if line.startswith(_MARK):
-                try:
-                    out[(parts[0], parts[1], parts[2])] = orjson.loads(line[len(_MARK):])
-                except orjson.JSONDecodeError:
-                    pass
-                break
+        if report is not None:
+            out[(parts[0], parts[1], parts[2])] = report
     return out
 
 
@@ -240,9 +250,10 @@ class Snapshot:
 
     @classmethod
     def take(cls, cluster: Any, with_metrics: bool = True) -> Snapshot:
-        """Read everything once."""
-        snap = cls(nodes=cluster.node_objects(), pods=cluster.pods(), reports=workload_reports(cluster.workdir),
-                   factor=getattr(cluster, "memory_factor", 1))
+        """Read everything once from `cluster` (StandIns, or demo_real's RealCluster)."""
+        pods = cluster.pods()
+        snap = cls(nodes=cluster.node_objects(), pods=pods, reports=cluster.workload_reports(pods),
+                   factor=cluster.memory_factor)
         if with_metrics:
             for node in cluster.nodes:
                 # the per-container series, summed over the container's devices
@@ -434,28 +445,54 @@ def evaluate(snap: Snapshot, submitted: list[dict], running_ok: bool = False) ->
 
 # --------------------------------------------------------------------------------------------------- the demo
 
-def run_demo(args: argparse.Namespace) -> int:
-    """Start the cluster, submit the pods, show the table (or the summary), stop everything; the exit status."""
-    from vgpu.testbed.cluster import LocalCluster, isolation_paths
-    from vgpu.testbed.machine import MachineSpecError, parse_machine_spec
+class StandIns(LocalCluster):
+    """The stand-ins' cluster as the demo drives it (demo_real.RealCluster offers the same for real Kubernetes)."""
 
-    try:  # bad input fails before anything starts
-        parse_machine_spec(args.gpus)
+    LOGS = ("logs", "node-*/logs")  # in the work directory: the processes' logs, the containers'
+
+    def workload_reports(self, pods: list[dict]) -> dict[tuple[str, str, str], dict]:
+        """The workload reports in the kubelet stand-ins' log files."""
+        return workload_reports(self.workdir)
+
+
+def check_gpus(spec: str) -> None:
+    """Refuse a bad --gpus before anything starts (ConfigError)."""
+    try:
+        parse_machine_spec(spec)
     except MachineSpecError as exc:
-        raise ConfigError(f"--gpus {args.gpus}: {exc}") from None
-    given_pods = load_pods_file(args.pods) if args.pods else None
-    isolation_paths()  # builds libvgpu.so and the simulated driver now, or fails with BuildError
+        raise ConfigError(f"--gpus {spec}: {exc}") from None
+
+
+def demo_workdir(args: argparse.Namespace) -> Path | None:
+    """The work directory, made empty (a previous demo's is cleared); None when --workdir names another folder."""
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="vgpu-demo-"))
     if args.workdir and workdir.exists() and any(workdir.iterdir()):
-        if not (workdir / "kubeconfig").exists() and not (workdir / "apiserver.json").exists():
+        if not any((workdir / name).exists() for name in ("kubeconfig", "kubeconfig-admin", "apiserver.json")):
             print(f"vgpu demo: --workdir {workdir} is not empty and not a previous demo's; refusing to use it",
                   file=sys.stderr)
-            return 2
+            return None
         shutil.rmtree(workdir)  # a previous demo's state: start afresh
     workdir.mkdir(parents=True, exist_ok=True)
+    return workdir
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """The demo on the stand-ins; the exit status."""
+    check_gpus(args.gpus)
+    given_pods = load_pods_file(args.pods) if args.pods else None
+    isolation_paths()  # builds libvgpu.so and the simulated driver now, or fails with BuildError
+    workdir = demo_workdir(args)
+    if workdir is None:
+        return 2
+    return drive(args, StandIns(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO"), given_pods)
+
+
+def drive(args: argparse.Namespace, cluster: Any, given_pods: list[dict] | None) -> int:
+    """Start `cluster` (StandIns or demo_real.RealCluster) in its work directory, submit the pods, show the table
+    (or the summary), stop everything; the exit status."""
+    workdir = cluster.workdir
     out = sys.stdout
     interactive = not args.headless and out.isatty()
-    cluster = LocalCluster(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO")
     stopping = {"signal": 0}
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -523,7 +560,8 @@ def run_demo(args: argparse.Namespace) -> int:
         for line in lines:
             print(line, file=out)
         kept = args.workdir or args.keep_workdir or not ok
-        where = f"logs in {workdir}/logs and {workdir}/node-*/logs" if kept else "--keep-workdir keeps the logs"
+        logs = " and ".join(f"{workdir}/{folder}" for folder in cluster.LOGS)
+        where = f"logs in {logs}" if kept else "--keep-workdir keeps the logs"
         print(f"vgpu demo: {'PASS' if ok else 'FAIL'}: {len(pods)} pod(s); {where}", file=out, flush=True)
         status = 0 if ok else 1
         said_where = True

@@ -4,9 +4,10 @@
   * etcd, then kube-apiserver (TLS on 127.0.0.1, x509 client certificates and ServiceAccount tokens, Node and RBAC
     authorization, its default admission chain with NodeRestriction added), kube-controller-manager (every default
     controller with ServiceAccount credentials: garbage collector, ReplicaSets, disruption budgets, the DRA claim
-    controller, the root CA publisher) and kube-scheduler running deploy/'s KubeSchedulerConfiguration, whose
+    controller, the root CA publisher) and kube-scheduler running the installed KubeSchedulerConfiguration, whose
     extender is our `vgpu scheduler`;
-  * deploy/'s namespace, RBAC and admission policies applied with kubectl, as an operator would;
+  * what an operator installs, applied with kubectl: `manifests` (such as the Helm chart's render), or else
+    deploy/'s namespace, RBAC and admission policies;
   * per node: a mount namespace of its own (kubelet's device-plugin directory is fixed at
     /var/lib/kubelet/device-plugins, so two kubelets on one machine each need their own; with `numa_nodes` the
     machine's NUMA layout that kubelet's Topology Manager reads is replaced there by one of that many nodes), containerd
@@ -16,7 +17,7 @@
   * with `webhook_configuration` (such as the chart's MutatingWebhookConfiguration) our `vgpu webhook` over HTTPS,
     registered by that configuration with each clientConfig turned into its URL: kube-apiserver reaches a webhook
     Service through its endpoints, and an endpoint may not be a loopback address.
-The upstream programs come from testbed/upstream/build.sh's cache (`upstream_bin()`); `unavailable()` says what
+The upstream programs come from testbed/upstream/build.sh's cache (`upstream_dir()`); `unavailable()` says what
 is missing. Pods are real containers of a local image (an empty root filesystem; `host_software()` gives the
 hostPath volumes that bring this machine's Python, the virtual environment and the checkout in).
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -44,19 +46,19 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from vgpu.testbed.cluster import Proc, _vgpu, free_port, isolation_paths
-from vgpu.testbed.containerd import Containerd
+from vgpu.testbed.containerd import BASE_IMAGE, Containerd
 from vgpu.testbed.containerd import unavailable as containerd_unavailable
 from vgpu.testbed.machine import machine
 from vgpu.testbed.nvidia_runtime import wrapper_script
 from vgpu.testbed.pki import CertificateAuthority, pem_key
 
-__all__ = ["UpstreamCluster", "UpstreamNode", "host_software", "unavailable", "upstream_bin"]
+__all__ = ["BASE_IMAGE", "UpstreamCluster", "UpstreamNode", "host_software", "unavailable", "upstream_dir"]
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = Path(__file__).resolve().parent / "upstream" / "build.sh"
 DEPLOY = REPO / "deploy"
-BASE_IMAGE = "localhost/vgpu-testbed/base:1"
 NAMESPACE = "vgpu-system"
+_SOCKET_PATH_MAX = 107  # a unix socket's path, without its terminating NUL
 _DEVICE_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"  # kubelet's fixed path (deviceplugin v1beta1 KubeletSocket)
 
 
@@ -67,12 +69,6 @@ def upstream_dir() -> Path | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return Path(done.stdout.strip()) if done.returncode == 0 else None
-
-
-def upstream_bin() -> Path | None:
-    """The built upstream programs' folder, None when testbed/upstream/build.sh has not run on this machine."""
-    found = upstream_dir()
-    return found / "bin" if found else None
 
 
 def unavailable() -> str:
@@ -195,7 +191,9 @@ class UpstreamNode:
         self.device_plugins = self.dir / "device-plugins"
         self.state_dir = self.dir / "simgpu"
         self.cdi_dir = self.dir / "cdi"
-        self.cgroup_root = f"vgpu-{cluster.workdir.name}-{self.name}"
+        # one cgroup per node of each cluster on the machine (two clusters may run at once, in folders named alike)
+        digest = hashlib.sha256(str(cluster.workdir).encode()).hexdigest()[:10]
+        self.cgroup_root = f"vgpu-realk8s-{digest}-{self.name}"
         self.cgroups: list[Path] = []
         self.kubelet_port = free_port()
         self.healthz_port = free_port()
@@ -247,6 +245,12 @@ class UpstreamCluster:
         if len(per_node) != nodes:
             raise ValueError(f"gpus: {len(per_node)} specs for {nodes} nodes")
         self.nodes = [UpstreamNode(self, i, spec) for i, spec in enumerate(per_node)]
+        for node in self.nodes:  # the deepest unix sockets kubelet and our plugins make below the folder
+            for socket_path in (node.device_plugins / "nvidia-vgpu-number.sock",
+                                node.kubelet_root / "plugins_registry" / "gpu.vgpu-sharing.io-reg.sock"):
+                if len(os.fsencode(socket_path)) > _SOCKET_PATH_MAX:
+                    raise ValueError(f"{self.workdir} is too deep for the unix sockets below it ({socket_path} is "
+                                     f"over {_SOCKET_PATH_MAX} bytes): use a shorter folder")
         self.etcd_port, self.etcd_peer_port = free_port(), free_port()
         self.api_port = free_port()
         self.server = f"https://127.0.0.1:{self.api_port}"
@@ -459,7 +463,7 @@ class UpstreamCluster:
         else:
             folder = DEPLOY / "dra" / "scheduler" if self.dra else DEPLOY / "scheduler"
             docs = [doc for path in sorted(folder.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text())]
-        found = [doc for doc in docs if doc and doc.get("kind") == "ConfigMap"
+        found = [doc for doc in docs if isinstance(doc, dict) and doc.get("kind") == "ConfigMap"
                  and doc["metadata"]["name"] == "vgpu-scheduler-config"]
         if not found:
             raise FileNotFoundError("no vgpu-scheduler-config ConfigMap installed")

@@ -91,6 +91,8 @@ NAMED = [
     (("demo", "--hold", "forever", "--headless"), "expected a number of seconds"),
     (("demo", "--workdir", "{missing}/deeper/x", "--headless"), "does not exist"),
     (("demo", "--pods", "{broken}", "--headless"), "not YAML: "),
+    (("demo", "--real-kubernetes", "--dra", "--headless"), "--dra works on the stand-ins only"),
+    (("demo", "--real-kubernetes", "--pods", "{pods}", "--headless"), "--pods"),
     (("run", "--driver-dir", "{missing}", "--", "true"), "--driver-dir"),
     (("run", "--cache", "{missing}/x.cache", "--", "true"), "--cache"),
     (("replay", "--plot", "{missing}/out.png", "--nodes", "{nodes_ok}", "--pods", "{pods_untimed}", "--no-progress"),
