@@ -497,11 +497,13 @@ class Extender:
         ledger = self.ledger
         order = self.policy.gpu_order(None, info.context) or self.placement.default_order
         plans = preemptor.plans(states, info.requests, info.selectors, info.priority, order)
+        refusals = []
         for plan in plans[:PLANS_TRIED]:
             refusal = preemptor.admissible(plan)  # dry runs of the evictions, outside the lock
             if refusal:
                 log.info("preemption plan refused pod=%s/%s node=%s reason=%r", info.namespace, info.name,
                          plan.node, refusal)
+                refusals.append(f"on {plan.node}: {refusal}")
                 continue
             with ledger.lock:
                 state = ledger.nodes.get(plan.node)
@@ -519,6 +521,12 @@ class Extender:
             preemptor.carry_out(fresh, {"namespace": info.namespace, "name": info.name, "uid": info.uid})
             return charge
         preemptor.started(uid, None)
+        if refusals and len(refusals) == len(plans[:PLANS_TRIED]):
+            # every plan was refused by the API server (a budget): say so on the pod, once per change of reason
+            message = f"preemption would free room, but the evictions are refused: {'; '.join(refusals)}"
+            if preemptor.blocked(uid, message):
+                preemptor.events({"namespace": info.namespace, "name": info.name, "uid": info.uid}, "Warning",
+                                 "PreemptionBlocked", message)
         return None
 
     def prioritize(self, raw_args: Any) -> list[dict[str, Any]]:

@@ -202,6 +202,7 @@ class Preemptor:
         # per pod (ledger key): when it was last planned for, and the plan carried out (None: none found); an entry
         # goes with the pod's deletion or placement, and entries older than `_KEPT_SECONDS` when over `_KEPT`
         self._planned: dict[str, tuple[float, Plan | None]] = {}
+        self._blocked: dict[str, str] = {}  # per pod: why its preemption was last refused (said once per change)
         self._lock = threading.Lock()
         self.random = random.Random()
 
@@ -224,6 +225,19 @@ class Preemptor:
         """The pod was placed or deleted."""
         with self._lock:
             self._planned.pop(key, None)
+            self._blocked.pop(key, None)
+
+    def blocked(self, key: str, why: str) -> bool:
+        """Record why the pod's preemption was refused; True when that differs from what was recorded last (the
+        reason to tell the pod), False for the same reason again."""
+        with self._lock:
+            if self._blocked.get(key) == why:
+                return False
+            self._blocked[key] = why
+            if len(self._blocked) > _KEPT:  # pods that went without being forgotten: keep the newest half
+                for old in list(self._blocked)[: _KEPT // 2]:
+                    del self._blocked[old]
+            return True
 
     def waiting_message(self, key: str) -> str:
         """What /filter says of the node the pod is nominated on, while its victims end."""

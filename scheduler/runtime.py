@@ -18,7 +18,7 @@ from vgpu.httpserve import parse_listen
 from vgpu.kube import EventRecorder, LeaderElector, WatchCache, bind_pod, make_api_client
 from vgpu.kube.cache import Backoff
 from vgpu.kube.client import read_object
-from vgpu.kube.errors import ApiError, ConflictError, NotFoundError, translate
+from vgpu.kube.errors import ApiError, ConflictError, NotFoundError, status_causes, translate
 from vgpu.scheduler.claimpath import NO_CLAIMS, DRAPlacement
 from vgpu.scheduler.config import SchedulerConfig
 from vgpu.scheduler.draview import DRAView
@@ -168,7 +168,8 @@ class SchedulerRuntime:
             err = translate(exc, f"evict pod {namespace}/{name}")
             if isinstance(err, (NotFoundError, ConflictError)):
                 return
-            raise EvictionRefused(str(err)) from exc
+            causes = status_causes(exc)  # which budget refused, and why
+            raise EvictionRefused(f"{err} ({'; '.join(causes)})" if causes else str(err)) from exc
 
     def _lookup(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self.pods.get(f"{namespace}/{name}")

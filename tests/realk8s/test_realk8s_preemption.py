@@ -1,11 +1,16 @@
 """The extender's preemption of GPU shares through the real Eviction API: kube-apiserver checks each eviction
 against the victim's PodDisruptionBudget, whose status kube-controller-manager's disruption controller keeps; the
-evicted pod is deleted by kube-apiserver and ended by upstream kubelet, and the preemptor is placed in its room."""
+evicted pod is deleted by kube-apiserver and ended by upstream kubelet, and the preemptor is placed in its room.
+While a budget forbids every eviction, the waiting pod's events name the budget, once."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from realk8s_helpers import create, get_pod, gpu_container, gpu_pod, phase, report, wait_finished
+
+from vgpu.scheduler.preemption import REPLAN_SECONDS
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.slow]
 
@@ -51,7 +56,14 @@ def test_a_budget_that_forbids_the_eviction_keeps_the_victim_and_one_that_allows
     create(cluster, gpu_pod("urgent", [gpu_container("main", ["--mib", "500"], memory=20000)],
                             priorityClassName="high"))
     # kube-apiserver answers every eviction of `guarded` with 429 while the budget forbids it: nothing moves
-    cluster.wait("a refused eviction", lambda: "disruption budget" in cluster.procs["extender"].tail(300), 60)
+    # the waiting pod is told why, naming the budget, once (not at each of the extender's retries)
+    blocked = cluster.wait("the pod told why", lambda: [e for e in cluster.events("default", "urgent")
+                                                        if e.startswith("PreemptionBlocked:")], 60)
+    assert "The disruption budget keep needs 1 healthy pods and has 1 currently" in blocked[0], blocked
+    time.sleep(2 * REPLAN_SECONDS + 1)
+    assert [e for e in cluster.events("default", "urgent") if e.startswith("PreemptionBlocked:")] == blocked
+    items = cluster.get("/api/v1/namespaces/default/events", fieldSelector="involvedObject.name=urgent")["items"]
+    assert [e.get("count", 1) for e in items if e["reason"] == "PreemptionBlocked"] == [1]
     assert phase(get_pod(cluster, "guarded")) == "Running"
     assert not get_pod(cluster, "urgent")["spec"].get("nodeName")
     # the budget relaxed: the next try evicts the victim and the preemptor runs in its room

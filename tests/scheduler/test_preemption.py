@@ -14,7 +14,7 @@ from sched_helpers import wait_until
 from vgpu.scheduler.extender import Extender
 from vgpu.scheduler.ledger import ChargeState, Ledger
 from vgpu.scheduler.policies import make_policy
-from vgpu.scheduler.preemption import EvictionRefused, Preemptor
+from vgpu.scheduler.preemption import REPLAN_SECONDS, EvictionRefused, Preemptor
 
 
 class Evictions:
@@ -234,3 +234,36 @@ def test_planning_stops_at_upstreams_number_of_candidates(bed):
                                     ext.placement.default_order)
     assert len(plans) == 100
     assert {p.node for p in plans} != set(names[:100])  # not from the first node
+
+
+def test_a_pod_whose_every_preemption_a_budget_refuses_is_told_once_per_reason():
+    """Every plan's dry-run eviction refused (a PodDisruptionBudget): the pod gets one PreemptionBlocked event naming
+    the refusal; planning again for the same reason adds none; another reason is told again."""
+    now = [0.0]
+    ledger, evictions, events = Ledger(), Evictions(refuse={"low"}), []
+    preemptor = Preemptor(ledger, evictions, lambda ns, name: None,
+                          lambda ref, kind, reason, message: events.append((ref["name"], reason, message)),
+                          clock=lambda: now[0])
+    ext = Extender(ledger, make_policy("binpack"), mode="decide", preemptor=preemptor)
+    ledger.on_node(node("n1", [gpu("GPU-a", memory=1000)]))
+    ledger.on_pod(running("low", "n1", "GPU-a,NVIDIA,800,0:", 1))
+
+    def blocked():
+        return [m for name, reason, m in events if name == "high" and reason == "PreemptionBlocked"]
+
+    for _ in range(3):
+        assert filter_(ext, pending("high", priority=10))["NodeNames"] == []
+        now[0] += REPLAN_SECONDS
+    (message,) = blocked()
+    assert message.startswith("preemption would free room, but the evictions are refused: on n1: cannot evict "
+                              "default/low: Cannot evict pod as it would violate the pod's disruption budget."), message
+    evictions.refuse = {"low", "other"}  # the same refusal: nothing new
+    assert filter_(ext, pending("high", priority=10))["NodeNames"] == []
+    assert len(blocked()) == 1
+    ledger.on_node(node("n2", [gpu("GPU-b", memory=1000)]))  # a second node, whose victim a budget keeps too
+    ledger.on_pod(running("low-b", "n2", "GPU-b,NVIDIA,800,0:", 1))
+    evictions.refuse = {"low", "low-b"}
+    now[0] += REPLAN_SECONDS
+    assert filter_(ext, pending("high", priority=10), ("n1", "n2"))["NodeNames"] == []
+    assert len(blocked()) == 2 and "default/low-b" in blocked()[1] and "default/low:" in blocked()[1]
+    assert evictions.evicted() == []

@@ -82,6 +82,17 @@ def translate(exc: BaseException, what: str) -> ApiError:
     return cls(what, status, reason, message, _retry_after(getattr(exc, "headers", None)))
 
 
+def status_causes(exc: BaseException) -> list[str]:
+    """The messages of a refusal's `details.causes` (a Status body; none when it has no such list): where the API
+    server says which object refused, such as the PodDisruptionBudget behind a 429 to an eviction."""
+    try:
+        doc = orjson.loads(getattr(exc, "body", None) or b"")
+        causes = doc["details"]["causes"]
+        return [str(c["message"]) for c in causes if isinstance(c, dict) and c.get("message")]
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+        return []
+
+
 def _retry_after(headers: Any) -> float | None:
     """The Retry-After of a response's headers in seconds (the delay form; None when absent or a date)."""
     try:
