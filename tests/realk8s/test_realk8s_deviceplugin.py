@@ -6,6 +6,7 @@ kube-apiserver (`kubectl logs`)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import httpx
@@ -149,3 +150,31 @@ def test_prometheus_scrapes_what_a_real_container_uses(cluster, tmp_path):
         server.wait(20)
     exposed = httpx.get(f"http://127.0.0.1:{node.metrics_port}/metrics", timeout=5).text
     assert stored == [1500 * 2**20], (stored, [line for line in exposed.splitlines() if "holder" in line])
+
+
+def test_a_namespace_quota_counts_the_webhooks_totals_and_refuses_the_pod_over_it(cluster, tmp_path):
+    """The scenario of tests/e2e/test_e2e_webhook.py on the real kube-apiserver and quota controller: the same
+    refusal, word for word."""
+    cluster.kubectl("create", "namespace", "quota")
+    cluster.post("/api/v1/namespaces/quota/resourcequotas", {
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu", "namespace": "quota"},
+        "spec": {"hard": {"requests.volcano.sh/vgpu-memory-total": "50000"}}})
+    cluster.wait("the quota controller's status", lambda: cluster.get(
+        "/api/v1/namespaces/quota/resourcequotas/gpu").get("status", {}).get("hard"), 60)
+    first = _unedited("train", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "20000"})
+    first["metadata"]["namespace"] = "quota"
+    first["spec"]["containers"][0]["command"] = [*WORKLOAD, "--mib", "100", "--hold", "120"]
+    create(cluster, first)  # 2 x 20,000 = 40,000 of 50,000
+    used = cluster.get("/api/v1/namespaces/quota/resourcequotas/gpu")["status"]["used"]
+    assert used["requests.volcano.sh/vgpu-memory-total"] == "40k"
+    second = _unedited("tune", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "10000"})
+    second["metadata"]["namespace"] = "quota"
+    manifest = tmp_path / "tune.json"
+    manifest.write_text(json.dumps(second))
+    done = cluster.kubectl("create", "-f", str(manifest), check=False)
+    assert done.returncode == 1
+    assert done.stderr.strip().endswith(
+        'pods "tune" is forbidden: exceeded quota: gpu, requested: requests.volcano.sh/vgpu-memory-total=20k, '
+        'used: requests.volcano.sh/vgpu-memory-total=40k, limited: requests.volcano.sh/vgpu-memory-total=50k'), \
+        done.stderr
+    cluster.kubectl("delete", "pod", "-n", "quota", "train", "--wait=false")
