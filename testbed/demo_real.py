@@ -10,7 +10,6 @@ with this machine's software mounted read-only, the workload under this Python, 
 from __future__ import annotations
 
 import argparse
-import copy
 import sys
 import threading
 import time
@@ -19,31 +18,12 @@ from typing import Any, TextIO
 
 from vgpu.errors import ConfigError
 from vgpu.testbed.cluster import isolation_paths
-from vgpu.testbed.demo import NAMESPACE, WORKLOAD, check_gpus, demo_workdir, drive, report_in
-from vgpu.testbed.realcluster import BASE_IMAGE, UpstreamCluster, host_software, unavailable, upstream_dir
+from vgpu.testbed.demo import NAMESPACE, check_gpus, demo_workdir, drive, report_in
+from vgpu.testbed.realcluster import UpstreamCluster, real_pod, unavailable, upstream_dir
 
-__all__ = ["RealCluster", "real_pod", "run_real_demo"]
+__all__ = ["RealCluster", "run_real_demo"]
 
 ENDED = ("Succeeded", "Failed")
-
-
-def real_pod(pod: dict) -> dict:
-    """`pod` as the real cluster runs it: the local base image with the host's software mounted in, the workload
-    under this Python (`python3` there is the base system's, without our package), other commands from /usr/bin."""
-    volumes, mounts = host_software()
-    pod = copy.deepcopy(pod)
-    spec = pod["spec"]
-    spec["volumes"] = [*(spec.get("volumes") or ()), *volumes]
-    spec.update(automountServiceAccountToken=False, terminationGracePeriodSeconds=2)
-    for container in spec["containers"]:
-        command = container["command"]
-        if command[:len(WORKLOAD)] == WORKLOAD:
-            command = [sys.executable, *command[1:]]
-        elif "/" not in command[0]:
-            command = [f"/usr/bin/{command[0]}", *command[1:]]
-        container.update(image=BASE_IMAGE, imagePullPolicy="Never", command=command,
-                         volumeMounts=[*(container.get("volumeMounts") or ()), *mounts])
-    return pod
 
 
 class RealCluster(UpstreamCluster):

@@ -34,7 +34,6 @@ import shutil
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
@@ -45,14 +44,15 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from vgpu.testbed.cluster import Proc, _vgpu, free_port, isolation_paths
+from vgpu.testbed.cluster import LocalCluster, Proc, _vgpu, free_port, isolation_paths
 from vgpu.testbed.containerd import BASE_IMAGE, Containerd
 from vgpu.testbed.containerd import unavailable as containerd_unavailable
 from vgpu.testbed.machine import machine
 from vgpu.testbed.nvidia_runtime import wrapper_script
 from vgpu.testbed.pki import CertificateAuthority, pem_key
 
-__all__ = ["BASE_IMAGE", "UpstreamCluster", "UpstreamNode", "host_software", "unavailable", "upstream_dir"]
+__all__ = ["BASE_IMAGE", "UpstreamCluster", "UpstreamNode", "host_software", "real_pod", "unavailable",
+           "upstream_dir"]
 
 REPO = Path(__file__).resolve().parents[1]
 BUILD_SCRIPT = Path(__file__).resolve().parent / "upstream" / "build.sh"
@@ -94,6 +94,26 @@ def host_software() -> tuple[list[dict], list[dict]]:
         volumes.append({"name": f"host-{i}", "hostPath": {"path": path, "type": "Directory"}})
         mounts.append({"name": f"host-{i}", "mountPath": path, "readOnly": True})
     return volumes, mounts
+
+
+def real_pod(pod: dict) -> dict:
+    """A copy of `pod` as this tier runs it: the local base image with the host's software mounted in
+    (`host_software`), `python3` as this Python (the base system's has not our package), other bare commands from
+    the host's /usr/bin, no ServiceAccount token, a grace period of 2 s."""
+    volumes, mounts = host_software()
+    pod = copy.deepcopy(pod)
+    spec = pod["spec"]
+    spec["volumes"] = [*(spec.get("volumes") or ()), *volumes]
+    spec.update(automountServiceAccountToken=False, terminationGracePeriodSeconds=2)
+    for container in spec["containers"]:
+        command = container["command"]
+        if command[0] == "python3":
+            command = [sys.executable, *command[1:]]
+        elif "/" not in command[0]:
+            command = [f"/usr/bin/{command[0]}", *command[1:]]
+        container.update(image=BASE_IMAGE, imagePullPolicy="Never", command=command,
+                         volumeMounts=[*(container.get("volumeMounts") or ()), *mounts])
+    return pod
 
 
 def _kubeconfig(path: Path, server: str, ca: Path, cert: tuple[Path, Path] | None = None,
@@ -274,20 +294,14 @@ class UpstreamCluster:
     @staticmethod
     def wait(what: str, predicate: Callable[[], Any], timeout: float, interval: float = 0.3,
              proc: Proc | None = None) -> Any:
-        """Poll `predicate` until it returns something true; TimeoutError (with the log's tail) otherwise."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """`LocalCluster.wait`, with a predicate that may raise while what it asks is not up yet (read as false)."""
+        def tolerant() -> Any:
             try:
-                value = predicate()
+                return predicate()
             except Exception:  # not ready yet
-                value = None
-            if value:
-                return value
-            if proc is not None and not proc.alive:
-                raise RuntimeError(f"{proc.name} exited while waiting for {what}:\n{proc.tail(30)}")
-            time.sleep(interval)
-        tail = f":\n{proc.tail(30)}" if proc is not None else ""
-        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{tail}")
+                return None
+
+        return LocalCluster.wait(what, tolerant, timeout, interval, procs=[proc])
 
     # -- credentials
     def _make_pki(self) -> None:

@@ -1,42 +1,37 @@
-"""Pod builders and readers for the real-Kubernetes tier: pods of the local base image that run the sample GPU
-workload with this machine's Python mounted in, and what the workload printed, read back through `kubectl logs`."""
+"""Pod builders and readers for the real-Kubernetes tier: pods that run the sample GPU workload, made into the
+tier's pods by `real_pod` (the local base image, this machine's Python mounted in), and what the workload printed,
+read back through `kubectl logs`."""
 
 from __future__ import annotations
 
 import json
-import sys
 from typing import Any
 
-from vgpu.testbed.realcluster import BASE_IMAGE, UpstreamCluster, host_software
+from vgpu.testbed.realcluster import UpstreamCluster, real_pod
 from vgpu.testbed.workload import MARKER
 
-WORKLOAD = [sys.executable, "-m", "vgpu.testbed.workload"]
+WORKLOAD = ["python3", "-m", "vgpu.testbed.workload"]
 TERMINAL = ("Succeeded", "Failed")
 
 
 def gpu_container(name: str, args: list[str], number: int = 1, memory: int | None = None,
-                  cores: int | None = None, env: dict[str, str] | None = None) -> dict:
+                  cores: int | None = None) -> dict:
     """A container running the workload with `args`, asking our resources in limits."""
     limits = {"volcano.sh/vgpu-number": str(number)}
     if memory is not None:
         limits["volcano.sh/vgpu-memory"] = str(memory)
     if cores is not None:
         limits["volcano.sh/vgpu-cores"] = str(cores)
-    _, mounts = host_software()
-    env_list = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
-    env_list += [{"name": k, "value": v} for k, v in (env or {}).items()]
-    return {"name": name, "image": BASE_IMAGE, "imagePullPolicy": "Never", "command": [*WORKLOAD, *args],
-            "env": env_list, "volumeMounts": mounts,
+    return {"name": name, "command": [*WORKLOAD, *args],
             "resources": {"limits": limits, "requests": {"cpu": "10m", "memory": "32Mi"}}}
 
 
 def gpu_pod(name: str, containers: list[dict], namespace: str = "default", scheduler: str = "vgpu-scheduler",
             **spec: Any) -> dict:
-    """A pod that runs once, for `scheduler`, with the host software volumes its containers mount."""
-    volumes, _ = host_software()
-    body = {"schedulerName": scheduler, "restartPolicy": "Never", "containers": containers, "volumes": volumes,
-            "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 2, **spec}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": body}
+    """A pod of the tier (`real_pod`) that runs once, for `scheduler`."""
+    body = {"schedulerName": scheduler, "restartPolicy": "Never", "containers": containers, **spec}
+    return real_pod({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+                     "spec": body})
 
 
 def create(cluster: UpstreamCluster, pod: dict) -> dict:

@@ -20,7 +20,6 @@ from realk8s_helpers import (
     get_pod,
     gpu_container,
     gpu_pod,
-    host_software,
     phase,
     report,
     wait_finished,
@@ -29,6 +28,7 @@ from realk8s_helpers import (
 from vgpu import keys
 from vgpu.assignment import decode
 from vgpu.testbed.cluster import free_port
+from vgpu.testbed.realcluster import real_pod
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.slow]
 
@@ -81,17 +81,17 @@ def test_the_chart_policies_refuse_a_forged_assignment_with_kube_apiservers_word
     assert cluster.kubectl("get", "pod", "forged", check=False).returncode != 0  # nothing stored
 
 
-def _unedited(name: str, limits: dict, scheduler: str | None = None, annotations: dict | None = None) -> dict:
-    """A pod as a HAMi or Volcano user writes it: no vgpu-scheduler, their resource names."""
-    volumes, mounts = host_software()
-    spec: dict = {"restartPolicy": "Never", "automountServiceAccountToken": False, "volumes": volumes,
-                  "containers": [{"name": "main", "image": "localhost/vgpu-testbed/base:1",
-                                  "imagePullPolicy": "Never", "command": [*WORKLOAD, "--mib", "1000"],
-                                  "volumeMounts": mounts, "resources": {"limits": limits}}]}
+def _unedited(name: str, limits: dict, scheduler: str | None = None, annotations: dict | None = None,
+              args: tuple[str, ...] = ("--mib", "1000"), namespace: str = "default") -> dict:
+    """A pod as a HAMi or Volcano user writes it: no vgpu-scheduler, their resource names (as the tier runs it)."""
+    spec: dict = {"restartPolicy": "Never",
+                  "containers": [{"name": "main", "command": [*WORKLOAD, *args],
+                                  "resources": {"limits": limits}}]}
     if scheduler:
         spec["schedulerName"] = scheduler
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}}, "spec": spec}
+    return real_pod({"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": name, "namespace": namespace, "annotations": annotations or {}},
+                     "spec": spec})
 
 
 def test_hami_and_volcano_pods_are_opted_in_by_the_webhook_and_run_with_their_limits(cluster):
@@ -161,14 +161,12 @@ def test_a_namespace_quota_counts_the_webhooks_totals_and_refuses_the_pod_over_i
         "spec": {"hard": {"requests.volcano.sh/vgpu-memory-total": "50000"}}})
     cluster.wait("the quota controller's status", lambda: cluster.get(
         "/api/v1/namespaces/quota/resourcequotas/gpu").get("status", {}).get("hard"), 60)
-    first = _unedited("train", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "20000"})
-    first["metadata"]["namespace"] = "quota"
-    first["spec"]["containers"][0]["command"] = [*WORKLOAD, "--mib", "100", "--hold", "120"]
+    first = _unedited("train", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "20000"}, args=("--mib", "100", "--hold",
+                                                                                           "120"), namespace="quota")
     create(cluster, first)  # 2 x 20,000 = 40,000 of 50,000
     used = cluster.get("/api/v1/namespaces/quota/resourcequotas/gpu")["status"]["used"]
     assert used["requests.volcano.sh/vgpu-memory-total"] == "40k"
-    second = _unedited("tune", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "10000"})
-    second["metadata"]["namespace"] = "quota"
+    second = _unedited("tune", {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "10000"}, namespace="quota")
     manifest = tmp_path / "tune.json"
     manifest.write_text(json.dumps(second))
     done = cluster.kubectl("create", "-f", str(manifest), check=False)

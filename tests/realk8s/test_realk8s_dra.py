@@ -6,10 +6,9 @@ DRA manager, and applied to the container by containerd's CDI support."""
 from __future__ import annotations
 
 import pytest
-from realk8s_helpers import WORKLOAD, create, gpu_pod, host_software, phase, report, wait_finished
+from realk8s_helpers import WORKLOAD, create, gpu_pod, phase, report, wait_finished
 
 from vgpu.dra import DEVICE_CLASS, DRIVER
-from vgpu.testbed.realcluster import BASE_IMAGE
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.slow]
 
@@ -22,9 +21,7 @@ def _template(name: str, memory: str, cores: str) -> dict:
 
 
 def _claim_pod(name: str, template: str, args: list[str]) -> dict:
-    _, mounts = host_software()
-    container = {"name": "main", "image": BASE_IMAGE, "imagePullPolicy": "Never", "command": [*WORKLOAD, *args],
-                 "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}], "volumeMounts": mounts,
+    container = {"name": "main", "command": [*WORKLOAD, *args],
                  "resources": {"claims": [{"name": "gpu"}], "requests": {"cpu": "10m", "memory": "32Mi"}}}
     body = gpu_pod(name, [container])
     body["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
