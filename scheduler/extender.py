@@ -473,7 +473,7 @@ class Extender:
         feasible = [state.name for state in choice.feasible]
         feasible += self.claims.whole_gpu_nodes(self, pod, info.requests, failed, unresolvable)
         if not feasible and waiting is None and exists and info.may_preempt and self.preemptor is not None:
-            waiting = self._preempt(info, states)
+            waiting = self._preempt(info, states, names, objects)
         if waiting is not None:
             unresolvable.pop(waiting.node, None)
             failed[waiting.node] = self.preemptor.waiting_message(uid) if self.preemptor else ""
@@ -486,9 +486,11 @@ class Extender:
             )
         return filter_result(names, objects, feasible, failed, unresolvable)
 
-    def _preempt(self, info: _PodInfo, states: list[NodeState]) -> Charge | None:
-        """Nominate the pod on the cheapest node whose lower-priority pods the API server lets go, and start their
-        eviction (scheduler.preemption); the nomination, or None."""
+    def _preempt(self, info: _PodInfo, states: list[NodeState], names: list[Any],
+                 objects: dict[str, Mapping[str, Any]] | None) -> Charge | None:
+        """Nominate the pod on the cheapest node of `states` (those of kube-scheduler's candidates `names`) whose
+        lower-priority pods the API server lets go, and start their eviction (scheduler.preemption); the nomination,
+        or None. When budgets refuse every plan, the pod is planned for again later on the same candidates."""
         preemptor = self.preemptor
         assert preemptor is not None
         uid = info.uid or f"{info.namespace}/{info.name}"
@@ -524,10 +526,30 @@ class Extender:
         if refusals and len(refusals) == len(plans[:PLANS_TRIED]):
             # every plan was refused by the API server (a budget): say so on the pod, once per change of reason
             message = f"preemption would free room, but the evictions are refused: {'; '.join(refusals)}"
-            if preemptor.blocked(uid, message):
+            if preemptor.blocked(uid, message, lambda: self._replan(info, names, objects)):
                 preemptor.events({"namespace": info.namespace, "name": info.name, "uid": info.uid}, "Warning",
                                  "PreemptionBlocked", message)
         return None
+
+    def _replan(self, info: _PodInfo, names: list[Any], objects: dict[str, Mapping[str, Any]] | None) -> None:
+        """Plan the preemption for a pod that budgets blocked, on the candidates of its last /filter, while it still
+        waits: it still exists under its UID, is not bound and holds nothing in the ledger."""
+        uid = info.uid or f"{info.namespace}/{info.name}"
+        try:
+            pod = (self.lookup(info.namespace, info.name) or self.fetch(info.namespace, info.name)) \
+                if self.pod_source else None
+        except VGPUError:
+            return  # the API server did not answer: the next round asks again
+        if self.pod_source and (pod is None or str((pod.get("metadata") or {}).get("uid") or "") != info.uid
+                                or (pod.get("spec") or {}).get("nodeName")):
+            if self.preemptor is not None:
+                self.preemptor.forget(uid)
+            return
+        with self.ledger.lock:
+            if uid in self.ledger.charges:
+                return
+            states, _, _ = self._resolve(names, objects, {})
+        self._preempt(info, states, names, objects)
 
     def prioritize(self, raw_args: Any) -> list[dict[str, Any]]:
         """ExtenderArgs -> HostPriorityList (scores 0..10, best = 10)."""

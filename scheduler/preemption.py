@@ -24,6 +24,11 @@ that fits none of the nodes it is asked about:
 - While the victims end, /filter answers the pod "waiting for N preempted pods to end" on that node; once they
   are gone its nomination gives way to a normal placement. A pod whose `preemptionPolicy` is `Never` never preempts;
   a pod is planned for at most once per `REPLAN_SECONDS`.
+- **A budget that blocks every plan**: the pod is told once (a `PreemptionBlocked` event naming the refusals) and
+  planned for again by the extender itself every `BLOCKED_RETRY_SECONDS` (`Preemptor.retry_blocked`), not only when
+  kube-scheduler next asks: kube-scheduler retries a pod an extender turned down only on a cluster event it watches
+  or after five minutes (`DefaultPodMaxInUnschedulablePodsDuration`), and a budget's change is neither. Once the
+  evictions are allowed they start, and the victims' deletion brings the pod back to kube-scheduler's queue.
 """
 
 from __future__ import annotations
@@ -45,14 +50,15 @@ from vgpu.scheduler.fit import FitResult, GPUOrder, GPUUsage, fit, gpu_takes
 from vgpu.scheduler.ledger import Charge, ChargeState, Ledger
 from vgpu.scheduler.nodestate import NodeState
 
-__all__ = ["NOMINATION_MARGIN", "PLANS_TRIED", "REPLAN_SECONDS", "EvictionRefused", "Evictor", "Plan", "Preemptor",
-           "plan_on_node"]
+__all__ = ["BLOCKED_RETRY_SECONDS", "NOMINATION_MARGIN", "PLANS_TRIED", "REPLAN_SECONDS", "EvictionRefused",
+           "Evictor", "Plan", "Preemptor", "plan_on_node"]
 
 log = logging.getLogger(__name__)
 
 NOMINATION_MARGIN = 30.0  # seconds a nomination outlives the victims' longest grace period
 PLANS_TRIED = 3  # plans whose victims are tried (dry run) before the pod waits for the next round
 REPLAN_SECONDS = 5.0  # a pod that found no plan is planned for again after this long at the earliest
+BLOCKED_RETRY_SECONDS = 10.0  # a pod whose every plan a budget refused is planned for again this often
 DEFAULT_GRACE = 30  # spec.terminationGracePeriodSeconds when the pod does not say
 _NO_VICTIM = (-(2**63), 0, 0)  # the cost of a GPU that needs no victim
 _KEPT, _KEPT_SECONDS = 10_000, 600.0  # plans remembered before old ones are dropped
@@ -203,6 +209,7 @@ class Preemptor:
         # goes with the pod's deletion or placement, and entries older than `_KEPT_SECONDS` when over `_KEPT`
         self._planned: dict[str, tuple[float, Plan | None]] = {}
         self._blocked: dict[str, str] = {}  # per pod: why its preemption was last refused (said once per change)
+        self._retries: dict[str, Callable[[], Any]] = {}  # per blocked pod: how to plan for it again
         self._lock = threading.Lock()
         self.random = random.Random()
 
@@ -217,6 +224,7 @@ class Preemptor:
         now = self.clock()
         with self._lock:
             self._planned[key] = (now, plan)
+            self._retries.pop(key, None)  # planned again: `blocked` names a new retry if it is still due
             if len(self._planned) > _KEPT:
                 for old in [k for k, (when, _) in self._planned.items() if now - when > _KEPT_SECONDS]:
                     del self._planned[old]
@@ -226,11 +234,15 @@ class Preemptor:
         with self._lock:
             self._planned.pop(key, None)
             self._blocked.pop(key, None)
+            self._retries.pop(key, None)
 
-    def blocked(self, key: str, why: str) -> bool:
-        """Record why the pod's preemption was refused; True when that differs from what was recorded last (the
-        reason to tell the pod), False for the same reason again."""
+    def blocked(self, key: str, why: str, retry: Callable[[], Any]) -> bool:
+        """Record why the pod's preemption was refused, and `retry`, which plans for it again (`retry_blocked`);
+        True when the reason differs from what was recorded last (the reason to tell the pod), False for the same
+        reason again."""
         with self._lock:
+            if len(self._retries) < _KEPT:
+                self._retries[key] = retry
             if self._blocked.get(key) == why:
                 return False
             self._blocked[key] = why
@@ -238,6 +250,22 @@ class Preemptor:
                 for old in list(self._blocked)[: _KEPT // 2]:
                     del self._blocked[old]
             return True
+
+    def retry_blocked(self) -> int:
+        """Plan again for each blocked pod last planned for `BLOCKED_RETRY_SECONDS` ago or more (the extender's
+        leader calls this every second); how many were planned for. A failing retry is logged and dropped."""
+        now = self.clock()
+        with self._lock:
+            due = [(key, retry) for key, retry in self._retries.items()
+                   if now - self._planned.get(key, (-float("inf"), None))[0] >= BLOCKED_RETRY_SECONDS]
+        for key, retry in due:
+            try:
+                retry()
+            except Exception:  # one pod's failing retry must not stop the others'
+                log.exception("event=preemption_retry_failed pod=%s", key)
+                with self._lock:
+                    self._retries.pop(key, None)
+        return len(due)
 
     def waiting_message(self, key: str) -> str:
         """What /filter says of the node the pod is nominated on, while its victims end."""

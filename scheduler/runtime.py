@@ -6,6 +6,7 @@ run the extender in-process against the API-server stand-in.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 # seconds between two sweeps of expired reservations (requests sweep too; this covers an idle extender)
 EXPIRY_INTERVAL = 1.0
+RETRY_INTERVAL = 1.0  # how often the pods whose preemption a budget blocked are looked at (each when it is due)
 BIND_ATTEMPTS = 6  # a binding turned away (429, 503) is sent at most this often
 # seconds a read of a pod the cache does not hold waits for the pod watch to deliver it before asking the API server
 POD_ARRIVAL_WAIT = 0.002
@@ -117,6 +119,8 @@ class SchedulerRuntime:
         self.app = create_app(self.extender, self.not_ready, self.metrics, config.max_body_bytes,
                               housekeeping=self.ledger.expire, housekeeping_interval=EXPIRY_INTERVAL)
         self._metrics_server: Any = None
+        self._stopping = threading.Event()
+        self._retrier: threading.Thread | None = None
 
     def _inconsistent(self, pod: Mapping[str, Any], problems: list[str]) -> None:
         """A bound pod's assignment differs from its spec: charged at the larger, counted and reported."""
@@ -217,6 +221,10 @@ class SchedulerRuntime:
             cache.start()
         if self.elector is not None:
             self.elector.start()
+        if self.extender.preemptor is not None:
+            self._retrier = threading.Thread(target=self._retry_blocked, args=(self.extender.preemptor,),
+                                             name="vgpu-preemption-retry", daemon=True)
+            self._retrier.start()
         if wait:
             self.nodes.wait_synced(wait)
             self.pods.wait_synced(wait)
@@ -224,8 +232,18 @@ class SchedulerRuntime:
                 cache.wait_synced(wait)
         return self
 
+    def _retry_blocked(self, preemptor: Preemptor) -> None:
+        """Each second, while this replica serves (it leads), plan again for the pods whose preemption budgets
+        blocked (scheduler.preemption: kube-scheduler would not ask again for up to five minutes)."""
+        while not self._stopping.wait(RETRY_INTERVAL):
+            if not self.not_ready():
+                preemptor.retry_blocked()
+
     def stop(self) -> None:
         """Stop everything started by `start` (the HTTP server is the caller's)."""
+        self._stopping.set()
+        if self._retrier is not None:
+            self._retrier.join(5.0)
         if self.elector is not None:
             self.elector.stop()
         for cache in self.dra_caches:

@@ -14,7 +14,7 @@ from sched_helpers import wait_until
 from vgpu.scheduler.extender import Extender
 from vgpu.scheduler.ledger import ChargeState, Ledger
 from vgpu.scheduler.policies import make_policy
-from vgpu.scheduler.preemption import REPLAN_SECONDS, EvictionRefused, Preemptor
+from vgpu.scheduler.preemption import BLOCKED_RETRY_SECONDS, REPLAN_SECONDS, EvictionRefused, Preemptor
 
 
 class Evictions:
@@ -267,3 +267,39 @@ def test_a_pod_whose_every_preemption_a_budget_refuses_is_told_once_per_reason()
     assert filter_(ext, pending("high", priority=10), ("n1", "n2"))["NodeNames"] == []
     assert len(blocked()) == 2 and "default/low-b" in blocked()[1] and "default/low:" in blocked()[1]
     assert evictions.evicted() == []
+
+
+def test_a_blocked_pod_is_planned_for_again_by_the_extender_and_preempts_once_the_budget_allows():
+    """kube-scheduler does not ask again when a budget changes: the extender plans for the blocked pod itself every
+    BLOCKED_RETRY_SECONDS, on the candidates of its last /filter, and evicts once the budget lets the victim go. A
+    blocked pod deleted meanwhile is planned for no more."""
+    now = [0.0]
+    pods = {}
+    ledger, evictions, events = Ledger(), Evictions(refuse={"low", "low-b"}), []
+    preemptor = Preemptor(ledger, evictions, lambda ns, name: pods.get(name),
+                          lambda ref, kind, reason, message: events.append((ref["name"], reason, message)),
+                          clock=lambda: now[0])
+    ext = Extender(ledger, make_policy("binpack"), mode="decide", preemptor=preemptor,
+                   lookup=lambda ns, name: pods.get(name))
+    for name, gpu_id, victim in (("n1", "GPU-a", "low"), ("n2", "GPU-b", "low-b")):
+        ledger.on_node(node(name, [gpu(gpu_id, memory=1000)]))
+        pods[victim] = running(victim, name, f"{gpu_id},NVIDIA,800,0:", 1)
+        ledger.on_pod(pods[victim])
+    pods["high"], pods["other"] = pending("high", priority=10), pending("other", priority=10)
+    assert filter_(ext, pods["high"])["NodeNames"] == []  # candidates: n1 only
+    assert filter_(ext, pods["other"], ("n2",))["NodeNames"] == []
+    assert [name for name, reason, _ in events if reason == "PreemptionBlocked"] == ["high", "other"]
+    assert preemptor.retry_blocked() == 0  # planned for just now
+    now[0] += BLOCKED_RETRY_SECONDS
+    assert preemptor.retry_blocked() == 2  # still refused: nothing evicted, nothing told again
+    assert evictions.evicted() == [] and len(events) == 2
+    del pods["other"]  # deleted while it waited
+    evictions.refuse = {"low-b"}  # the budget of `low` allows its eviction now
+    now[0] += BLOCKED_RETRY_SECONDS
+    calls = len(evictions.calls)
+    assert preemptor.retry_blocked() == 2
+    wait_until(lambda: evictions.evicted() == ["low"])
+    assert ledger.charges["high"].state == ChargeState.NOMINATED and ledger.charges["high"].node == "n1"
+    assert ("low", True) in evictions.calls[calls:] and ("low-b", True) not in evictions.calls[calls:]
+    now[0] += BLOCKED_RETRY_SECONDS
+    assert preemptor.retry_blocked() == 0  # one carried out, one gone: nothing is left to retry
