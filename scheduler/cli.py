@@ -46,6 +46,11 @@ def register(subparsers: Any) -> None:
                    help="evict GPU shares of lower-priority pods for a pod that fits nowhere (default on)")
     p.add_argument("--leader-elect", action="store_true", default=None, help="run Lease leader election")
     p.add_argument("--lease-namespace", help="namespace of the leader-election Lease (default kube-system)")
+    p.add_argument("--follow-lease", metavar="NAMESPACE/NAME",
+                   help="lead while kube-scheduler of this pod holds its Lease NAMESPACE/NAME (instead of "
+                        "--leader-elect)")
+    p.add_argument("--leader-identity", metavar="HOSTNAME",
+                   help="with --follow-lease: the hostname kube-scheduler's identity starts with (default this host's)")
     p.add_argument("--assume-ttl", type=float, dest="assume_ttl_seconds",
                    help="seconds a /filter reservation waits for /bind (default 30)")
     p.set_defaults(func=_run_scheduler)

@@ -69,6 +69,19 @@ class SchedulerConfig(BaseModel):
     leader_elect: bool = Field(False, description="run Lease leader election (several replicas)")
     lease_name: str = Field(SCHEDULER_NAME, description="Lease name for leader election")
     lease_namespace: str = Field("kube-system", description="Lease namespace for leader election")
+    follow_lease: str = Field(
+        "", description="NAMESPACE/NAME of the Lease kube-scheduler campaigns for (its leaderElection "
+        "resourceNamespace/resourceName): lead while the kube-scheduler of this pod holds it, instead of holding a "
+        "Lease of our own (several replicas; excludes leader_elect)"
+    )
+    unready_restart_seconds: float = Field(
+        180.0, gt=0, description="a replica that should serve (it leads, or runs alone) but has not been ready for "
+        "this long fails its liveness probe (/healthz), so that kubelet restarts it"
+    )
+    leader_identity: str = Field(
+        "", description="with follow_lease: the hostname kube-scheduler's identity starts with (`<hostname>_<uuid>`); "
+        "default this host's name, which the containers of one pod share"
+    )
     dra: bool = Field(
         False, description="DRA mode: watch ResourceSlices and ResourceClaims of the gpu.vgpu-sharing.io driver and "
         "filter and score the pods that ask its DeviceClass through claims (docs/dra.md; needs list and watch on "
@@ -110,10 +123,24 @@ def check_listen(config: SchedulerConfig) -> None:
                           "--tls-key-file and --tls-client-ca-file (mutual TLS), or the extender answers anyone")
 
 
+def check_leadership(config: SchedulerConfig) -> None:
+    """Refuse both kinds of leadership at once and a malformed `follow_lease`; raises ConfigError."""
+    if not config.follow_lease:
+        if config.leader_identity:
+            raise ConfigError("--leader-identity: needs --follow-lease")
+        return
+    if config.leader_elect:
+        raise ConfigError("--follow-lease and --leader-elect: give one (follow kube-scheduler's Lease, or hold one)")
+    namespace, sep, name = config.follow_lease.partition("/")
+    if not (sep and namespace and name) or "/" in name:
+        raise ConfigError(f"--follow-lease {config.follow_lease}: expected NAMESPACE/NAME of kube-scheduler's Lease")
+
+
 def load_config(path: str | None, overrides: dict[str, Any]) -> SchedulerConfig:
     """Read `path` (YAML mapping; None = defaults) and apply the non-None `overrides` (from flags)."""
     data: dict[str, Any] = read_yaml_mapping(path, "--config") if path else {}
     data.update({k: v for k, v in overrides.items() if v is not None})
     config = validated(SchedulerConfig, data, path or "flags")
     check_listen(config)
+    check_leadership(config)
     return config

@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 from vgpu.errors import ConfigError, VGPUError
 from vgpu.grants import read_key
 from vgpu.httpserve import parse_listen
-from vgpu.kube import EventRecorder, LeaderElector, WatchCache, bind_pod, make_api_client
+from vgpu.kube import EventRecorder, LeaderElector, LeaseFollower, WatchCache, bind_pod, make_api_client
 from vgpu.kube.cache import Backoff
 from vgpu.kube.client import read_object
 from vgpu.kube.errors import ApiError, ConflictError, NotFoundError, status_causes, translate
@@ -88,8 +88,13 @@ class SchedulerRuntime:
             self.metrics.track_cache("resourceslices", lambda: slices.synced)
             self.metrics.track_cache("resourceclaims", lambda: claims.synced)
         self.recorder = EventRecorder(self.api, config.scheduler_name)
-        self.elector: LeaderElector | None = None
-        if config.leader_elect:
+        self.elector: LeaderElector | LeaseFollower | None = None
+        if config.follow_lease:
+            namespace, _, lease = config.follow_lease.partition("/")
+            self.elector = LeaseFollower(self.api, lease, namespace, identity=config.leader_identity or None,
+                                         on_started_leading=lambda: self.metrics.leader.set(1),
+                                         on_stopped_leading=lambda: self.metrics.leader.set(0))
+        elif config.leader_elect:
             self.elector = LeaderElector(self.api, config.lease_name, config.lease_namespace,
                                          on_started_leading=lambda: self.metrics.leader.set(1),
                                          on_stopped_leading=lambda: self.metrics.leader.set(0))
@@ -117,8 +122,10 @@ class SchedulerRuntime:
             cache.add_handlers(lambda obj: self.extender.changed(), lambda old, new: self.extender.changed(),
                                lambda obj: self.extender.changed())
         self.app = create_app(self.extender, self.not_ready, self.metrics, config.max_body_bytes,
-                              housekeeping=self.ledger.expire, housekeeping_interval=EXPIRY_INTERVAL)
+                              housekeeping=self.ledger.expire, housekeeping_interval=EXPIRY_INTERVAL,
+                              stuck=self.stuck)
         self._metrics_server: Any = None
+        self._unready_since: float | None = None  # while this replica should serve but cannot (see `stuck`)
         self._stopping = threading.Event()
         self._retrier: threading.Thread | None = None
 
@@ -138,9 +145,25 @@ class SchedulerRuntime:
         for cache in self.dra_caches:
             if not cache.synced:
                 return f"{cache.kind} cache not synced"
-        if self.elector is not None and not self.elector.holds_lease():
-            return "not the leader" if not self.elector.is_leader else "the leader's lease is not current"
+        if self.elector is not None:
+            return self.elector.why_not_leading()
         return ""
+
+    def stuck(self) -> str:
+        """"" unless this replica should serve (it leads, or runs alone) and has not been ready for
+        `unready_restart_seconds`: then why, for the liveness probe to restart the container (a standby is never
+        stuck: nothing asks it)."""
+        reason = self.not_ready()
+        if not reason or (self.elector is not None and not self.elector.holds_lease()):
+            self._unready_since = None
+            return ""
+        now = time.monotonic()
+        if self._unready_since is None:
+            self._unready_since = now
+        waited = now - self._unready_since
+        if waited < self.config.unready_restart_seconds:
+            return ""
+        return f"not ready for {waited:.0f}s while it should serve: {reason}"
 
     def _bind(self, namespace: str, name: str, uid: str, node: str, annotations: dict[str, str]) -> None:
         """Bind through the client without automatic retries, and retry here a binding the API server turned away

@@ -1,9 +1,10 @@
 """HTTP front of the extender: the routes kube-scheduler calls, and nothing else.
 
 POST /filter, /prioritize, /bind, /preempt take kube-scheduler's extender JSON (Go field names, any
-capitalisation) and answer with orjson; GET /healthz is liveness, GET /readyz is 200 only while the caches have
-synced and this replica leads. Unparseable JSON answers 400, a body over the cap 413, a well-formed but invalid
-request 200 with `Error`; an unexpected exception is logged and also answered 200 with `Error`, never 500.
+capitalisation) and answer with orjson; GET /healthz is liveness (503 once a replica that should serve has not been
+ready for long), GET /readyz is 200 only while the caches have synced and this replica leads. Unparseable JSON
+answers 400, a body over the cap 413, a well-formed but invalid request 200 with `Error`; an unexpected exception
+is logged and also answered 200 with `Error`, never 500.
 The four POST verbs are answered by the `ExtenderVerbs` ASGI middleware in front of FastAPI (see its docstring);
 bodies over INLINE_PARSE_BYTES are parsed on a worker thread, LARGE_BODIES_AT_ONCE at a time.
 Built by `create_app`, whose lifespan also runs periodic housekeeping (the ledger's reservation expiry), served
@@ -200,12 +201,14 @@ def create_app(
     max_body: int = DEFAULT_MAX_BODY,
     housekeeping: Callable[[], Any] | None = None,
     housekeeping_interval: float = 1.0,
+    stuck: Callable[[], str] | None = None,
 ) -> ExtenderVerbs:
     """The ASGI application serving `extender`: the verbs, in front of a FastAPI application for the rest;
     `ready()` returns "" when ready, else why not.
 
     `housekeeping` (the ledger's reservation expiry) runs every `housekeeping_interval` seconds while the server
-    runs, so that reservations expire and metrics follow even when no request comes."""
+    runs, so that reservations expire and metrics follow even when no request comes. `stuck()` returns "" while
+    the process is live, else why it should be restarted (GET /healthz then answers 503)."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -224,6 +227,9 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz() -> Response:
+        reason = stuck() if stuck is not None else ""
+        if reason:
+            return Response(f"unhealthy: {reason}".encode(), status_code=503, media_type="text/plain")
         return Response(b"ok", media_type="text/plain")
 
     @app.get("/readyz")

@@ -215,6 +215,48 @@ def test_follower_is_not_ready_and_refuses(kube, served):
     assert "not the leader" in follower.post("/filter", go_filter_args(p, names=["node-a"])).json()["Error"]
 
 
+def test_the_extender_beside_the_leading_kube_scheduler_serves_and_the_other_refuses(kube, served):
+    """--follow-lease: readiness follows kube-scheduler's Lease (an elector named as kube-scheduler names itself,
+    `<hostname>_<uuid>`, stands for the kube-scheduler of pod `pod-a`); the other pod's extender refuses /filter
+    naming the holder, and binds nothing."""
+    from vgpu.kube import LeaderElector
+
+    seed(kube, broken=False)
+    scheduler = LeaderElector(kube.api, "kube-sched", "default", identity="pod-a_5d1c", lease_duration=3.0,
+                              renew_deadline=2.0, retry_period=0.2).start()
+    try:
+        assert scheduler.wait_for_leadership(5)
+        beside = served(mode="decide", follow_lease="default/kube-sched", leader_identity="pod-a")
+        other = served(mode="decide", follow_lease="default/kube-sched", leader_identity="pod-b")
+        wait_until(lambda: beside.http.get("/readyz").status_code == 200, what="the leading pod's extender ready")
+        r = other.http.get("/readyz")
+        assert r.status_code == 503 and "held by pod-a_5d1c, not by pod-b" in r.text, r.text
+        p = kube.pod("trainer")
+        assert "held by pod-a_5d1c" in other.post("/filter", go_filter_args(p, names=["node-a"])).json()["Error"]
+        assert other.http.get("/healthz").status_code == 200  # a standby is not stuck: nothing asks it
+        assert beside.post("/filter", go_filter_args(p, names=["node-a"])).json()["NodeNames"] == ["node-a"]
+    finally:
+        scheduler.stop()
+
+
+def test_an_extender_that_should_serve_but_cannot_fails_its_liveness_probe(kube, apiserver, served):
+    """Its pod list is refused (so its caches never sync) while nothing else leads: /readyz says why at once, and
+    /healthz fails once that has lasted unready_restart_seconds, for kubelet to restart the container."""
+    apiserver.faults.set([{"action": "error", "method": "GET", "path": "^/api/v1/pods", "status": 500}])
+    try:
+        ext = served(mode="decide", unready_restart_seconds=1.0)
+        assert "pod cache not synced" in ext.http.get("/readyz").text
+        assert ext.http.get("/healthz").status_code == 200  # not yet for long
+        time.sleep(1.2)
+        r = ext.http.get("/healthz")
+        assert r.status_code == 503 and "while it should serve: pod cache not synced" in r.text, r.text
+        apiserver.faults.clear()
+        wait_until(lambda: ext.http.get("/readyz").status_code == 200, timeout=20, what="the caches to sync")
+        assert ext.http.get("/healthz").status_code == 200
+    finally:
+        apiserver.faults.clear()
+
+
 @pytest.mark.parametrize("mode", ["decide", "score"])
 def test_pod_deleted_after_bind_releases(kube, served, mode):
     kube.create_node(node("n1", [gpu("GPU-1", 8000)]))

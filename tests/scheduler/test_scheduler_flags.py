@@ -33,3 +33,20 @@ def test_a_given_flag_overrides_the_default(argv, key, value):
     config = load_config(None, flag_overrides(args))
     assert getattr(config, key) == value
     assert getattr(load_config(None, flag_overrides(build_parser().parse_args(["scheduler"]))), key) != value
+
+
+def test_following_a_lease_reaches_the_configuration_and_refuses_what_cannot_work():
+    from vgpu.errors import ConfigError
+
+    def load(*argv):
+        return load_config(None, flag_overrides(build_parser().parse_args(["scheduler", *argv])))
+
+    config = load("--follow-lease", "vgpu-system/vgpu-kube-scheduler", "--leader-identity", "vgpu-scheduler-0")
+    assert (config.follow_lease, config.leader_identity) == ("vgpu-system/vgpu-kube-scheduler", "vgpu-scheduler-0")
+    for argv, message in (
+            (["--follow-lease", "vgpu-kube-scheduler"], "expected NAMESPACE/NAME"),
+            (["--follow-lease", "a/b/c"], "expected NAMESPACE/NAME"),
+            (["--follow-lease", "a/b", "--leader-elect"], "give one"),
+            (["--leader-identity", "x"], "needs --follow-lease")):
+        with pytest.raises(ConfigError, match=message):
+            load(*argv)

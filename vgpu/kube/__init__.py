@@ -10,7 +10,7 @@ from vgpu.kube.cache import WatchCache
 from vgpu.kube.client import make_api_client
 from vgpu.kube.errors import AlreadyExistsError, ApiError, ConflictError, NotFoundError
 from vgpu.kube.events import EventRecorder
-from vgpu.kube.leader import LeaderElector
+from vgpu.kube.leader import LeaderElector, LeaseFollower
 from vgpu.kube.patch import patch_node_metadata, patch_pod_metadata, patch_pod_status
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "ConflictError",
     "EventRecorder",
     "LeaderElector",
+    "LeaseFollower",
     "NotFoundError",
     "WatchCache",
     "bind_pod",

@@ -12,7 +12,15 @@ less than `renew_deadline` old on this process's monotonic clock. Another candid
 `lease_duration` without a renewal, so a leader that was paused (a stalled process, a partition) and still believes
 it leads stops writing before anyone else may start.
 
-Callbacks run on the elector thread and must return quickly.
+`LeaseFollower` leads by another program's Lease instead: the extender beside kube-scheduler follows the Lease
+kube-scheduler campaigns for, so the extender that answers is always the one in the leading kube-scheduler's pod.
+kube-scheduler names itself `<hostname>_<uuid>` (cmd/kube-scheduler/app/options/options.go), and both containers of
+a pod share the hostname, so the follower leads while the holder is `<its hostname>_...` and the Lease is being
+renewed. It reads the Lease every `poll_period` and leads until `renew_deadline` after the last renewal it saw,
+on its own monotonic clock; a new holder takes over only after `leaseDurationSeconds` (longer) without one, so a
+partitioned follower stops before another pair may start.
+
+Callbacks run on the elector's (follower's) thread and must return quickly.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ from vgpu.errors import ConfigError
 from vgpu.kube.client import read_json
 from vgpu.kube.errors import ApiError, NotFoundError, translate
 
-__all__ = ["LeaderElector"]
+__all__ = ["LeaderElector", "LeaseFollower"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +107,12 @@ class LeaderElector:
     def wait_for_leadership(self, timeout: float | None = None) -> bool:
         """Block until this elector leads; False on timeout."""
         return self._leader.wait(timeout)
+
+    def why_not_leading(self) -> str:
+        """"" while `holds_lease()`, else why not, as /readyz says it."""
+        if self.holds_lease():
+            return ""
+        return "not the leader" if not self.is_leader else "the leader's lease is not current"
 
     # -- algorithm
     def _sleep(self, seconds: float) -> bool:
@@ -215,3 +229,109 @@ class LeaderElector:
             log.info("lease=%s/%s identity=%s released", self.namespace, self.name, self.identity)
         except Exception as exc:
             log.warning("lease=%s/%s release failed: %s", self.namespace, self.name, translate(exc, "lease"))
+
+
+class LeaseFollower:
+    """Leads while the Lease `namespace/name`, campaigned for by another program, is held as `identity` or
+    `identity_<anything>` and renewed; the same interface as LeaderElector (see the module text)."""
+
+    def __init__(self, api_client: k8s.ApiClient, name: str, namespace: str = "kube-system", *,
+                 identity: str | None = None, renew_deadline: float = 10.0, poll_period: float = 1.0,
+                 on_started_leading: Callable[[], None] | None = None,
+                 on_stopped_leading: Callable[[], None] | None = None) -> None:
+        if not renew_deadline > poll_period > 0:
+            raise ConfigError(f"lease following: need renew_deadline > poll_period > 0 (got {renew_deadline}, "
+                              f"{poll_period})")
+        self.name, self.namespace = name, namespace
+        self.identity = identity or socket.gethostname()
+        self.renew_deadline = renew_deadline
+        self.poll_period = poll_period
+        self.on_started_leading = on_started_leading
+        self.on_stopped_leading = on_stopped_leading
+        self._api = k8s.CoordinationV1Api(api_client)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._record: tuple[str, str] | None = None  # (holder, renewTime) last read
+        self._renewed = -float("inf")  # monotonic time the record last changed while held by our pod
+        self._leading = False  # as last told to the callbacks
+        self.holder = ""  # the holder as last read
+        self.error = ""  # why the last read failed ("" when it succeeded)
+
+    def _ours(self, holder: str) -> bool:
+        return holder == self.identity or holder.startswith(self.identity + "_")
+
+    def holds_lease(self) -> bool:
+        """True while our pod's program holds the Lease and renewed it less than `renew_deadline` ago (as seen
+        here): the fence for writes only the leader may make."""
+        return self._ours(self.holder) and time.monotonic() - self._renewed < self.renew_deadline
+
+    @property
+    def is_leader(self) -> bool:
+        """The same as `holds_lease()`: a follower has no state of its own to lose."""
+        return self.holds_lease()
+
+    def why_not_leading(self) -> str:
+        """"" while leading, else why not, as /readyz says it."""
+        if self.holds_lease():
+            return ""
+        lease = f"Lease {self.namespace}/{self.name}"
+        if self.error:
+            return f"not the leader: cannot read {lease}: {self.error}"
+        if not self.holder:
+            return f"not the leader: {lease} has no holder"
+        if not self._ours(self.holder):
+            return f"not the leader: {lease} is held by {self.holder}, not by {self.identity}"
+        return f"not the leader: {lease} was not renewed for {self.renew_deadline:g}s"
+
+    def start(self) -> LeaseFollower:
+        """Read the Lease once, then every `poll_period` in a daemon thread."""
+        self.poll()
+        self._thread = threading.Thread(target=self._run, name=f"follow-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop following (nothing is written: the Lease is not ours)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._tell(False)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_period):
+            self.poll()
+
+    def poll(self) -> None:
+        """Read the Lease and tell the callbacks when leading starts or stops."""
+        try:
+            lease = read_json(self._api.read_namespaced_lease(self.name, self.namespace, _preload_content=False,
+                                                              _request_timeout=self.poll_period * 2))
+        except Exception as exc:
+            self.error = str(translate(exc, f"get lease {self.namespace}/{self.name}"))
+            log.debug("lease=%s/%s read failed: %s", self.namespace, self.name, self.error)
+        else:
+            self.error = ""
+            spec = lease.get("spec") or {}
+            record = (str(spec.get("holderIdentity") or ""), str(spec.get("renewTime") or ""))
+            if record != self._record:
+                if record[0] != self.holder:
+                    log.info("lease=%s/%s holder=%s identity=%s", self.namespace, self.name, record[0] or "-",
+                             self.identity)
+                self._record = record
+                self.holder = record[0]
+                if self._ours(record[0]):
+                    self._renewed = time.monotonic()
+        self._tell(self.holds_lease())
+
+    def _tell(self, leading: bool) -> None:
+        if leading == self._leading:
+            return
+        self._leading = leading
+        log.info("lease=%s/%s identity=%s %s", self.namespace, self.name, self.identity,
+                 "started leading" if leading else "stopped leading")
+        callback = self.on_started_leading if leading else self.on_stopped_leading
+        if callback is not None:
+            try:
+                callback()
+            except Exception:
+                log.exception("leader election callback failed")
