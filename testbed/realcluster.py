@@ -5,7 +5,10 @@
     authorization, its default admission chain with NodeRestriction added), kube-controller-manager (every default
     controller with ServiceAccount credentials: garbage collector, ReplicaSets, disruption budgets, the DRA claim
     controller, the root CA publisher) and kube-scheduler running the installed KubeSchedulerConfiguration, whose
-    extender is our `vgpu scheduler`;
+    extender is our `vgpu scheduler`, following kube-scheduler's Lease. With `scheduler_replicas` above one, each
+    replica is a pair of them as in one pod of the Deployment: kube-scheduler in a UTS namespace of its own with the
+    pod's hostname `vgpu-scheduler-<i>` (kube-scheduler's identity is `<hostname>_<uuid>`), the extender told that
+    hostname, and both reaching kube-apiserver through a PartitionProxy of the replica (testbed/tcpproxy.py);
   * what an operator installs, applied with kubectl: `manifests` (such as the Helm chart's render), or else
     deploy/'s namespace, RBAC and admission policies;
   * per node: a mount namespace of its own (kubelet's device-plugin directory is fixed at
@@ -31,6 +34,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -50,6 +54,7 @@ from vgpu.testbed.containerd import unavailable as containerd_unavailable
 from vgpu.testbed.machine import machine
 from vgpu.testbed.nvidia_runtime import wrapper_script
 from vgpu.testbed.pki import CertificateAuthority, pem_key
+from vgpu.testbed.tcpproxy import PartitionProxy
 
 __all__ = ["BASE_IMAGE", "UpstreamCluster", "UpstreamNode", "host_software", "real_pod", "unavailable",
            "upstream_dir"]
@@ -242,7 +247,7 @@ class UpstreamCluster:
                  manifests: list[dict] | None = None,
                  webhook_configuration: dict | None = None,
                  webhook_args: Iterable[str] = (), log_level: str = "INFO", scheduler_args: Iterable[str] = (),
-                 plugin_args: Iterable[str] = ()) -> None:
+                 plugin_args: Iterable[str] = (), scheduler_replicas: int = 1) -> None:
         found = upstream_dir()
         if found is None:
             raise RuntimeError(unavailable())
@@ -274,8 +279,11 @@ class UpstreamCluster:
         self.etcd_port, self.etcd_peer_port = free_port(), free_port()
         self.api_port = free_port()
         self.server = f"https://127.0.0.1:{self.api_port}"
-        self.extender_port = free_port()
-        self.extender_metrics_port = free_port()
+        self.scheduler_replicas = scheduler_replicas
+        self.extender_ports = [free_port() for _ in range(scheduler_replicas)]
+        self.extender_metrics_ports = [free_port() for _ in range(scheduler_replicas)]
+        self.extender_port, self.extender_metrics_port = self.extender_ports[0], self.extender_metrics_ports[0]
+        self.proxies: list[PartitionProxy] = []  # per replica, when there are several
         self.webhook_port = free_port()
         self.procs: dict[str, Proc] = {}
         self.kubeconfig = ""
@@ -328,9 +336,11 @@ class UpstreamCluster:
         return _kubeconfig(self.workdir / f"kubeconfig-{name}", self.server, self._ca.cert,
                            cert=(self.pki / f"{name}.crt", self.pki / f"{name}.key"))
 
-    def token_kubeconfig(self, service_account: str, namespace: str = NAMESPACE, node: str | None = None) -> str:
+    def token_kubeconfig(self, service_account: str, namespace: str = NAMESPACE, node: str | None = None,
+                         replica: int | None = None) -> str:
         """A kubeconfig with a TokenRequest token of the ServiceAccount, bound to `node` when given (the token then
-        carries the node's name, as a token mounted into a pod on that node does)."""
+        carries the node's name, as a token mounted into a pod on that node does); for a scheduler `replica`,
+        through that replica's proxy when it has one."""
         assert self._ca is not None
         spec: dict[str, Any] = {"expirationSeconds": 86400}
         if node is not None:
@@ -338,8 +348,9 @@ class UpstreamCluster:
             spec["boundObjectRef"] = {"kind": "Node", "apiVersion": "v1", "name": node, "uid": uid}
         answer = self.post(f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
                            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
-        suffix = f"-{node}" if node else ""
-        return _kubeconfig(self.workdir / f"kubeconfig-{service_account}{suffix}", self.server, self._ca.cert,
+        suffix = f"-{node}" if node else f"-{replica}" if replica is not None else ""
+        server = self.proxies[replica].url if replica is not None and self.proxies else self.server
+        return _kubeconfig(self.workdir / f"kubeconfig-{service_account}{suffix}", server, self._ca.cert,
                            token=answer["status"]["token"])
 
     # -- API access (as the cluster admin)
@@ -440,15 +451,40 @@ class UpstreamCluster:
             "--controllers=*,-service-lb-controller,-node-ipam-controller,-cloud-node-lifecycle-controller",
             "--v=1"])
 
-    def _start_extender(self) -> None:
-        kubeconfig = self.token_kubeconfig("vgpu-scheduler-extender")
-        proc = self._proc("extender", _vgpu(
+    def replica_proc(self, program: str, replica: int) -> Proc:
+        """The process of `program` ("kube-scheduler" or "extender") of a scheduler replica."""
+        return self.procs[program if replica == 0 else f"{program}-{replica}"]
+
+    def scheduler_hostname(self, replica: int) -> str:
+        """The hostname of a replica's pod: kube-scheduler's identity starts with it, and the extender follows it."""
+        return f"vgpu-scheduler-{replica}" if self.scheduler_replicas > 1 else socket.gethostname()
+
+    def _start_extender(self, replica: int) -> None:
+        election = self.scheduler_configuration().get("leaderElection") or {}
+        follow: list[str] = []
+        if election.get("leaderElect", True):  # kube-scheduler's default
+            follow = ["--follow-lease", f"{election.get('resourceNamespace') or 'kube-system'}/"
+                                        f"{election.get('resourceName') or 'kube-scheduler'}",
+                      "--leader-identity", self.scheduler_hostname(replica)]
+        kubeconfig = self.token_kubeconfig("vgpu-scheduler-extender", replica=replica)
+        self._proc("extender" if replica == 0 else f"extender-{replica}", _vgpu(
             "--log-level", self.log_level, "scheduler", "--kubeconfig", kubeconfig,
-            "--listen", f"127.0.0.1:{self.extender_port}", "--metrics-listen",
-            f"127.0.0.1:{self.extender_metrics_port}", "--scheduler-names", "vgpu-scheduler",
-            *self.scheduler_args))
-        self.wait("the extender ready", lambda: httpx.get(
-            f"http://127.0.0.1:{self.extender_port}/readyz", timeout=2).status_code == 200, 60, proc=proc)
+            "--listen", f"127.0.0.1:{self.extender_ports[replica]}", "--metrics-listen",
+            f"127.0.0.1:{self.extender_metrics_ports[replica]}", "--scheduler-names", "vgpu-scheduler",
+            *follow, *self.scheduler_args))
+
+    def serving_replica(self) -> int | None:
+        """The replica whose extender answers /readyz 200 (the one beside the leading kube-scheduler), or None."""
+        serving = []
+        for replica, port in enumerate(self.extender_ports):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                    serving.append(replica)
+            except httpx.HTTPError:
+                continue
+        if len(serving) > 1:
+            raise AssertionError(f"extenders of replicas {serving} serve at once")
+        return serving[0] if serving else None
 
     def _start_webhook(self) -> None:
         assert self._ca is not None and self.webhook_configuration is not None
@@ -468,10 +504,10 @@ class UpstreamCluster:
         path.write_text(yaml.safe_dump(doc))
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
 
-    def scheduler_configuration(self) -> dict:
+    def scheduler_configuration(self, replica: int | None = None) -> dict:
         """The KubeSchedulerConfiguration installed (the `vgpu-scheduler-config` ConfigMap of `manifests`, else
         deploy/'s, in DRA mode deploy/dra/scheduler's), with the extender's address and kube-scheduler's
-        kubeconfig filled in."""
+        kubeconfig (that of `replica`) filled in."""
         if self.manifests is not None:
             docs = self.manifests
         else:
@@ -482,17 +518,22 @@ class UpstreamCluster:
         if not found:
             raise FileNotFoundError("no vgpu-scheduler-config ConfigMap installed")
         config = yaml.safe_load(found[0]["data"]["config.yaml"])
-        for extender in config.get("extenders") or []:
-            extender["urlPrefix"] = f"http://127.0.0.1:{self.extender_port}"
-        config["clientConnection"] = {"kubeconfig": self.token_kubeconfig("vgpu-kube-scheduler")}
+        if replica is not None:
+            for extender in config.get("extenders") or []:
+                extender["urlPrefix"] = f"http://127.0.0.1:{self.extender_ports[replica]}"
+            config["clientConnection"] = {"kubeconfig": self.token_kubeconfig("vgpu-kube-scheduler",
+                                                                              replica=replica)}
         return config
 
-    def _start_scheduler(self) -> None:
-        path = self.workdir / "kube-scheduler.yaml"
-        path.write_text(yaml.safe_dump(self.scheduler_configuration()))
-        self._proc("kube-scheduler", [
-            self._upstream("kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
-            f"--secure-port={free_port()}", "--v=2"])
+    def _start_scheduler(self, replica: int) -> None:
+        path = self.workdir / f"kube-scheduler-{replica}.yaml"
+        path.write_text(yaml.safe_dump(self.scheduler_configuration(replica)))
+        argv = [self._upstream("kube-scheduler"), f"--config={path}", "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}", "--v=2"]
+        if self.scheduler_replicas > 1:  # the pod's hostname, which kube-scheduler's identity starts with
+            argv = ["unshare", "--uts", "sh", "-c", f'hostname {self.scheduler_hostname(replica)} && exec "$0" "$@"',
+                    *argv]
+        self._proc("kube-scheduler" if replica == 0 else f"kube-scheduler-{replica}", argv)
 
     # -- nodes
     def _kubelet_config(self, node: UpstreamNode) -> Path:
@@ -576,8 +617,14 @@ class UpstreamCluster:
         self._start_apiserver()
         self._apply_deploy()
         self._start_controller_manager()
-        self._start_extender()
-        self._start_scheduler()
+        if self.scheduler_replicas > 1:
+            self.proxies = [PartitionProxy("127.0.0.1", self.api_port).start()
+                            for _ in range(self.scheduler_replicas)]
+        for replica in range(self.scheduler_replicas):
+            self._start_scheduler(replica)
+            self._start_extender(replica)
+        self.wait("an extender serving beside the leading kube-scheduler", lambda: self.serving_replica() is not None,
+                  60, proc=self.procs["extender"])
         if self.webhook_configuration is not None:
             self._start_webhook()
         for node in self.nodes:
@@ -610,9 +657,13 @@ class UpstreamCluster:
             if node.holder is not None:
                 node.holder.stop()
             remove_cgroup(node.cgroups)
-        for name in ("kube-scheduler", "extender", "webhook", "kube-controller-manager", "kube-apiserver", "etcd"):
+        replicas = [f"{program}{'' if r == 0 else f'-{r}'}" for r in range(self.scheduler_replicas)
+                    for program in ("kube-scheduler", "extender")]
+        for name in (*replicas, "webhook", "kube-controller-manager", "kube-apiserver", "etcd"):
             if name in self.procs:
                 self.procs[name].stop()
+        for proxy in self.proxies:
+            proxy.stop()
         if self._http is not None:
             self._http.close()
 

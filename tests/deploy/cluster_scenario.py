@@ -5,21 +5,23 @@ What kubelet would do for a container is done here: volumes are laid out under a
 deploy/, the Secret vgpu-grant-key and the ConfigMap vgpu-grant-public-keys with a fresh Ed25519 pair, empty
 directories for hostPath and emptyDir), every absolute path in the command and the environment is moved under that
 root, $(VAR) references are expanded and the downward API is answered. The device plugin runs the simulated
-DaemonSet's container with the kubelet stand-in; the extender runs the Deployment's `extender` container with
---leader-elect.
+DaemonSet's container with the kubelet stand-in; the extender runs the Deployment's `extender` container, which
+follows kube-scheduler's Lease: kube-scheduler's campaign for it (the Lease of the scheduler ConfigMap, held as
+`<hostname>_<uuid>`) is played by a LeaderElector with the admin's token.
 
 The round: the device plugin publishes its node; a pod is created while the extender's watches are held back, so
 /filter reads it from the API; /bind places it with a signed assignment and the kubelet stand-in admits it (the
 plugin patches bind-phase); a pod created with a forged assignment is refused by the plugin in two of its
 versions, and a pod asking for more GPUs than the node has fails /filter twice (each repeated event bumps its
 count); a pod of priority 1000 that needs every GPU of the node whole has the extender evict the pods holding
-shares there (a dry run, then the eviction); the extender renews its Lease.
+shares there (a dry run, then the eviction); the extender keeps reading kube-scheduler's Lease.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -27,15 +29,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
+from uuid import uuid4
 
 import httpx
 import orjson
+import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from deploy_helpers import ROOT, find
 from kubernetes import client as k8s
 
 from vgpu import grants
+from vgpu.kube import LeaderElector
 from vgpu.kube.client import make_api_client, read_json
 from vgpu.testbed.apiserver import ApiServerStandIn, RecordedRequest
 from vgpu.testbed.cluster import free_port
@@ -217,6 +222,9 @@ def run_round(tmp: Path) -> Round:
     assert extender.service_account == "vgpu-scheduler-extender"
     port = free_port()
     procs = []
+    election = yaml.safe_load(find("ConfigMap", "vgpu-scheduler-config")["data"]["config.yaml"])["leaderElection"]
+    kube_scheduler = LeaderElector(admin.api, election["resourceName"], election["resourceNamespace"],
+                                   identity=f"{socket.gethostname()}_{uuid4()}").start()
     try:
         procs.append(_start(plugin.command(NODE, kubeconfig=kubeconfigs["vgpu-device-plugin"],
                                            kubelet_dir=str(kubelet_dir), metrics_listen=""),
@@ -240,7 +248,7 @@ def run_round(tmp: Path) -> Round:
             except httpx.HTTPError:
                 return False
 
-        wait_for(ready, "the extender's /readyz (caches synced, Lease held)")
+        wait_for(ready, "the extender's /readyz (caches synced, kube-scheduler's Lease held by its pod)")
 
         def post(verb: str, body: dict[str, Any]) -> Any:
             answer = http.post(f"/{verb}", content=orjson.dumps(body), headers={"Content-Type": "application/json"})
@@ -291,12 +299,13 @@ def run_round(tmp: Path) -> Round:
         assert post("filter", {"Pod": urgent, "NodeNames": [NODE]})["NodeNames"] == []
         wait_for(lambda: admin.gone("placed"), "the eviction of the pod the urgent one preempts")
         http.close()
-        wait_for(lambda: any(r.method == "PUT" and "/leases/" in r.target
+        wait_for(lambda: any(r.method == "GET" and f"/leases/{election['resourceName']}" in r.target
                              for r in apiserver.requests(TOKENS["vgpu-scheduler-extender"])),
-                 "the extender renewing its Lease")
+                 "the extender reading kube-scheduler's Lease")
     finally:
         for proc in reversed(procs):
             _stop(proc)
+        kube_scheduler.stop()
         kubelet.stop()
         admin.api.close()
     return Round(apiserver, key.signer(tmp), bound, admitted)

@@ -117,13 +117,14 @@ def test_extender_sidecar_serves_the_url_kube_scheduler_calls():
         assert f"http://{host_port}{path}" in command
 
 
-def test_extender_signs_places_only_the_profiles_pods_and_elects_a_leader():
+def test_extender_signs_places_only_the_profiles_pods_and_follows_kube_schedulers_lease():
     command = container("extender")["command"]
     assert mounted_file("Deployment", "vgpu-scheduler", "extender", flag(command, "grant-key-file")) == (
         "Secret", "vgpu-grant-key", "key")
     assert flag(command, "scheduler-names").split(",") == [p["schedulerName"] for p in scheduler_config()["profiles"]]
-    assert "--leader-elect" in command
-    assert flag(command, "lease-namespace") == NAMESPACE
+    election = scheduler_config()["leaderElection"]
+    assert flag(command, "follow-lease") == f"{election['resourceNamespace']}/{election['resourceName']}"
+    assert "--leader-elect" not in command and flag(command, "leader-identity") is None  # the pod's hostname
     assert flag(command, "listen").startswith("127.0.0.1:")  # no TLS: loopback only
     assert not any(a.startswith("--tls-") for a in command)
 

@@ -299,7 +299,7 @@ def _service_monitor(docs):
 def _leader_election_off(docs):
     assert scheduler_config(docs)["leaderElection"] == {"leaderElect": False}
     command = containers(one(docs, "Deployment", "vgpu-scheduler"))["extender"]["command"]
-    assert "--leader-elect" not in command and not [a for a in command if a.startswith("--lease-namespace")]
+    assert not [a for a in command if a.startswith(("--leader-elect", "--lease-namespace", "--follow-lease"))]
     assert not {k for k in keys(docs) if k[1].endswith("-lease")}, keys(docs)
 
 
@@ -519,7 +519,8 @@ def test_the_release_namespace_reaches_every_reference():
     text = json.dumps(list(docs.values()))
     assert NAMESPACE not in text  # no reference left to the namespace deploy/ uses
     assert scheduler_config(list(docs.values()))["leaderElection"]["resourceNamespace"] == "gpu"
-    assert "--lease-namespace=gpu" in containers(docs[("Deployment", "vgpu-scheduler")])["extender"]["command"]
+    assert "--follow-lease=gpu/vgpu-kube-scheduler" in \
+        containers(docs[("Deployment", "vgpu-scheduler")])["extender"]["command"]
     mwc = docs[("MutatingWebhookConfiguration", "vgpu-webhook")]["webhooks"][0]
     assert mwc["clientConfig"]["service"]["namespace"] == "gpu"
     assert "gpu" in mwc["namespaceSelector"]["matchExpressions"][0]["values"]
