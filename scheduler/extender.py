@@ -141,6 +141,7 @@ class Extender:
         claims: ClaimPlacement = NO_CLAIMS,
         preemptor: Preemptor | None = None,
         topology: bool = True,
+        quota_limited: Callable[[str], bool] | None = None,
     ) -> None:
         if mode not in MODES:
             raise ConfigError(f"--mode: {mode!r} is not one of {', '.join(MODES)}")
@@ -163,6 +164,8 @@ class Extender:
         self.grant_key = grant_key
         self.claims = claims  # nodes whose GPUs come through DRA (scheduler.claimpath)
         self.preemptor = preemptor  # None: no preemption
+        # whether a namespace's ResourceQuota limits a quota total (require_quota_totals: where-limited)
+        self.quota_limited = quota_limited or (lambda namespace: False)
         # pods learned from, by UID, with the parsed form of those not bound yet; a pod's entry goes with the pod
         self._seen: OrderedDict[str, _PodInfo | None] = OrderedDict()
         self._seen_max = 200_000
@@ -202,15 +205,16 @@ class Extender:
         """Requests, selectors and CPU and memory of a pod; the arithmetic on quantities is kept per distinct
         resources section (the pods of one workload share it)."""
         spec = pod.get("spec") or {}
+        required = self._totals_required(ref["namespace"])
         try:  # what the parsers read: each container's name and resources, and the pod overhead
             key: Any = (*(tuple((c.get("name"), _frozen(c.get("resources"))) for c in spec.get(field) or ())
-                          for field in ("initContainers", "containers")), _frozen(spec.get("overhead")))
+                          for field in ("initContainers", "containers")), _frozen(spec.get("overhead")), required)
         except (TypeError, AttributeError):  # malformed: parse it afresh, and let the parser name what is wrong
             key = None
         known = self._specs.get(key) if key is not None else None
         if known is None:
             requests = pod_requests(pod, self.config)
-            check_quota_totals(pod, requests, self.config, self.config.require_quota_totals)
+            check_quota_totals(pod, requests, self.config, required)
             known = (requests, *pod_cpu_memory(pod))
             if key is not None:
                 if len(self._specs) >= SPEC_CACHE:
@@ -221,6 +225,11 @@ class Extender:
         may_preempt = "priority" in spec and spec.get("preemptionPolicy") != "Never"
         return _PodInfo(ref["namespace"], ref["name"], ref["uid"], version, requests, selectors,
                         PodContext(cpu=cpu, memory=memory, selectors=selectors), pod_priority(pod), may_preempt)
+
+    def _totals_required(self, namespace: str) -> bool:
+        """Whether a vGPU pod of the namespace must carry the quota totals (SharingConfig.require_quota_totals)."""
+        mode = self.config.require_quota_totals
+        return mode is True or (mode == "where-limited" and self.quota_limited(namespace))
 
     def _shape(self, info: _PodInfo) -> PodShape:
         """The placement shape of a parsed pod; callers hold the ledger's lock."""

@@ -20,6 +20,7 @@ from vgpu.kube import EventRecorder, LeaderElector, LeaseFollower, WatchCache, b
 from vgpu.kube.cache import Backoff
 from vgpu.kube.client import read_object
 from vgpu.kube.errors import ApiError, ConflictError, NotFoundError, status_causes, translate
+from vgpu.quota import LimitedNamespaces
 from vgpu.scheduler.claimpath import NO_CLAIMS, DRAPlacement
 from vgpu.scheduler.config import SchedulerConfig
 from vgpu.scheduler.draview import DRAView
@@ -74,6 +75,15 @@ class SchedulerRuntime:
                                self.ledger.on_pod_delete)
         self.metrics.track_cache("nodes", lambda: self.nodes.synced)
         self.metrics.track_cache("pods", lambda: self.pods.synced)
+        # require_quota_totals: where-limited reads the namespaces whose ResourceQuotas limit a quota total
+        self.quota_limited: LimitedNamespaces | None = None
+        self.quotas: WatchCache | None = None
+        if config.sharing.require_quota_totals == "where-limited":
+            limited = self.quota_limited = LimitedNamespaces()
+            self.quotas = WatchCache(self.api, "resourcequotas", name="vgpu-scheduler-resourcequotas")
+            self.quotas.add_handlers(limited.on_quota, lambda old, new: limited.on_quota(new), limited.on_quota_delete)
+            quotas = self.quotas
+            self.metrics.track_cache("resourcequotas", lambda: quotas.synced)
         policy = make_policy(config.node_policy)  # one policy: DRA pods and device-plugin pods teach it alike
         self.dra_caches: list[WatchCache] = []
         self.dra: DRAView | None = None
@@ -117,6 +127,7 @@ class SchedulerRuntime:
                                 counted=lambda outcome: self.metrics.preemption_evictions.labels(outcome).inc())
             if config.preemption else None,
             topology=config.topology,
+            quota_limited=self.quota_limited,
         )
         for cache in self.dra_caches:  # a DRA node changes with its claims and slices, outside the verbs
             cache.add_handlers(lambda obj: self.extender.changed(), lambda old, new: self.extender.changed(),
@@ -142,6 +153,8 @@ class SchedulerRuntime:
             return "node cache not synced"
         if not self.pods.synced:
             return "pod cache not synced"
+        if self.quotas is not None and not self.quotas.synced:
+            return "resourcequota cache not synced"
         for cache in self.dra_caches:
             if not cache.synced:
                 return f"{cache.kind} cache not synced"
@@ -240,6 +253,8 @@ class SchedulerRuntime:
                                   f"{exc.strerror or exc}") from None
         self.nodes.start()
         self.pods.start()
+        if self.quotas is not None:
+            self.quotas.start()
         for cache in self.dra_caches:
             cache.start()
         if self.elector is not None:
@@ -251,6 +266,8 @@ class SchedulerRuntime:
         if wait:
             self.nodes.wait_synced(wait)
             self.pods.wait_synced(wait)
+            if self.quotas is not None:
+                self.quotas.wait_synced(wait)
             for cache in self.dra_caches:
                 cache.wait_synced(wait)
         return self
@@ -273,6 +290,8 @@ class SchedulerRuntime:
             cache.stop()
         self.pods.stop()
         self.nodes.stop()
+        if self.quotas is not None:
+            self.quotas.stop()
         self.recorder.close(1.0)
         if self._metrics_server is not None:
             server = self._metrics_server[0] if isinstance(self._metrics_server, tuple) else self._metrics_server

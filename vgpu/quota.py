@@ -5,9 +5,13 @@ A container's `vgpu-memory` and `vgpu-cores` are per GPU, so a namespace quota o
 `QUOTA_MEMORY` (MiB over all its GPUs) and `QUOTA_CORES` (percent of one GPU over all its GPUs), and kube-apiserver's
 own ResourceQuota admission counts them under `requests.<name>` as it counts any extended resource. The scheduler
 checks them (`check_quota_totals`): a total written by hand, or changed after admission, keeps the pod off every
-node, so that a pod author cannot shrink what the quota counts.
+node, so that a pod author cannot shrink what the quota counts. A pod the webhook did not see (it was down: its
+`failurePolicy` is Ignore) has no totals, which no quota counts; `limits_totals` tells the namespaces where that
+matters, those whose ResourceQuota limits a total, and there the scheduler refuses such a pod by default
+(`SharingConfig.require_quota_totals`).
 """
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +20,17 @@ from vgpu.quantity import parse_integer_quantity
 from vgpu.requests import ContainerRequest, gpu_containers
 from vgpu.resources import QUOTA_CORES, QUOTA_MEMORY, SharingConfig
 
-__all__ = ["check_quota_totals", "container_totals"]
+__all__ = ["LimitedNamespaces", "check_quota_totals", "container_totals", "limits_totals"]
+
+# how a ResourceQuota names the totals in spec.hard (an extended resource is quota'd as requests.<name>; the bare
+# name is taken too, as a quota a reader could mistake for one)
+_QUOTA_KEYS = frozenset({f"requests.{QUOTA_MEMORY}", f"requests.{QUOTA_CORES}", QUOTA_MEMORY, QUOTA_CORES})
+
+
+def limits_totals(quota: Mapping[str, Any]) -> bool:
+    """Whether a ResourceQuota (a dict) limits one of the quota totals, whatever its scopes."""
+    hard = (quota.get("spec") or {}).get("hard")
+    return isinstance(hard, Mapping) and any(key in _QUOTA_KEYS for key in hard)
 
 
 def container_totals(request: ContainerRequest, config: SharingConfig) -> tuple[int, int]:
@@ -63,3 +77,40 @@ def check_quota_totals(pod: Mapping[str, Any], requests: tuple[ContainerRequest,
             if value != want:
                 raise RequestError(cname, name, f"is {raw!r}, but the container's requests make {want}: quota totals "
                                    "are written by the admission webhook, not by hand")
+
+
+class LimitedNamespaces:
+    """The namespaces whose ResourceQuotas limit a quota total, kept from a ResourceQuota watch (`on_quota`,
+    `on_quota_delete` are its handlers); called with a namespace, whether it is one of them."""
+
+    def __init__(self) -> None:
+        self._limiting: dict[str, set[str]] = {}  # namespace -> names of its quotas that limit a total
+        self._lock = threading.Lock()
+
+    def on_quota(self, quota: Mapping[str, Any]) -> None:
+        """A quota was added or changed."""
+        meta = quota.get("metadata") or {}
+        namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+        with self._lock:
+            names = self._limiting.setdefault(namespace, set())
+            if limits_totals(quota):
+                names.add(name)
+            else:
+                names.discard(name)
+            if not names:
+                del self._limiting[namespace]
+
+    def on_quota_delete(self, quota: Mapping[str, Any]) -> None:
+        """A quota was deleted."""
+        meta = quota.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "")
+        with self._lock:
+            names = self._limiting.get(namespace)
+            if names is not None:
+                names.discard(str(meta.get("name") or ""))
+                if not names:
+                    del self._limiting[namespace]
+
+    def __call__(self, namespace: str) -> bool:
+        with self._lock:
+            return namespace in self._limiting

@@ -80,10 +80,12 @@ class SharingConfig(BaseModel):
         "or not at all (the card is not known before placement)",
     )
 
-    require_quota_totals: bool = Field(
-        False,
-        description="the scheduler refuses a vGPU pod whose containers lack the quota totals (the admission webhook "
-        "did not see it); totals that differ from the requests are refused whatever this says",
+    require_quota_totals: bool | Literal["where-limited"] = Field(
+        "where-limited",
+        description="whether the scheduler refuses a vGPU pod whose containers lack the quota totals (the admission "
+        "webhook did not see it, as when it was down): where-limited (in namespaces whose ResourceQuota limits a "
+        "total, where such a pod would escape the quota), true (everywhere) or false; totals that differ from the "
+        "requests are refused whatever this says",
     )
 
     def hami_mode(self) -> str:

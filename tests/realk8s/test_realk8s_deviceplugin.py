@@ -176,3 +176,41 @@ def test_a_namespace_quota_counts_the_webhooks_totals_and_refuses_the_pod_over_i
         'used: requests.volcano.sh/vgpu-memory-total=40k, limited: requests.volcano.sh/vgpu-memory-total=50k'), \
         done.stderr
     cluster.kubectl("delete", "pod", "-n", "quota", "train", "--wait=false")
+
+
+def test_a_pod_created_while_the_webhook_is_down_never_escapes_its_namespaces_quota(cluster):
+    """The webhook stopped: kube-apiserver admits a pod without it (the chart's failurePolicy Ignore), so the pod has
+    no quota totals and the quota does not count it. In a namespace whose quota limits a total the extender refuses
+    it (require_quota_totals: where-limited, the default), and kube-scheduler tells why; the same pod runs in a
+    namespace without such a quota. With the webhook back, the pod created again is counted, and refused at once."""
+    for namespace in ("quota-down", "free-down"):
+        cluster.kubectl("create", "namespace", namespace)
+    cluster.post("/api/v1/namespaces/quota-down/resourcequotas", {
+        "apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "gpu", "namespace": "quota-down"},
+        "spec": {"hard": {"requests.volcano.sh/vgpu-memory-total": "30000"}}})
+    cluster.wait("the quota controller's status", lambda: cluster.get(
+        "/api/v1/namespaces/quota-down/resourcequotas/gpu").get("status", {}).get("hard"), 60)
+    webhook = cluster.procs["webhook"]
+    webhook.kill()
+    try:
+        limits = {"volcano.sh/vgpu-number": "2", "volcano.sh/vgpu-memory": "20000"}  # 40,000 of a 30,000 quota
+        for namespace in ("quota-down", "free-down"):
+            stored = create(cluster, _unedited("unseen", limits, scheduler="vgpu-scheduler", namespace=namespace))
+            assert "volcano.sh/vgpu-memory-total" not in stored["spec"]["containers"][0]["resources"]["limits"]
+        assert phase(wait_finished(cluster, "unseen", "free-down", timeout=150)) == "Succeeded"
+        why = cluster.wait("kube-scheduler telling why", lambda: [
+            e for e in cluster.events("quota-down", "unseen") if e.startswith("FailedScheduling")
+            and "volcano.sh/vgpu-memory-total: absent: the admission webhook did not see this pod" in e], 90)
+        assert "re-create the pod" in why[0], why
+        assert not get_pod(cluster, "unseen", "quota-down")["spec"].get("nodeName")
+        used = cluster.get("/api/v1/namespaces/quota-down/resourcequotas/gpu")["status"].get("used", {})
+        assert used.get("requests.volcano.sh/vgpu-memory-total", "0") == "0", used
+    finally:
+        webhook.start()
+    cluster.wait("the webhook back", lambda: httpx.get(f"https://127.0.0.1:{cluster.webhook_port}/healthz",
+                                                       verify=False, timeout=2).status_code == 200, 30, proc=webhook)
+    cluster.kubectl("delete", "pod", "-n", "quota-down", "unseen", "--wait=false")
+    manifest = _unedited("unseen-again", limits, scheduler="vgpu-scheduler", namespace="quota-down")
+    done = cluster.kubectl("create", "-f", "-", check=False, stdin=json.dumps(manifest))
+    assert done.returncode == 1 and "exceeded quota: gpu, requested: requests.volcano.sh/vgpu-memory-total=40k" \
+        in done.stderr, done.stderr

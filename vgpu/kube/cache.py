@@ -1,5 +1,5 @@
-"""List-then-watch caches of nodes, pods, and DRA ResourceSlices and ResourceClaims (plain dicts), the informer
-of vgpu-sharing.
+"""List-then-watch caches of nodes, pods, ResourceQuotas, and DRA ResourceSlices and ResourceClaims (plain dicts),
+the informer of vgpu-sharing.
 
 Used by the scheduler extender (all nodes, all pods: usage ledger) and by the device plugin (its node's pods, via
 `field_selector="spec.nodeName=<node>"`). One thread per cache: it lists, then watches from the list's
@@ -73,8 +73,8 @@ class _Expired(Exception):
     pass
 
 
-KINDS = ("pods", "nodes", "resourceslices", "resourceclaims")
-NAMESPACED = ("pods", "resourceclaims")
+KINDS = ("pods", "nodes", "resourceslices", "resourceclaims", "resourcequotas")
+NAMESPACED = ("pods", "resourceclaims", "resourcequotas")
 
 
 def _key_of(kind: str, obj: Obj) -> str:
@@ -87,8 +87,8 @@ def _rv_of(obj: Obj) -> str:
 
 
 class WatchCache:
-    """A list-then-watch cache of `kind` (`KINDS`: pods, nodes, resource.k8s.io/v1 resourceslices and
-    resourceclaims); keys are "ns/name" for namespaced kinds, "name" for the others."""
+    """A list-then-watch cache of `kind` (`KINDS`: pods, nodes, resourcequotas, resource.k8s.io/v1 resourceslices
+    and resourceclaims); keys are "ns/name" for namespaced kinds, "name" for the others."""
 
     def __init__(self, api_client: k8s.ApiClient, kind: str = "pods", *, field_selector: str | None = None,
                  label_selector: str | None = None, namespace: str | None = None,
@@ -238,6 +238,10 @@ class WatchCache:
             if self.namespace:
                 return self._resource.list_namespaced_resource_claim(self.namespace, **kw)
             return self._resource.list_resource_claim_for_all_namespaces(**kw)
+        if self.kind == "resourcequotas":
+            if self.namespace:
+                return self._core.list_namespaced_resource_quota(self.namespace, **kw)
+            return self._core.list_resource_quota_for_all_namespaces(**kw)
         if self.namespace:
             return self._core.list_namespaced_pod(self.namespace, **kw)
         return self._core.list_pod_for_all_namespaces(**kw)
