@@ -99,9 +99,11 @@ class Allocator:
                 cache_dir=self.host.cache_dir(grant.pod_uid, grant.container),
                 lock_dir=self.host.lock_dir(grant.pod_uid, grant.container),
                 core_policy=self.core_policy,
+                limits_file=self.host.limits_file(grant.pod_uid, grant.container),
             )
             try:
                 self.host.prepare(grant.pod_uid, grant.container)
+                self.host.write_limits(grant.pod_uid, grant.container, allocation.envs)
                 self.host.records.write(AllocationRecord(
                     pod_uid=grant.pod_uid, namespace=grant.namespace, pod=grant.pod, container=grant.container,
                     gpus=tuple(g.uuid for g in grant.grants),

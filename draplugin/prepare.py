@@ -80,8 +80,9 @@ class ClaimPreparer:
                 return done
             prepared = self._build(namespace, name, uid, by_request)
             try:
-                for request in prepared.requests:
+                for request, device in zip(prepared.requests, prepared.cdi_devices, strict=True):
                     self.host.prepare(uid, _key(request))
+                    self.host.write_limits(uid, _key(request), dict(device.env))
                 self.cdi.write(uid, prepared.cdi_devices)
                 self.prepared[uid] = prepared
                 self.checkpoint.save(self.prepared)
@@ -165,7 +166,8 @@ class ClaimPreparer:
             allocation = build_allocation(grant, options=self.options, memory_factor=1,
                                           vgpu_root=self.host.vgpu_root,
                                           cache_dir=self.host.cache_dir(uid, _key(request)),
-                                          lock_dir=self.host.lock_dir(uid, _key(request)))
+                                          lock_dir=self.host.lock_dir(uid, _key(request)),
+                                          limits_file=self.host.limits_file(uid, _key(request)))
             cdi_name = cdi_device_name(uid, request)
             cdi_devices.append(CDIDevice(cdi_name, pin_limit_env(allocation.envs, grants), tuple(allocation.mounts)))
             for share, _ in shares:
@@ -176,8 +178,10 @@ class ClaimPreparer:
     def _restore(self, prepared: PreparedClaim) -> None:
         """Re-create what a prepared claim needs if it went missing (a CDI directory on tmpfs after a reboot)."""
         try:
-            for request in prepared.requests:
+            for request, device in zip(prepared.requests, prepared.cdi_devices, strict=True):
                 self.host.prepare(prepared.uid, _key(request))
+                if not self.host.limits_file(prepared.uid, _key(request)).exists():
+                    self.host.write_limits(prepared.uid, _key(request), dict(device.env))
             if not self.cdi.exists(prepared.uid):
                 self.cdi.write(prepared.uid, prepared.cdi_devices)
                 log.warning("event=cdi_spec_rewritten uid=%s", prepared.uid)
@@ -191,6 +195,7 @@ class ClaimPreparer:
             key = _key(request)
             for directory in (self.host.cache_dir(prepared.uid, key), self.host.lock_dir(prepared.uid, key)):
                 _remove_tree(directory)
+            self.host.limits_file(prepared.uid, key).unlink(missing_ok=True)
 
 
 def pin_limit_env(envs: Mapping[str, str], grants: Sequence[DeviceGrant]) -> dict[str, str]:

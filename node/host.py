@@ -2,7 +2,8 @@
 
 `install_library` keeps libvgpu.so current; `prepare` creates what one container's mounts need before kubelet
 starts it (its accounting directory, and its own lock directory under the lock root: no host directory is shared
-writable between containers); `remove_stale` deletes the directories of containers whose pods are gone.
+writable between containers) and `write_limits` its read-only limits file; `remove_stale` deletes the files and
+directories of containers whose pods are gone.
 Directories are created, never deleted while their pod exists.
 
 Storage (`storage`).  "tmpfs": each of a container's two directories is a tmpfs of its own, sized up front
@@ -25,7 +26,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 
 from vgpu.node.records import RecordStore
-from vgpu.node.response import LIBVGPU_CONTAINER_PATH
+from vgpu.node.response import LIBVGPU_CONTAINER_PATH, limits_file_text
 
 __all__ = ["CONTAINER_ROOM", "STORAGE_KINDS", "TMPFS_OPTIONS", "HostFiles"]
 
@@ -68,6 +69,28 @@ class HostFiles:
     def lock_dir(self, pod_uid: str, container: str) -> Path:
         """Host directory mounted at the container's /tmp/vgpulock (its own, never another container's)."""
         return self.lock_root / f"{pod_uid}_{container}"
+
+    @property
+    def limits_root(self) -> Path:
+        """Host directory of the containers' limits files (mounted read-only, one file each, in no directory)."""
+        return self.vgpu_root / "limits"
+
+    def limits_file(self, pod_uid: str, container: str) -> Path:
+        """Host file mounted read-only at the container's LIMITS_CONTAINER_PATH."""
+        return self.limits_root / f"{pod_uid}_{container}.env"
+
+    def write_limits(self, pod_uid: str, container: str, envs: dict[str, str]) -> None:
+        """Write the container's limits file (`limits_file_text` of the variables it is handed), whole or not at all;
+        OSError when it cannot be written."""
+        target = self.limits_file(pod_uid, container)
+        self.limits_root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(limits_file_text(envs))
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def install_library(self, source: Path) -> bool:
         """Copy libvgpu.so to $HOOK_PATH/vgpu/libvgpu.so when the content differs; True if it was written.
@@ -153,6 +176,7 @@ class HostFiles:
         """Remove a container's directories and record (a container refused before it started)."""
         for directory in (self.cache_dir(pod_uid, container), self.lock_dir(pod_uid, container)):
             _remove(directory)
+        self.limits_file(pod_uid, container).unlink(missing_ok=True)
         self.records.remove(pod_uid, container)
 
     def remove_stale(self, live_uids: Collection[str], min_age: float = 300.0,
@@ -160,6 +184,13 @@ class HostFiles:
         """Remove the records, accounting and lock directories of pods not in `live_uids` (directories once older
         than `min_age` s); the names of the accounting directories removed."""
         self.records.remove_except(live_uids)
+        if self.limits_root.is_dir():
+            for entry in self.limits_root.iterdir():
+                try:
+                    if entry.name.split("_", 1)[0] not in live_uids and now() - entry.lstat().st_mtime >= min_age:
+                        entry.unlink()
+                except OSError as exc:
+                    log.warning("event=gc_failed file=%s error=%s", entry, exc)
         removed = []
         for root in (self.containers_root, self.lock_root):
             if not root.is_dir():

@@ -21,6 +21,7 @@ __all__ = [
     "DISABLE_CONTROL_ENV",
     "FAIL_OPEN_ENV",
     "LIBVGPU_CONTAINER_PATH",
+    "LIMITS_CONTAINER_PATH",
     "LOCK_CONTAINER_DIR",
     "PRELOAD_CONTAINER_PATH",
     "RESERVED_ENV_NAMES",
@@ -29,10 +30,14 @@ __all__ = [
     "ContainerGrant",
     "ResponseOptions",
     "build_allocation",
+    "limits_file_text",
     "reserved_env",
 ]
 
 LIBVGPU_CONTAINER_PATH = "/usr/local/vgpu/libvgpu.so"
+# the container's variables again, as a file mounted read-only: libvgpu.so reads them from it where it exists and
+# ignores the environment, which the pod can change (envFrom, a shell prefix, setenv); isolation/src/env.c
+LIMITS_CONTAINER_PATH = "/usr/local/vgpu/limits.env"
 CACHE_CONTAINER_DIR = "/tmp/vgpu"
 LOCK_CONTAINER_DIR = "/tmp/vgpulock"
 PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
@@ -106,11 +111,22 @@ def _device_id(uuid: str, options: ResponseOptions) -> str:
     return uuid
 
 
+def limits_file_text(envs: dict[str, str]) -> str:
+    """The limits file of a container (LIMITS_CONTAINER_PATH): its variables, one NAME=VALUE per line."""
+    for name, value in envs.items():
+        if "\n" in name or "=" in name or "\n" in value:
+            raise ValueError(f"variable {name!r} cannot be written as one NAME=VALUE line")
+    return "".join(f"{name}={value}\n" for name, value in sorted(envs.items()))
+
+
 def build_allocation(grant: ContainerGrant, *, options: ResponseOptions, memory_factor: int, vgpu_root: Path,
-                     cache_dir: Path, lock_dir: Path, core_policy: str | None = None) -> Allocation:
+                     cache_dir: Path, lock_dir: Path, core_policy: str | None = None,
+                     limits_file: Path | None = None) -> Allocation:
     """Env, mounts, device specs and annotations for one container, per the contract and the options.
 
-    `vgpu_root` is $HOOK_PATH/vgpu on the host, `cache_dir` and `lock_dir` the container's own directories."""
+    `vgpu_root` is $HOOK_PATH/vgpu on the host, `cache_dir` and `lock_dir` the container's own directories,
+    `limits_file` the host file mounted read-only at LIMITS_CONTAINER_PATH (the caller writes `limits_file_text`
+    of the envs there)."""
     envs: dict[str, str] = {}
     uuids: list[str] = []
     for g in grant.grants:
@@ -143,6 +159,8 @@ def build_allocation(grant: ContainerGrant, *, options: ResponseOptions, memory_
         (CACHE_CONTAINER_DIR, str(cache_dir), False),
         (LOCK_CONTAINER_DIR, str(lock_dir), False),
     ]
+    if limits_file is not None:
+        mounts.append((LIMITS_CONTAINER_PATH, str(limits_file), True))
     if not grant.disable_control:
         mounts.append((PRELOAD_CONTAINER_PATH, str(vgpu_root / "ld.so.preload"), True))
     mounts.extend(extra_mounts)

@@ -16,6 +16,12 @@ process sees through its environment instead, faithfully to what the container w
     installs it) and put in `LD_PRELOAD`. No such mount (the plugin omits it when the container sets
     CUDA_DISABLE_CONTROL) means no preload, as in a real container. A read-only mount whose host file is missing
     fails the container's start (StartError), as a container runtime refuses to bind-mount it;
+  * the `/usr/local/vgpu/limits.env` mount (the plugin's read-only copy of the container's variables, which
+    libvgpu.so reads instead of the environment where it exists) cannot be bind-mounted either: the runner writes
+    the host file's lines, container paths mapped to host paths as for env values, to a file of its own under the
+    simulated state directory and names it in `VGPU_LIMITS_FILE`, which the library reads only where that path is
+    absent, as it is for these processes; set after the spec's env, since in a container the pod cannot remove the
+    mount;
   * the GPU: the node's GPUs are the test bed's own description of it (testbed/machine.py, from `--gpus`), never
     what a plugin published. `NVIDIA_VISIBLE_DEVICES` selects which of them the process's `libcuda.so.1` and
     `libnvidia-ml.so.1` (testbed/build/simgpu, first in `LD_LIBRARY_PATH`) expose, each with its UUID and PCI bus
@@ -81,6 +87,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# where the device plugin mounts a container's limits file (the wire contract; isolation/src/env.c reads it)
+LIMITS_PATH = "/usr/local/vgpu/limits.env"
 
 Obj = dict[str, Any]
 
@@ -176,6 +185,18 @@ def translate_env(pod: Obj, container: Obj, alloc: ContainerAllocation, sim_dir:
     env.update(_spec_env(pod, container))
     for key, value in alloc.runtime_envs.items():  # CDI edits: the runtime applies them to the finished spec
         env[key] = (map_to_host(value, alloc.mounts) or value) if value.startswith("/") else value
+    limits_host = map_to_host(LIMITS_PATH, alloc.mounts)
+    if limits_host is not None:
+        lines = []
+        for line in Path(limits_host).read_text().splitlines():
+            name, sep, value = line.partition("=")
+            if value.startswith("/"):
+                value = map_to_host(value, alloc.mounts) or value
+            lines.append(f"{name}{sep}{value}")
+        copy = state_dir / "limits" / f"{(pod.get('metadata') or {}).get('uid', '')}_{container.get('name', '')}.env"
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text("".join(f"{line}\n" for line in lines))
+        env["VGPU_LIMITS_FILE"] = str(copy)
     # /etc/ld.so.preload -> LD_PRELOAD
     preload_host = map_to_host("/etc/ld.so.preload", alloc.mounts)
     if preload_host is not None:

@@ -89,19 +89,34 @@ def _device_uuid(cuda: ctypes.CDLL, dev: int) -> str:
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
+LIMITS_PATH = "/usr/local/vgpu/limits.env"  # the device plugin's read-only copy of the container's variables
+
+
+def _variables() -> dict[str, str]:
+    """The variables as libvgpu.so reads them: from the limits file where it exists (the mount, else the file
+    VGPU_LIMITS_FILE names where the mount is absent), not from the environment; else the environment."""
+    path = LIMITS_PATH if os.path.exists(LIMITS_PATH) else os.environ.get("VGPU_LIMITS_FILE")
+    if not path:
+        return dict(os.environ)
+    with open(path) as f:
+        return dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line)
+
+
 def _grant_position(uuid: str, ordinal: int) -> int:
     """Which CUDA_DEVICE_MEMORY_LIMIT_<i> is this device's: limits follow the device plugin's grant order, named by
     UUID in VGPU_DEVICE_UUIDS or NVIDIA_VISIBLE_DEVICES (the wire contract), not CUDA's device order (fastest first,
     then PCI bus: the CUDA_DEVICE_ORDER documentation).  Without UUIDs the ordinal is all there is."""
+    variables = _variables()
     for key in ("VGPU_DEVICE_UUIDS", "NVIDIA_VISIBLE_DEVICES"):
-        names = [n.strip().lower() for n in os.environ.get(key, "").split(",") if n.strip()]
+        names = [n.strip().lower() for n in variables.get(key, "").split(",") if n.strip()]
         if names and all(n.startswith("gpu-") for n in names):
             return names.index(uuid.lower()) if uuid.lower() in names else ordinal
     return ordinal
 
 
 def _limit_mib(position: int) -> int | None:
-    raw = os.environ.get(f"CUDA_DEVICE_MEMORY_LIMIT_{position}") or os.environ.get("CUDA_DEVICE_MEMORY_LIMIT")
+    variables = _variables()
+    raw = variables.get(f"CUDA_DEVICE_MEMORY_LIMIT_{position}") or variables.get("CUDA_DEVICE_MEMORY_LIMIT")
     if not raw:
         return None
     text = raw.strip()

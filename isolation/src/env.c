@@ -3,6 +3,9 @@
  */
 #include "vgpu_internal.h"
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,8 +85,94 @@ int vgpu_parse_percent(const char *s, int *out) {
     return 0;
 }
 
+/*
+ * The limits file.  The device plugin writes every variable of the contract it hands a container (limits, UUIDs,
+ * switches) also into a file it mounts read-only at VGPU_LIMITS_PATH.  Where that file exists, those variables are
+ * read from it alone and the environment is not consulted for them: the pod can set the environment by env, envFrom,
+ * a shell prefix or setenv, but it cannot change a read-only mount.  VGPU_LIMITS_FILE names another file, and counts
+ * only where VGPU_LIMITS_PATH does not exist (tests; containers set up by HAMi's plugin, which mounts none, read the
+ * environment as before).  A file that exists but cannot be read or parsed is a configuration error: CUDA and NVML
+ * are then refused, never run with limits from elsewhere.
+ */
+#define VGPU_LIMITS_PATH "/usr/local/vgpu/limits.env"
+#define LIMITS_MAX_ENTRIES 128
+#define LIMITS_MAX_BYTES 65536
+
+static struct {
+    char name[64];
+    char value[512];
+} limit_entries[LIMITS_MAX_ENTRIES];
+static int limit_count;
+static int limits_from_file;   /* 1: variables come from the file; 0: from the environment */
+static pthread_once_t limits_once = PTHREAD_ONCE_INIT;
+
+static void limits_broken(const char *path, const char *what) {
+    VLOG(VLOG_ERROR, "the limits file %s %s: limits are configured but cannot be read", path, what);
+    g_vgpu.config_error = 1;
+    limits_from_file = 1;   /* and no variable comes from the environment instead */
+    limit_count = 0;
+}
+
+static void load_limits(void) {
+    const char *path = VGPU_LIMITS_PATH;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0 && errno == ENOENT) {
+        const char *other = getenv("VGPU_LIMITS_FILE");
+        if (!other || !*other) return;
+        path = other;
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    }
+    if (fd < 0) {
+        limits_broken(path, strerror(errno));
+        return;
+    }
+    static char text[LIMITS_MAX_BYTES + 1];
+    size_t len = 0;
+    for (;;) {
+        ssize_t n = read(fd, text + len, LIMITS_MAX_BYTES + 1 - len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            close(fd);
+            limits_broken(path, strerror(errno));
+            return;
+        }
+        if (n == 0) break;
+        len += (size_t)n;
+        if (len > LIMITS_MAX_BYTES) {
+            close(fd);
+            limits_broken(path, "is larger than any the device plugin writes");
+            return;
+        }
+    }
+    close(fd);
+    text[len] = 0;
+    limits_from_file = 1;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *eq = strchr(line, '=');
+        size_t name_len = eq ? (size_t)(eq - line) : 0;
+        if (!eq || !name_len || name_len >= sizeof limit_entries[0].name ||
+            strlen(eq + 1) >= sizeof limit_entries[0].value || limit_count >= LIMITS_MAX_ENTRIES) {
+            limits_broken(path, "has a line that is not NAME=VALUE");
+            return;
+        }
+        memcpy(limit_entries[limit_count].name, line, name_len);
+        limit_entries[limit_count].name[name_len] = 0;
+        snprintf(limit_entries[limit_count].value, sizeof limit_entries[0].value, "%s", eq + 1);
+        limit_count++;
+    }
+}
+
+const char *vgpu_config(const char *name) {
+    pthread_once(&limits_once, load_limits);
+    if (!limits_from_file) return getenv(name);
+    for (int i = 0; i < limit_count; i++)
+        if (!strcmp(limit_entries[i].name, name)) return limit_entries[i].value;
+    return NULL;
+}
+
 static void read_mem(const char *name, uint64_t *dst) {
-    const char *s = getenv(name);
+    const char *s = vgpu_config(name);
     if (!s || !*s) return;
     uint64_t v;
     if (vgpu_parse_size(s, &v)) {
@@ -95,7 +184,7 @@ static void read_mem(const char *name, uint64_t *dst) {
 }
 
 static void read_sm(const char *name, int *dst) {
-    const char *s = getenv(name);
+    const char *s = vgpu_config(name);
     if (!s || !*s) return;
     int v;
     if (vgpu_parse_percent(s, &v)) {
@@ -114,8 +203,8 @@ static void read_sm(const char *name, int *dst) {
  * by CUDA ordinal.
  */
 static void read_grant_uuids(void) {
-    const char *list = getenv("VGPU_DEVICE_UUIDS");
-    if (!list || !*list) list = getenv("NVIDIA_VISIBLE_DEVICES");
+    const char *list = vgpu_config("VGPU_DEVICE_UUIDS");
+    if (!list || !*list) list = vgpu_config("NVIDIA_VISIBLE_DEVICES");
     g_vgpu.grant_count = 0;
     if (!list || !*list) return;
     char buf[VGPU_MAX_DEVICES * VGPU_UUID_LEN];
@@ -156,7 +245,7 @@ void vgpu_read_env(void) {
         if (g_vgpu.sm_limit[i]) g_vgpu.sm_configured = 1;
     }
     read_grant_uuids();
-    const char *pol = getenv("GPU_CORE_UTILIZATION_POLICY");
+    const char *pol = vgpu_config("GPU_CORE_UTILIZATION_POLICY");
     g_vgpu.policy = POLICY_DEFAULT;
     if (pol && *pol) {
         if (!strcasecmp(pol, "force")) g_vgpu.policy = POLICY_FORCE;
@@ -168,9 +257,9 @@ void vgpu_read_env(void) {
     }
     g_vgpu.context_overhead = 0;
     read_mem("VGPU_CONTEXT_OVERHEAD", &g_vgpu.context_overhead);
-    const char *fo = getenv("VGPU_ISOLATION_FAIL_OPEN");
+    const char *fo = vgpu_config("VGPU_ISOLATION_FAIL_OPEN");
     g_vgpu.fail_open = fo && !strcmp(fo, "1");
-    const char *cm = getenv("VGPU_COUNT_MANAGED");
+    const char *cm = vgpu_config("VGPU_COUNT_MANAGED");
     g_vgpu.count_managed = !(cm && (!strcmp(cm, "0") || !strcasecmp(cm, "false")));
     g_vgpu.active = any && !g_vgpu.config_error;
 }

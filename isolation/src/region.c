@@ -277,7 +277,7 @@ static void seed_devices(vgpu_region_t *r) {
  */
 int vgpu_region_attach(char *why, size_t why_len) {
     if (g_vgpu.region) return 0;
-    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+    const char *path = vgpu_config("CUDA_DEVICE_MEMORY_SHARED_CACHE");
     if (!path || !*path) path = "/tmp/cudevshr.cache";
     snprintf(g_path, sizeof g_path, "%s", path);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);

@@ -68,6 +68,7 @@ static inline uint64_t vgpu_sm_limit(int row) {
 HIDDEN int vgpu_parse_size(const char *s, uint64_t *out);
 HIDDEN int vgpu_parse_percent(const char *s, int *out);
 HIDDEN void vgpu_read_env(void);
+HIDDEN const char *vgpu_config(const char *name);
 
 /* region.c */
 HIDDEN int vgpu_region_attach(char *why, size_t why_len);

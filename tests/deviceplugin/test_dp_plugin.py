@@ -114,10 +114,16 @@ def test_contract_example_allocate_response(cluster):
             pb.Mount(container_path="/usr/local/vgpu/libvgpu.so", host_path=f"{hook}/vgpu/libvgpu.so", read_only=True),
             pb.Mount(container_path="/tmp/vgpu", host_path=f"{hook}/vgpu/containers/{uid}_worker", read_only=False),
             pb.Mount(container_path="/tmp/vgpulock", host_path=f"{cluster.lock}/{uid}_worker", read_only=False),
+            pb.Mount(container_path="/usr/local/vgpu/limits.env", host_path=f"{hook}/vgpu/limits/{uid}_worker.env",
+                     read_only=True),
             pb.Mount(container_path="/etc/ld.so.preload", host_path=f"{hook}/vgpu/ld.so.preload", read_only=True),
         ],
     )
     assert response == expected
+    # the limits file holds the same variables, read-only: libvgpu.so reads them there, not from the environment
+    limits = Path(f"{hook}/vgpu/limits/{uid}_worker.env")
+    assert dict(line.split("=", 1) for line in limits.read_text().splitlines()) == dict(expected.envs)
+    assert limits.stat().st_mode & 0o777 == 0o444
     assert dict(response.envs) == dict(expected.envs)
     assert [m.SerializeToString() for m in response.mounts] == [m.SerializeToString() for m in expected.mounts]
     assert not response.devices and not response.annotations and not response.cdi_devices

@@ -196,3 +196,30 @@ def test_hot_path_with_limits_makes_no_syscalls_either(sim):
     env = dict(CUDA_DEVICE_MEMORY_LIMIT="8g", CUDA_DEVICE_SM_LIMIT="50", GPU_CORE_UTILIZATION_POLICY="force")
     few, many = _syscalls(sim, 200, **env), _syscalls(sim, 20000, **env)
     assert few > 0 and many - few < 10, (few, many)
+
+
+def test_the_limits_file_is_read_and_the_environment_is_not(sim, tmp_path):
+    """The device plugin hands a container its variables also as a file mounted read-only (VGPU_LIMITS_FILE stands
+    for that mount here): where the file exists, what the pod puts in its environment (env, envFrom, a shell prefix,
+    setenv) is not read. 80 GiB in the environment, 256 MiB in the file: 256 MiB it is."""
+    limits = tmp_path / "limits.env"
+    limits.write_text(f"CUDA_DEVICE_MEMORY_LIMIT_0=256m\nCUDA_DEVICE_MEMORY_SHARED_CACHE={sim.cache}\n")
+    kv = sim.run("chunks", str(CHUNK), VGPU_LIMITS_FILE=str(limits), CUDA_DEVICE_MEMORY_LIMIT_0="80g",
+                 CUDA_DEVICE_MEMORY_LIMIT="80g", GPU_CORE_UTILIZATION_POLICY="disable")
+    assert kv["count"] == "4" and int(kv["after_total"]) == 256 * MiB, kv
+    # nothing in the environment is read for the file's variables, not even a tighter limit
+    limits.write_text(f"CUDA_DEVICE_MEMORY_SHARED_CACHE={sim.cache}\n")
+    kv = sim.run("chunks", str(1 << 30), VGPU_LIMITS_FILE=str(limits), CUDA_DEVICE_MEMORY_LIMIT_0="256m")
+    assert kv["count"] == "40", kv
+
+
+@pytest.mark.parametrize("content", ["CUDA_DEVICE_MEMORY_LIMIT_0\n", "=1g\n", f"X={'9' * 600}\n", None])
+def test_a_limits_file_that_cannot_be_read_refuses_cuda(sim, tmp_path, content):
+    limits = tmp_path / "limits.env"
+    if content is not None:
+        limits.write_text(content)
+    else:
+        limits.mkdir()  # not a file
+    kv = sim.run("init", VGPU_LIMITS_FILE=str(limits), CUDA_DEVICE_MEMORY_LIMIT_0="1g")
+    assert kv["init"] == "1", kv  # CUDA_ERROR_INVALID_VALUE: neither the file nor the environment is trusted
+    assert f"the limits file {limits}" in kv["_stderr"], kv["_stderr"]

@@ -214,3 +214,26 @@ def test_a_pod_created_while_the_webhook_is_down_never_escapes_its_namespaces_qu
     done = cluster.kubectl("create", "-f", "-", check=False, stdin=json.dumps(manifest))
     assert done.returncode == 1 and "exceeded quota: gpu, requested: requests.volcano.sh/vgpu-memory-total=40k" \
         in done.stderr, done.stderr
+
+
+def test_env_from_a_configmap_does_not_raise_a_limit(cluster):
+    """The real kubelet puts envFrom values after the device plugin's variables, so a ConfigMap with the prefix
+    CUDA_DEVICE_ replaces the memory limit in the container's environment (and another one names a limits file of
+    its own and turns the core policy off). libvgpu.so reads its variables from the read-only file the plugin
+    mounts instead: the container still stops at its 1000 MiB."""
+    for name, data in (("loose", {"MEMORY_LIMIT_0": "30000m", "MEMORY_LIMIT": "30000m", "SM_LIMIT": "100"}),
+                       ("elsewhere", {"VGPU_LIMITS_FILE": "/dev/null", "GPU_CORE_UTILIZATION_POLICY": "disable"})):
+        cluster.post("/api/v1/namespaces/default/configmaps", {
+            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default"},
+            "data": data})
+    container = gpu_container("main", ["--mib", "1500", "--chunk", "250", "--expect-oom"], memory=1000, cores=20)
+    container["envFrom"] = [{"prefix": "CUDA_DEVICE_", "configMapRef": {"name": "loose"}},
+                            {"configMapRef": {"name": "elsewhere"}}]
+    create(cluster, gpu_pod("env-from", [container]))
+    done = wait_finished(cluster, "env-from")
+    assert phase(done) == "Succeeded", cluster.pod_logs("default", "env-from", "main")  # it stopped at its limit
+    seen = report(cluster, "env-from", "main")
+    assert seen["limits"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "30000m"  # the environment was overridden
+    assert seen["env"]["GPU_CORE_UTILIZATION_POLICY"] == "disable"
+    (device,) = seen["devices"]
+    assert seen["result"] == "oom-refused" and device["total_mib"] == 1000 and device["allocated_mib"] == 1000
