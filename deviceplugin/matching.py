@@ -334,6 +334,26 @@ class Matcher:
                 found.append(c)
         return found
 
+    def _admitted_elsewhere(self, candidates: list[_Candidate], resource: str) -> list[str]:
+        """Pods of this node asking `resource` that kubelet's pod-resources API lists while they hold none of it,
+        other than the candidates: whom kubelet admits instead (for the message)."""
+        listed = self.kubelet.assigned() if self.kubelet is not None else None
+        mine = {c.key for c in candidates}
+        found = []
+        for pod in self.source.pods():
+            meta = _meta(pod)
+            where = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            key = f"{where[0]}/{where[1]}"
+            containers = (listed or {}).get(where)
+            if key in mine or containers is None:
+                continue
+            asks = [c for c in (pod.get("spec") or {}).get("containers") or ()
+                    if isinstance(c, Mapping) and any(resource in ((c.get("resources") or {}).get(table) or {})
+                                                      for table in ("limits", "requests"))]
+            if any(not (containers.get(str(c.get("name") or "")) or {}).get(resource) for c in asks):
+                found.append(f"{key} (schedulerName {(pod.get('spec') or {}).get('schedulerName')!r})")
+        return found
+
     # GetPreferredAllocation -----------------------------------------------------------------------------------
     def preferred_gpus(self, resource: str, size: int, available_uuids: set[str]) -> list[str] | None:
         """GPU UUIDs of the container kubelet most likely admits next (a hint only), or None.
@@ -432,6 +452,16 @@ class Matcher:
                 return admitting[0]  # the oldest of what kubelet names: it admits pods in creation order
             if admitting == [] and not fresh:
                 continue  # kubelet admits a pod the cache does not show yet: read the pods from the API server
+            if admitting == []:
+                # kubelet lists every pod it is admitting, and none of those the calls fit: the container belongs to
+                # a pod no grant was made for (another scheduler's, asking the same): it must not take theirs
+                others = self._admitted_elsewhere(candidates, calls[-1].resource)
+                raise AllocationError(
+                    f"node {self.node_name}: kubelet's pod-resources API lists none of the pods waiting for these "
+                    f"calls ({_listing([c.key for c in fitting], ', ')}) as being admitted"
+                    + (f"; it admits {_listing(others, ', ')}, which holds no grant of "
+                       f"{'/'.join(sorted(self.rules.scheduler_names))}" if others else "")
+                    + ": refused, so that no pod takes a grant made for another")
             matches = self._consistent(fitting)
             if _interchangeable(matches):
                 if fresh or not pending(matches[0]):

@@ -10,7 +10,7 @@ import random
 import time
 
 import pytest
-from dp_helpers import gpu_container
+from dp_helpers import NODE, gpu_container
 
 from vgpu.kube.client import read_json
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
@@ -263,3 +263,25 @@ def test_kubelet_names_the_pod_it_admits_even_beside_a_pod_half_way_through_admi
     annotations = cluster.pod("half")["metadata"]["annotations"]
     assert annotations["volcano.sh/bind-phase"] == "allocating"
     assert annotations["volcano.sh/devices-to-allocate"] == f";{a},NVIDIA,1000,10:"
+
+
+def test_a_pod_of_another_scheduler_never_takes_the_grant_of_a_waiting_pod(cluster):
+    """A pod of ours waits, bound and allocating. A tenant's pod with the same ask and another schedulerName (bound
+    to the node by that scheduler, no annotations) is admitted first: kubelet's pod-resources API lists it, not
+    ours, as being admitted, so its Allocate is refused naming it; the waiting pod then gets its own grant."""
+    cluster.start_plugin("1xT4")
+    (a,) = cluster.wait_inventory()
+    victim = cluster.create_pod("victim", [gpu_container("c", number=1, memory=3000, cores=30)], f"{a},NVIDIA,3000,30:")
+    thief = read_json(cluster.core.create_namespaced_pod("default", {
+        "metadata": {"name": "thief", "namespace": "default"},
+        "spec": {"nodeName": NODE, "schedulerName": "default-scheduler",
+                 "containers": [gpu_container("c", number=1, memory=3000, cores=30)]}}, _preload_content=False))
+    with pytest.raises(AdmissionError) as refused:
+        cluster.kubelet.admit(thief)
+    message = str(refused.value)
+    assert "lists none of the pods waiting for these calls (default/victim) as being admitted" in message, message
+    assert "it admits default/thief (schedulerName 'default-scheduler'), which holds no grant" in message, message
+    assert cluster.pod("victim")["metadata"]["annotations"]["volcano.sh/bind-phase"] == "allocating"
+    (container,) = cluster.kubelet.admit(victim)
+    assert the_response(container).envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert cluster.pod("victim")["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"

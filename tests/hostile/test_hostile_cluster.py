@@ -223,3 +223,26 @@ def test_a_pod_that_inflates_its_own_claim_blocks_nothing_beyond_its_spec(cluste
     assert done["spec"]["nodeName"] == node
     cluster.delete_pod(NS, "cpu-only")
 
+
+
+def test_a_pod_of_another_scheduler_asking_our_resources_never_runs_with_a_grant(cluster, tenant):
+    """A plain pod asking volcano.sh/vgpu-* under another scheduler's name (no nodeName, no annotations: what a
+    tenant may write when the webhook that would move it to vgpu-scheduler is down). With the policies the API
+    server refuses it at creation; without them, bound by that other scheduler, its admission is refused by the
+    device plugin and nothing of it runs."""
+    body = pod("other-scheduler", [container("main", WORKLOAD + ["--mib", "100"], memory=1000, cores=10)],
+               namespace=NS)
+    body["spec"]["schedulerName"] = "default-scheduler"
+    if _enforced(cluster):
+        _refused_by_policy(_create, tenant, body)
+        return
+    _create(tenant, body)
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "other-scheduler", "namespace": NS},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": "node-0"}}
+    k8s.CoreV1Api(make_api_client(cluster.kubeconfig)).create_namespaced_pod_binding(
+        "other-scheduler", NS, binding, _preload_content=False)  # as the other scheduler would
+    done = _finished(cluster, "other-scheduler")
+    assert phase(done) == "Failed", done.get("status")
+    assert "refuses" in (done["status"].get("message") or "") or "no pod with bind-phase" in (
+        done["status"].get("message") or ""), done["status"]
+    assert not [r for (ns, p, _), r in reports(cluster).items() if (ns, p) == (NS, "other-scheduler")]

@@ -182,3 +182,30 @@ def test_delete_sees_the_old_object_and_no_object(guarded):
         admin.delete_namespaced_pod("kept", "default")
     admin.delete_namespaced_pod("gone", "default")
     assert [p.metadata.name for p in admin.list_namespaced_pod("default").items] == ["kept"]
+
+
+OTHER_SCHEDULER_REFUSAL = (
+    'pods "elsewhere" is forbidden: ValidatingAdmissionPolicy \'vgpu-sharing-scheduled-placement\' with binding '
+    "'vgpu-sharing-scheduled-placement' denied request: a pod that asks for volcano.sh/vgpu-number or the other vGPU "
+    "resources must be placed by vgpu-scheduler: set schedulerName: vgpu-scheduler (the admission webhook that "
+    "moves such pods there did not see this one)")
+
+
+def test_a_pod_asking_our_resources_under_another_scheduler_is_refused_and_hamis_are_left_to_hami(apiserver,
+                                                                                                tmp_path):
+    """deploy/'s policy refuses a pod asking volcano.sh/vgpu-* whose schedulerName is not ours (a scheduler that
+    binds it would have kubelet admit it beside our waiting pods); a pod with HAMi's names under HAMi's scheduler
+    is not ours to refuse. tests/realk8s has the real kube-apiserver's words for the chart's copy."""
+    applied = _kubectl(apiserver.kubeconfig, "apply", "--validate=false", "-f", str(ROOT / "deploy" / "admission"))
+    assert applied.returncode == 0, applied.stderr
+    manifest = tmp_path / "pods.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: elsewhere}\nspec:\n  schedulerName: my-scheduler\n"
+        "  containers: [{name: c, image: busybox, resources: {limits: {volcano.sh/vgpu-number: '1'}}}]\n")
+    refused = _kubectl(apiserver.kubeconfig, "create", "--validate=false", "-f", str(manifest))
+    assert refused.returncode != 0 and OTHER_SCHEDULER_REFUSAL in refused.stderr, refused.stderr
+    manifest.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: hami}\nspec:\n  schedulerName: hami-scheduler\n"
+        "  containers: [{name: c, image: busybox, resources: {limits: {nvidia.com/gpu: '1', "
+        "nvidia.com/gpumem: '3000'}}}]\n")
+    assert _kubectl(apiserver.kubeconfig, "create", "--validate=false", "-f", str(manifest)).returncode == 0

@@ -237,3 +237,19 @@ def test_env_from_a_configmap_does_not_raise_a_limit(cluster):
     assert seen["env"]["GPU_CORE_UTILIZATION_POLICY"] == "disable"
     (device,) = seen["devices"]
     assert seen["result"] == "oom-refused" and device["total_mib"] == 1000 and device["allocated_mib"] == 1000
+
+
+def test_the_chart_policy_refuses_a_pod_asking_our_resources_under_another_scheduler(cluster, tmp_path):
+    """The refusal tests/kube/test_kube_admission.py expects of the API-server stand-in (deploy/'s policy), word
+    for word from the real kube-apiserver (the chart's): a scheduler the webhook does not rewrite (my-scheduler)."""
+    manifest = tmp_path / "elsewhere.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: elsewhere}\nspec:\n  schedulerName: my-scheduler\n"
+        "  containers: [{name: c, image: busybox, resources: {limits: {volcano.sh/vgpu-number: '1'}}}]\n")
+    refused = cluster.kubectl("create", "-f", str(manifest), check=False)
+    assert refused.returncode != 0
+    assert (
+        'pods "elsewhere" is forbidden: ValidatingAdmissionPolicy \'vgpu-sharing-scheduled-placement\' with binding '
+        "'vgpu-sharing-scheduled-placement' denied request: a pod that asks for volcano.sh/vgpu-number or the other "
+        "vGPU resources must be placed by vgpu-scheduler: set schedulerName: vgpu-scheduler (the admission webhook "
+        "that moves such pods there did not see this one)") in refused.stderr, refused.stderr
