@@ -5,18 +5,25 @@ kube-apiserver sends an AdmissionReview whose `request` names the object; the an
 allows the object and carries the JSON Patch of `mutation.mutate_pod`, base64-encoded, when there is one. A pod
 whose vGPU requests cannot be read is refused (`allowed: false`, code 400, the reason in one line). A body that is
 not an AdmissionReview v1 gets 400 and a one-line reason (kube-apiserver then applies the webhook's failurePolicy),
-a body over MAX_BODY gets 413; nothing answers 500. Requests for other resources or operations are allowed
-unchanged.
+a body over MAX_BODY gets 413 and one not received within BODY_SECONDS 408; nothing answers 500. Requests for other
+resources or operations are allowed unchanged.
+
+Anyone in the cluster can reach the webhook, so one client must not hold up the reviews of others (kube-apiserver
+gives each review `timeoutSeconds`, then admits the pod unmutated under failurePolicy Ignore): a body over
+INLINE_PARSE_BYTES is parsed and reviewed on a worker thread, LARGE_BODIES_AT_ONCE at a time, and a pod of more than
+MAX_CONTAINERS containers is refused before any of them is read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 from typing import Any
 
 import orjson
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -24,13 +31,21 @@ from starlette.routing import Route
 from vgpu.errors import RequestError
 from vgpu.webhook.mutation import MutationSettings, mutate_pod
 
-__all__ = ["MAX_BODY", "create_app", "review_answer"]
+__all__ = ["BODY_SECONDS", "MAX_BODY", "MAX_CONTAINERS", "create_app", "review_answer"]
 
 log = logging.getLogger(__name__)
 
-# kube-apiserver stores objects of at most 1.5 MiB (etcd's default request limit); a review carries the object
-# (and for updates the old one too) in JSON, so 8 MiB leaves room without letting a client fill memory.
-MAX_BODY = 8 * 1024 * 1024
+# kube-apiserver stores objects of at most 1.5 MiB (etcd's default request limit); a review of a creation carries
+# the object once, with a little around it, so 3 MiB leaves room without letting a client fill memory.
+MAX_BODY = 3 * 1024 * 1024
+# Seconds a client has to send the body once its headers are in (the headers' own deadline is
+# vgpu.httpserve.HEADER_SECONDS); kube-apiserver's timeoutSeconds for this webhook is 5.
+BODY_SECONDS = 5.0
+INLINE_PARSE_BYTES = 64 * 1024  # reviews up to this size are answered on the event loop (a pod of ~50 containers)
+LARGE_BODIES_AT_ONCE = 2  # larger ones, on worker threads, this many at a time, once received whole
+# containers, init containers and ephemeral containers of one pod: far above what pods have (kube-apiserver sets
+# no limit), far below what keeps a review within kube-apiserver's timeout
+MAX_CONTAINERS = 256
 _REVIEW_VERSION = "admission.k8s.io/v1"
 
 
@@ -67,6 +82,15 @@ def review_answer(review: Any, settings: MutationSettings) -> dict[str, Any]:
                      and not request.get("subResource"))
     obj = request.get("object")
     if is_pod_create and isinstance(obj, dict):
+        spec = obj.get("spec")
+        lists = [spec.get(field) for field in ("containers", "initContainers", "ephemeralContainers")] \
+            if isinstance(spec, dict) else []
+        count = sum(len(items) for items in lists if isinstance(items, list))
+        if count > MAX_CONTAINERS:
+            message = f"the pod has {count} containers, over the {MAX_CONTAINERS} the vGPU webhook reviews"
+            response.update(allowed=False, status={"code": 400, "reason": "BadRequest", "message": message})
+            log.info("pod refused namespace=%s reason=%r", request.get("namespace"), message)
+            return {"apiVersion": _REVIEW_VERSION, "kind": "AdmissionReview", "response": response}
         try:
             patch = mutate_pod(obj, settings)
         except RequestError as exc:
@@ -97,24 +121,38 @@ async def _read_body(request: Request) -> bytes | None:
     return b"".join(chunks)
 
 
+def _answer(body: bytes, settings: MutationSettings) -> tuple[int, dict[str, Any]]:
+    """Status and JSON answer of one received body."""
+    try:
+        review = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return 400, {"error": f"the body is not JSON: {exc}"}
+    try:
+        return 200, review_answer(review, settings)
+    except _BadReview as exc:
+        return 400, {"error": str(exc)}
+    except Exception as exc:  # a bug: refuse this review (failurePolicy decides), keep serving, never 500
+        log.exception("review failed")
+        return 400, {"error": f"unexpected {type(exc).__name__}: {exc}"}
+
+
 def create_app(settings: MutationSettings) -> Starlette:
     """The webhook's ASGI application."""
+    large = asyncio.Semaphore(LARGE_BODIES_AT_ONCE)  # made on the serving loop's first use (Python 3.10+)
 
     async def mutate_pods(request: Request) -> Response:
-        body = await _read_body(request)
+        try:
+            body = await asyncio.wait_for(_read_body(request), BODY_SECONDS)
+        except TimeoutError:
+            return _json(408, {"error": f"the body was not received within {BODY_SECONDS:g} s"})
         if body is None:
             return _json(413, {"error": f"the body is over {MAX_BODY} bytes"})
-        try:
-            review = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            return _json(400, {"error": f"the body is not JSON: {exc}"})
-        try:
-            return _json(200, review_answer(review, settings))
-        except _BadReview as exc:
-            return _json(400, {"error": str(exc)})
-        except Exception as exc:  # a bug: refuse this review (failurePolicy decides), keep serving, never 500
-            log.exception("review failed")
-            return _json(400, {"error": f"unexpected {type(exc).__name__}: {exc}"})
+        if len(body) <= INLINE_PARSE_BYTES:
+            code, answer = _answer(body, settings)
+        else:
+            async with large:
+                code, answer = await run_in_threadpool(_answer, body, settings)
+        return _json(code, answer)
 
     async def healthz(_: Request) -> Response:
         return Response("ok", media_type="text/plain")

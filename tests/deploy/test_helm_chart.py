@@ -343,6 +343,23 @@ def _preemption_and_topology_off(docs):
     assert "--no-preemption" in command and "--no-topology" in command
 
 
+def _webhook_network_policy(docs):
+    policy = one(docs, "NetworkPolicy", "vgpu-webhook")
+    webhook = one(docs, "Deployment", "vgpu-webhook")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= webhook["spec"]["template"]["metadata"]["labels"].items()
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}]
+    port = containers(webhook)["webhook"]["ports"][0]["containerPort"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+
+
+def _quotas_never_required(docs):
+    role = one(docs, "ClusterRole", "vgpu-scheduler-extender")
+    assert not [r for r in role["rules"] if "resourcequotas" in r["resources"]]
+    config = yaml.safe_load(one(docs, "ConfigMap", "vgpu-sharing-config")["data"]["scheduler.yaml"])
+    assert config["sharing"]["require_quota_totals"] is False
+
+
 PUBLIC_PEM = Ed25519PrivateKey.generate().public_key().public_bytes(
     serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
 
@@ -367,6 +384,9 @@ TOGGLES: dict[str, tuple[dict, Callable[[list[dict]], None]]] = {
     "grant-public-keys": ({"grantKey": {"publicKeys": PUBLIC_PEM}}, _public_keys),
     "preemption-topology-off": ({"scheduler": {"extender": {"preemption": False, "topology": False}}},
                                 _preemption_and_topology_off),
+    "webhook-network-policy": ({"webhook": {"networkPolicy": {"enabled": True, "from": [
+        {"ipBlock": {"cidr": "10.0.0.10/32"}}]}}}, _webhook_network_policy),
+    "quota-totals-never-required": ({"sharing": {"require_quota_totals": False}}, _quotas_never_required),
 }
 
 
@@ -397,8 +417,9 @@ def test_toggle_checks_can_fail():
      "are exclusive"),
     ({"grantKey": {"publicKeys": "-----BEGIN PRIVATE KEY-----\nMC4=\n-----END PRIVATE KEY-----\n"}},
      "holds a private key"),
+    ({"webhook": {"networkPolicy": {"enabled": True}}}, "needs webhook.networkPolicy.from"),
 ], ids=["no-node-agent", "replicas-without-leases", "tls-secret-without-ca", "two-certificate-sources",
-        "private-key-as-public"])
+        "private-key-as-public", "network-policy-without-peers"])
 def test_the_chart_refuses_values_that_install_nothing_or_something_broken(values, message):
     with pytest.raises(helm.HelmRenderError) as refused:
         chart().render(values, name=RELEASE, namespace=NAMESPACE)

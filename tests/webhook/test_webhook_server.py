@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from vgpu.testbed.cluster import free_port
+from vgpu.webhook.server import BODY_SECONDS, MAX_BODY, MAX_CONTAINERS
 from vgpu.testbed.pki import make_pki
 
 VGPU = [sys.executable, "-m", "vgpu.cli"]
@@ -113,9 +114,45 @@ def test_garbage_gets_400_with_a_reason(webhook, body, fragment):
 
 
 def test_an_oversized_body_gets_413_and_the_server_goes_on(webhook):
-    answer = webhook.post("/mutate-pods", content=b" " * (8 * 1024 * 1024 + 1))
+    answer = webhook.post("/mutate-pods", content=b" " * (MAX_BODY + 1))
     assert answer.status_code == 413
     assert webhook.post("/mutate-pods", content=orjson.dumps(review(hami_pod()))).status_code == 200
+
+
+def test_a_pod_of_too_many_containers_is_refused_before_any_is_read(webhook):
+    """A review of 20,000 containers (what a client posting to the Service directly sends to hold the webhook up)
+    is refused with the count; a pod at the cap is reviewed."""
+    crowd = hami_pod()
+    crowd["spec"]["containers"] = [{"name": f"c{i}", "image": "cuda", "resources": {"limits": {
+        "nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}} for i in range(20_000)]
+    answer = webhook.post("/mutate-pods", content=orjson.dumps(review(crowd)))
+    assert answer.status_code == 200
+    response = answer.json()["response"]
+    assert response["allowed"] is False and response["status"]["message"] == (
+        f"the pod has 20000 containers, over the {MAX_CONTAINERS} the vGPU webhook reviews")
+    crowd["spec"]["containers"] = crowd["spec"]["containers"][:MAX_CONTAINERS]
+    answer = webhook.post("/mutate-pods", content=orjson.dumps(review(crowd)))
+    assert answer.json()["response"]["allowed"] is True and answer.json()["response"]["patch"]
+
+
+def test_a_body_that_does_not_arrive_gets_408_while_others_are_answered(webhook, pki):
+    """A client that sends its headers and part of the body, then nothing, is answered 408 after BODY_SECONDS;
+    meanwhile other reviews are answered."""
+    port = int(str(webhook.base_url).rsplit(":", 1)[1].rstrip("/"))
+    context = ssl.create_default_context(cafile=pki["ca"])
+    with socket.create_connection(("127.0.0.1", port), timeout=BODY_SECONDS + 10) as raw, \
+            context.wrap_socket(raw, server_hostname="localhost") as slow:
+        slow.sendall(b"POST /mutate-pods HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"apiVersion\"")
+        assert webhook.post("/mutate-pods", content=orjson.dumps(review(hami_pod()))).status_code == 200
+        answer = slow.recv(4096)
+        while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+            more = slow.recv(4096)
+            if not more:
+                break
+            answer += more
+    assert answer.startswith(b"HTTP/1.1 408"), answer
+    assert f"not received within {BODY_SECONDS:g} s".encode() in answer
 
 
 def test_plain_http_gets_no_answer(webhook):

@@ -128,6 +128,9 @@ the client extended key usage. Arguments: ctx, secret, cn, dns (list), ips (list
 {{- if not .Values.webhook.replaceSchedulerNames -}}
 {{- fail "vgpu-sharing: webhook.replaceSchedulerNames is empty: the webhook would rewrite nothing (set webhook.enabled=false instead)" -}}
 {{- end -}}
+{{- if and .Values.webhook.networkPolicy.enabled (not .Values.webhook.networkPolicy.from) -}}
+{{- fail "vgpu-sharing: webhook.networkPolicy.enabled needs webhook.networkPolicy.from, the API server's addresses (e.g. [{ipBlock: {cidr: 10.0.0.10/32}}]); without them no one, the API server included, could reach the webhook" -}}
+{{- end -}}
 {{- end -}}
 {{- with .Values.grantKey.publicKeys -}}
 {{- if contains "PRIVATE KEY" . -}}
