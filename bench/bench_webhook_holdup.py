@@ -2,9 +2,10 @@
 
 Runs the real `vgpu webhook` process over HTTPS (a CA of its own) and posts an ordinary review (one HAMi container)
 `--samples` times, first alone, then while `--flooders` clients each post, one after the other, a review of a pod
-of 30,000 containers (about 2.9 MiB, under the 3 MiB cap: what a client that reaches the Service directly can send; the webhook refuses it
-by its container count). kube-apiserver gives each review the webhook's `timeoutSeconds` (5 s) and then admits the
-pod unmutated (failurePolicy Ignore). Prints figures; never passes or fails.
+of 30,000 containers (about 2.9 MiB, under the 3 MiB cap: what a client that reaches the Service directly can
+send; the webhook refuses it by its container count). kube-apiserver gives each review the webhook's
+`timeoutSeconds` (5 s) and then admits the pod unmutated (failurePolicy Ignore). Prints figures; never passes or
+fails.
 
     .venv/bin/python bench/bench_webhook_holdup.py [--samples 200] [--flooders 4]
 """

@@ -346,7 +346,8 @@ def _preemption_and_topology_off(docs):
 def _webhook_network_policy(docs):
     policy = one(docs, "NetworkPolicy", "vgpu-webhook")
     webhook = one(docs, "Deployment", "vgpu-webhook")
-    assert policy["spec"]["podSelector"]["matchLabels"].items() <= webhook["spec"]["template"]["metadata"]["labels"].items()
+    labels = webhook["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     (rule,) = policy["spec"]["ingress"]
     assert rule["from"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}]
     port = containers(webhook)["webhook"]["ports"][0]["containerPort"]
