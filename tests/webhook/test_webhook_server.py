@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from vgpu.testbed.cluster import free_port
-from vgpu.webhook.server import BODY_SECONDS, MAX_BODY, MAX_CONTAINERS
 from vgpu.testbed.pki import make_pki
+from vgpu.webhook.server import BODY_SECONDS, MAX_BODY, MAX_CONTAINERS
 
 VGPU = [sys.executable, "-m", "vgpu.cli"]
 
