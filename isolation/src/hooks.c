@@ -368,6 +368,26 @@ static int g_ord2r[MAX_ORDINALS];   /* CUDA ordinal -> region row (-1: none); va
 static int g_ndev = -1;             /* CUDA devices this process sees, once mapped */
 static pthread_mutex_t g_dev_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* The row of a device as the accounting file gives it, checked: a granted UUID has the row of its position in the
+ * grant (the process that made the file wrote them so), and with limits every device has a row.  Otherwise the
+ * file was changed: every charge is then refused (row 0 stands in, so that the charge is made and refused). */
+static int checked_row(const char *uuid, int row) {
+    if (!g_vgpu.active) return row;
+    if (row < 0) {
+        vgpu_mark_tampered("%s has no row in the accounting file, whose device table is full", uuid);
+        return 0;
+    }
+    for (int p = 0; p < g_vgpu.grant_count; p++) {
+        if (strcasecmp(g_vgpu.grant_uuid[p], uuid)) continue;
+        if (p != row) {
+            vgpu_mark_tampered("%s is granted at position %d but has row %d in the accounting file", uuid, p, row);
+            return 0;
+        }
+        break;
+    }
+    return row;
+}
+
 /* Maps every CUDA ordinal to its region row by UUID, once (after cuInit; before it nothing can be allocated). */
 static void map_devices(void) {
     pthread_mutex_lock(&g_dev_mu);
@@ -379,7 +399,7 @@ static void map_devices(void) {
             char s[VGPU_UUID_LEN];
             if (real_cuDeviceGetUuid_v2 && real_cuDeviceGetUuid_v2(&u, i) == CUDA_SUCCESS) {
                 uuid_string(&u, s, sizeof s);
-                g_ord2r[i] = vgpu_row_for_uuid(s);
+                g_ord2r[i] = checked_row(s, vgpu_row_for_uuid(s));
             }
         }
         __atomic_store_n(&g_ndev, n, __ATOMIC_RELEASE);

@@ -20,6 +20,7 @@
  * older versions of this library) are judged by PID and start time as before.
  */
 #include "vgpu_internal.h"
+#include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -247,6 +248,7 @@ static void on_exit_release(void) {
 
 static void on_fork_child(void) {
     g_vgpu.slot = -1;            /* the child registers its own slot on first use */
+    memset(g_vgpu.own_used, 0, sizeof g_vgpu.own_used);  /* and holds nothing of the parent's */
     g_vgpu.pid = getpid();
     g_my_start = 0;
     t_lock_held = 0;
@@ -442,12 +444,35 @@ uint64_t vgpu_used(int row) {
 }
 
 /* 0 when `bytes` were charged to device row, -1 when that would exceed its limit (nothing charged). */
+/*
+ * The accounting file is written by every process of the container, so a tenant can write it too.  What it says
+ * is checked against what this process knows on its own: the memory it holds per row (own_used, in its own memory)
+ * and, in hooks.c, which row each granted UUID must have.  A file that contradicts either was changed: from then on
+ * every charge is refused, after one error line, rather than trusting any of it.
+ */
+void vgpu_mark_tampered(const char *fmt, ...) {
+    if (__atomic_exchange_n(&g_vgpu.tampered, 1, __ATOMIC_ACQ_REL)) return;
+    char why[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    VLOG(VLOG_ERROR, "%s: the accounting file was changed, so device memory allocations are refused", why);
+}
+
 int vgpu_reserve(int row, uint64_t bytes, int kind) {
     if (row < 0 || row >= VGPU_MAX_DEVICES) return 0;
+    if (UNLIKELY(__atomic_load_n(&g_vgpu.tampered, __ATOMIC_ACQUIRE))) return -1;
     int slot = vgpu_slot();
     if (slot < 0 || lock_region()) return -1;
     uint64_t lim = vgpu_limit(row);
     uint64_t used = g_vgpu.ext->used[row];
+    if (UNLIKELY(used < g_vgpu.own_used[row])) {
+        unlock_region();
+        vgpu_mark_tampered("device %d: the file counts %llu bytes in use, less than this process alone holds (%llu)",
+                           row, (unsigned long long)used, (unsigned long long)g_vgpu.own_used[row]);
+        return -1;
+    }
     if (lim && (used + bytes > lim || used + bytes < used)) {
         if (reap_nolock()) used = g_vgpu.ext->used[row];
         if (used + bytes > lim || used + bytes < used) {
@@ -462,6 +487,7 @@ int vgpu_reserve(int row, uint64_t bytes, int kind) {
     if (UNLIKELY(g_test_hold_us)) usleep(g_test_hold_us); /* fault injection: widen the locked window */
     if (used + bytes > g_vgpu.ext->peak[row]) g_vgpu.ext->peak[row] = used + bytes;
     slot_adjust(slot, row, kind, (int64_t)bytes);
+    g_vgpu.own_used[row] += bytes;
     unlock_region();
     return 0;
 }
@@ -473,6 +499,7 @@ void vgpu_release(int row, uint64_t bytes, int kind) {
     uint64_t used = g_vgpu.ext->used[row];
     __atomic_store_n(&g_vgpu.ext->used[row], used >= bytes ? used - bytes : 0, __ATOMIC_RELAXED);
     slot_adjust(slot, row, kind, -(int64_t)bytes);
+    g_vgpu.own_used[row] = g_vgpu.own_used[row] >= bytes ? g_vgpu.own_used[row] - bytes : 0;
     unlock_region();
 }
 

@@ -48,6 +48,8 @@ typedef struct {
     int grant_count;         /* positions with a UUID; 0 when the environment does not name the GPUs by UUID */
     uint64_t context_overhead;
     int count_managed;
+    uint64_t own_used[VGPU_MAX_DEVICES];    /* by region row: what this process holds, in its own memory */
+    int tampered;            /* the accounting file contradicts what this process knows: every charge is refused */
     vgpu_region_t *region;
     vgpu_ext_t *ext;
     int slot;
@@ -76,6 +78,7 @@ HIDDEN int vgpu_slot(void);
 HIDDEN int vgpu_reserve(int row, uint64_t bytes, int kind);
 HIDDEN void vgpu_release(int row, uint64_t bytes, int kind);
 HIDDEN int vgpu_row_for_uuid(const char *uuid);
+HIDDEN void vgpu_mark_tampered(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 HIDDEN uint64_t vgpu_used(int row);
 HIDDEN uint64_t vgpu_limit(int row);
 HIDDEN uint64_t vgpu_now_ns(void);

@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 from capabilities import tool
+from iso_helpers import build_probe
 
 from vgpu.isolation.region import Region, parse_size
 
@@ -223,3 +224,35 @@ def test_a_limits_file_that_cannot_be_read_refuses_cuda(sim, tmp_path, content):
     kv = sim.run("init", VGPU_LIMITS_FILE=str(limits), CUDA_DEVICE_MEMORY_LIMIT_0="1g")
     assert kv["init"] == "1", kv  # CUDA_ERROR_INVALID_VALUE: neither the file nor the environment is trusted
     assert f"the limits file {limits}" in kv["_stderr"], kv["_stderr"]
+
+
+@pytest.fixture(scope="module")
+def tamper(libs, tmp_path_factory):
+    return build_probe(libs, tmp_path_factory.mktemp("tamper") / "tamper", "tamper.c")
+
+
+def test_usage_counters_written_down_by_the_tenant_are_caught(sim, tamper):
+    """A process that writes 0 into the file's usage counters after each allocation (4 GiB limit, 256 MiB steps):
+    its next allocation finds the file counting less than it alone holds and is refused, with one error line; every
+    later allocation is refused too (before: 40 of 40 GiB)."""
+    kv = sim.run("zero", "256", program=tamper, CUDA_DEVICE_MEMORY_LIMIT="4Gi")
+    assert kv["count"] == "1" and kv["err"] == "2", kv  # CUDA_ERROR_OUT_OF_MEMORY
+    assert "the file counts 0 bytes in use, less than this process alone holds (268435456)" in kv["_stderr"]
+    assert kv["_stderr"].count("the accounting file was changed") == 1, kv["_stderr"]
+
+
+def test_a_device_table_rewritten_by_the_tenant_is_caught(sim, tamper):
+    """The file's device table filled with other UUIDs (the granted device then has no row), or the granted UUID
+    moved to another row than its grant position: every allocation is refused, with one error line (before: the
+    device went unaccounted, the whole card)."""
+    uuid = sim.run("uuid", program=tamper)["uuid"]
+    kv = sim.run("rows", "256", program=tamper, CUDA_DEVICE_MEMORY_LIMIT_0="1Gi", VGPU_DEVICE_UUIDS=uuid)
+    assert kv["count"] == "0" and kv["err"] == "2", kv
+    assert f"{uuid} has no row in the accounting file" in kv["_stderr"], kv["_stderr"]
+    sim.cache.unlink()
+    kv = sim.run("moved", "256", program=tamper, CUDA_DEVICE_MEMORY_LIMIT_0="1Gi", VGPU_DEVICE_UUIDS=uuid)
+    assert kv["count"] == "0" and kv["err"] == "2", kv
+    assert f"{uuid} is granted at position 0 but has row 1 in the accounting file" in kv["_stderr"], kv["_stderr"]
+    sim.cache.unlink()
+    kv = sim.run("none", "256", program=tamper, CUDA_DEVICE_MEMORY_LIMIT_0="1Gi", VGPU_DEVICE_UUIDS=uuid)
+    assert kv["count"] == "4" and "was changed" not in kv["_stderr"], kv  # untouched: the limit, no more, no less
