@@ -187,10 +187,6 @@ class Region:
         """Memory limit in bytes per device (0 = unlimited)."""
         return [int(self._r.limit[i]) for i in range(self.device_count)]
 
-    def sm_limits(self) -> list[int]:
-        """SM limit in percent per device (0 = unlimited)."""
-        return [int(self._r.sm_limit[i]) for i in range(self.device_count)]
-
     def _live_slots(self) -> range:
         top = int(self._r.proc_num)
         return range(min(max(top, 0), MAX_PROCS))

@@ -9,6 +9,8 @@ import argparse
 import sys
 from typing import Any
 
+from vgpu.keys import DEVICE_TYPE
+
 __all__ = ["flag_overrides", "inspect_table", "register"]
 
 
@@ -128,7 +130,8 @@ def inspect_table(ledger: Any) -> str:
             total_mem += device.memory * mib
             total_alloc += used.memory * mib
             rows.append((
-                state.name, str(device.index), device.uuid, device.type,
+                # the inventory's type is vendor-name (Volcano's wire format: NVIDIA-NVIDIA A100-...); the name says it
+                state.name, str(device.index), device.uuid, device.type.removeprefix(f"{DEVICE_TYPE}-"),
                 f"{used.memory * mib}/{device.memory * mib}", f"{used.cores}/100", f"{used.shares}/{device.split}",
                 "ok" if device.healthy else "unhealthy", " ".join(pods) or "-",
             ))

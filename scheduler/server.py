@@ -46,10 +46,6 @@ LARGE_BODIES_AT_ONCE = 2
 BODY_SECONDS = 10.0
 
 
-class _TooSlow(Exception):
-    pass
-
-
 class _TooLarge(Exception):
     pass
 

@@ -34,13 +34,6 @@ class MetricSpec:
         """The name in the exposition format and in queries (`_total` added to a counter)."""
         return f"{self.name}_total" if self.kind == "counter" else self.name
 
-    @property
-    def sample_names(self) -> tuple[str, ...]:
-        """Every sample name the family produces (a histogram's `_bucket`, `_sum` and `_count`)."""
-        if self.kind == "histogram":
-            return tuple(f"{self.name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
-        return (self.exposed,)
-
     def family(self) -> GaugeMetricFamily:
         """An empty family of this gauge, for a collector to fill at scrape time."""
         assert self.kind == "gauge", self

@@ -60,6 +60,7 @@ def test_inspect_table(kube, apiserver, tmp_path):
                                 "SHARES(alloc/split)", "HEALTH", "PODS"]
     row_a = next(line for line in lines if "GPU-a" in line)
     assert "3000/8000" in row_a and "30/100" in row_a and "1/10" in row_a and "default/train(3000,30%)" in row_a
+    assert "  NVIDIA A100-PCIE-40GB  " in row_a and "NVIDIA-NVIDIA" not in out.stdout  # the card's name, once
     assert "unhealthy" in next(line for line in lines if "GPU-b" in line)
     assert "unschedulable" in next(line for line in lines if line.startswith("n2"))
     assert lines[-1] == "allocated memory: 3000/16000 MiB (18.8%)"
