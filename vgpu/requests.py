@@ -226,7 +226,9 @@ def _name_sets(resources: Mapping[str, Any], config: SharingConfig) -> tuple[Res
     return names[:1]
 
 
-def _integer(container: str, resource: str, raw: Any, low: int, high: int) -> int:
+def _integer(container: str, resource: str, raw: Any, low: int, high: int, mib_per_unit: int = 0) -> int:
+    """A whole quantity within [low, high]; `mib_per_unit` (memory) makes the message of a quantity written in bytes
+    (`4Gi`) say what the number counts and what to write instead."""
     try:
         value = parse_integer_quantity(raw)
     except ValueError as exc:
@@ -234,7 +236,12 @@ def _integer(container: str, resource: str, raw: Any, low: int, high: int) -> in
     if value < low:
         raise RequestError(container, resource, f"{raw!r} is below {low}")
     if value > high:
-        raise RequestError(container, resource, f"{raw!r} is above {high}")
+        hint = ""
+        if mib_per_unit and value % (mib_per_unit << 20) == 0:
+            unit = "MiB" if mib_per_unit == 1 else f"units of {mib_per_unit} MiB"
+            hint = (f": it counts {unit} per GPU, not bytes, so {raw!r} asks {value} of them; "
+                    f"for {raw} of memory write {value // (mib_per_unit << 20)}")
+        raise RequestError(container, resource, f"{raw!r} is above {high}{hint}")
     return value
 
 
@@ -253,7 +260,7 @@ def _container_request(
     if n_raw is None and m_raw is None and p_raw is None and c_raw is None:
         return None
 
-    memory = 0 if m_raw is None else _integer(name, m_name, m_raw, 0, MAX_MEMORY_UNITS)
+    memory = 0 if m_raw is None else _integer(name, m_name, m_raw, 0, MAX_MEMORY_UNITS, config.gpu_memory_factor)
     percent = 0 if p_raw is None else _integer(name, p_name, p_raw, 0, 100)
     cores = config.default_cores if c_raw is None else _integer(name, c_name, c_raw, 0, 100)
     if n_raw is None:

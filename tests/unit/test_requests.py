@@ -154,6 +154,17 @@ def test_invalid_values_name_container_and_resource(limits, resource, fragment):
     assert "'trainer'" in str(info.value) and resource in str(info.value)
 
 
+def test_memory_written_in_bytes_is_told_what_the_number_counts():
+    """`vgpu-memory: 4Gi` is 4,294,967,296 MiB: the refusal says the number counts MiB per GPU and what to write."""
+    with pytest.raises(RequestError) as info:
+        pod_requests(pod(("trainer", {"volcano.sh/vgpu-memory": "4Gi"})), VOLCANO)
+    assert str(info.value) == (
+        "container 'trainer': volcano.sh/vgpu-memory: '4Gi' is above 2147483647: it counts MiB per GPU, not bytes, "
+        "so '4Gi' asks 4294967296 of them; for 4Gi of memory write 4096")
+    with pytest.raises(RequestError, match=r"it counts units of 4 MiB per GPU.* write 1024$"):
+        pod_requests(pod(("trainer", {"volcano.sh/vgpu-memory": "4Gi"})), SharingConfig(gpu_memory_factor=4))
+
+
 def test_zero_gpus_and_nothing_else_is_no_request():
     assert pod_requests(pod(("c", {"volcano.sh/vgpu-number": 0})), VOLCANO) == ()
 
