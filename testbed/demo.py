@@ -17,6 +17,7 @@ tests/e2e exercises that concurrency on purpose; the demo shows the steady state
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import shutil
@@ -499,7 +500,10 @@ def drive(args: argparse.Namespace, cluster: Any, given_pods: list[dict] | None)
         stopping["signal"] = signum
         raise KeyboardInterrupt
 
+    # Ctrl-C, a SIGTERM, or the terminal closing (SIGHUP): each stops the cluster and its pods' processes, and
+    # removes the work directory as at the end
     old_term = signal.signal(signal.SIGTERM, on_signal)
+    old_hup = signal.signal(signal.SIGHUP, on_signal)
     status = 1
     said_where = False
     try:
@@ -566,17 +570,20 @@ def drive(args: argparse.Namespace, cluster: Any, given_pods: list[dict] | None)
         status = 0 if ok else 1
         said_where = True
     except KeyboardInterrupt:
-        print("\nvgpu demo: interrupted, stopping", file=out, flush=True)
-        status = 130 if stopping["signal"] != signal.SIGTERM else 143
+        status = 128 + (stopping["signal"] or signal.SIGINT)
+        with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
+            print("\nvgpu demo: interrupted, stopping", file=out, flush=True)
     except (RuntimeError, TimeoutError, OSError) as exc:
         print(f"vgpu demo: {exc}", file=sys.stderr, flush=True)
         status = 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a second signal must not cut the clean-up short
+            signal.signal(sig, signal.SIG_IGN)
         cluster.stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, old_term)
-        if not args.workdir and not args.keep_workdir and status in (0, 130, 143):
+        signal.signal(signal.SIGHUP, old_hup)
+        if not args.workdir and not args.keep_workdir and status in (0, 129, 130, 143):
             shutil.rmtree(workdir, ignore_errors=True)
         elif not said_where:
             print(f"vgpu demo: the work directory {workdir} is kept (logs in {workdir}/logs)", file=sys.stderr,
