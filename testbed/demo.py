@@ -75,6 +75,13 @@ def _pod(name: str, containers: list[dict], annotations: dict[str, str] | None =
             "spec": {"schedulerName": "vgpu-scheduler", "restartPolicy": "Never", "containers": containers}}
 
 
+def type_word(card_type: str) -> str:
+    """The word of a card's inventory type that names its model (`NVIDIA-NVIDIA H100 80GB HBM3` -> `H100`,
+    `NVIDIA-NVIDIA GeForce RTX 4090` -> `4090`, `NVIDIA-Tesla T4` -> `T4`): the first with a digit, else the last."""
+    words = [w for w in re.split(r"[\s-]+", card_type) if w and w.upper() != "NVIDIA"]
+    return next((w for w in words if any(c.isdigit() for c in w)), words[-1] if words else card_type)
+
+
 def sample_pods(inventories: dict[str, list[Any]], hold: float, factor: int = 1) -> list[dict]:
     """The demo's sample pods; `inventories` (node -> GPUDevice list) supplies UUIDs for the pinned pods.
 
@@ -94,13 +101,15 @@ def sample_pods(inventories: dict[str, list[Any]], hold: float, factor: int = 1)
     first_node = inventories[nodes[0]] if nodes else []
     pinned = last_node[-1].uuid if last_node else ""
     shared = first_node[-1].uuid if first_node else ""
+    # the type selector asks for a model the nodes have (on A100s: infer-a100, as HAMi's example writes it)
+    model = type_word(first_node[0].type) if first_node else "A100"
     pods = [
         _pod("train-multi", [
             _container("trainer", ["--mib", "6000", "--kernels", "40", *h], number=2, memory=8000, cores=30),
             _container("sidecar", ["--mib", "1000", "--kernels", "5", *h], number=1, memory=2000, cores=10),
         ]),
-        _pod("infer-a100", [_container("server", ["--mib", "3000", "--kernels", "30", *h], number=1, memory=4000,
-                                       cores=20)], annotations={keys.USE_GPU_TYPE: "A100"}),
+        _pod(f"infer-{model.lower()}", [_container("server", ["--mib", "3000", "--kernels", "30", *h], number=1,
+                                                   memory=4000, cores=20)], annotations={keys.USE_GPU_TYPE: model}),
         _pod("notebook-quarter", [_container("notebook", ["--mib", str(quarter_mib), "--kernels", "10", *h],
                                              number=1, percent=25, cores=10)]),
         _pod("exclusive-trainer", [_container("trainer", ["--mib", str(exclusive_mib), "--kernels", "50", *h],
