@@ -147,6 +147,13 @@ class PluginConfig(BaseModel):
     xid_recovery_seconds: float = Field(
         60.0, gt=0, description="seconds without a critical Xid before a GPU that answers again is healthy (nvml)"
     )
+    memory_guard_seconds: float = Field(
+        5.0, ge=0, description="how often the memory guard compares what each pod holds on a GPU (NVML) with its "
+        "grant, killing the processes of a pod over it; 0: off (node.guard)"
+    )
+    memory_guard_allowance_mib: int = Field(
+        1024, ge=0, description="MiB per process the memory guard allows beyond a pod's grant (the driver's context)"
+    )
 
     @field_validator("gpu_memory_factor")
     @classmethod
@@ -313,6 +320,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("xid_recovery_seconds", "--xid-recovery-seconds", None, "flags.vgpu.xidRecoverySeconds", "float",
            "seconds without a critical Xid after which a GPU that answers NVML again is healthy (backend nvml)",
            default="60"),
+    Option("memory_guard_seconds", "--memory-guard-seconds", "MEMORY_GUARD_SECONDS", "flags.vgpu.memoryGuardSeconds",
+           "float", "how often the memory guard compares what each pod's processes hold on each GPU (NVML) with its "
+           "grant, and kills the processes of a pod over it (backend nvml; needs hostPID); 0: off", default="5"),
+    Option("memory_guard_allowance_mib", "--memory-guard-allowance-mib", None, "flags.vgpu.memoryGuardAllowanceMib",
+           "int", "MiB per process the memory guard allows beyond a pod's grant, for the driver's own per-context "
+           "memory", default="1024"),
     Option("handshake", "--handshake", None, "flags.vgpu.handshake", "bool",
            "write volcano.sh/node-vgpu-handshake (Volcano <= 1.15.0)", default="false"),
 )

@@ -452,16 +452,17 @@ class Matcher:
                 return admitting[0]  # the oldest of what kubelet names: it admits pods in creation order
             if admitting == [] and not fresh:
                 continue  # kubelet admits a pod the cache does not show yet: read the pods from the API server
-            if admitting == []:
-                # kubelet lists every pod it is admitting, and none of those the calls fit: the container belongs to
-                # a pod no grant was made for (another scheduler's, asking the same): it must not take theirs
-                others = self._admitted_elsewhere(candidates, calls[-1].resource)
+            others = self._admitted_elsewhere(candidates, calls[-1].resource) if admitting == [] else []
+            if others:
+                # kubelet lists none of the pods these calls fit as being admitted, and does list another pod asking
+                # this resource without devices yet: that one (no grant of ours: another scheduler's) is admitted,
+                # and must not take the grant of a pod that waits
                 raise AllocationError(
                     f"node {self.node_name}: kubelet's pod-resources API lists none of the pods waiting for these "
-                    f"calls ({_listing([c.key for c in fitting], ', ')}) as being admitted"
-                    + (f"; it admits {_listing(others, ', ')}, which holds no grant of "
-                       f"{'/'.join(sorted(self.rules.scheduler_names))}" if others else "")
-                    + ": refused, so that no pod takes a grant made for another")
+                    f"calls ({_listing([c.key for c in fitting], ', ')}) as being admitted; it admits "
+                    f"{_listing(others, ', ')}, which holds no grant of "
+                    f"{'/'.join(sorted(self.rules.scheduler_names))}: refused, so that no pod takes a grant made "
+                    "for another")
             matches = self._consistent(fitting)
             if _interchangeable(matches):
                 if fresh or not pending(matches[0]):

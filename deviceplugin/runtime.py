@@ -8,6 +8,7 @@ that cannot start leaves only the metrics endpoint up, exporting `vgpu_device_pl
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from vgpu.kube.client import make_api_client
 from vgpu.kube.events import EventRecorder
 from vgpu.node.backends import BackendUnavailable, GPUBackend, HealthEvent, make_backend
 from vgpu.node.driverlimits import start_driver_limits
+from vgpu.node.guard import MemoryGuard, ProcessBackend
 from vgpu.node.host import HostFiles
 from vgpu.node.response import ResponseOptions
 
@@ -46,6 +48,31 @@ def health_filter(config: PluginConfig) -> Callable[[HealthEvent], bool] | None:
         return not off_all and event.xid is None
 
     return keep
+
+
+class Periodic:
+    """Runs `job` every `interval` seconds on a thread of its own until stopped; a failing run is logged."""
+
+    def __init__(self, name: str, interval: float, job: Callable[[], Any]) -> None:
+        self.interval = interval
+        self.job = job
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> Periodic:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.job()
+            except Exception:
+                log.exception("event=periodic_failed thread=%s", self._thread.name)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5.0)
 
 
 class DevicePluginRuntime:
@@ -150,6 +177,10 @@ class DevicePluginRuntime:
         if config.metrics_listen:
             self._serve_metrics(NodeCollector(config.node_name, config.backend, backend, state, host.containers_root,
                                               host.records, legacy=config.legacy_metrics))
+        if config.memory_guard_seconds and isinstance(backend, ProcessBackend):
+            guard = MemoryGuard(backend, host.records.all, config.memory_guard_allowance_mib)
+            self.started.append(Periodic("vgpu-memory-guard", config.memory_guard_seconds,
+                                         lambda: self._guard(guard, recorder)).start())
         manager.start()
         registrar.start()
         self.started += [manager, registrar]
@@ -182,6 +213,16 @@ class DevicePluginRuntime:
             else:
                 recorder.warning(pod, "VGPUDeviceUnhealthy", f"GPU {event.uuid} of container {record.container} is "
                                                              f"unhealthy ({event.reason}); no new pod is placed on it")
+
+    def _guard(self, guard: MemoryGuard, recorder: EventRecorder) -> None:
+        """One round of the memory guard: each pod it stopped is logged, told and counted."""
+        for stopped in guard.check():
+            log.warning("event=memory_guard_kill pod=%s/%s gpu=%s held_mib=%d allowed_mib=%d pids=%s",
+                        stopped.namespace, stopped.pod, stopped.uuid, stopped.held >> 20, stopped.allowed >> 20,
+                        ",".join(map(str, stopped.pids)))
+            pod = {"metadata": {"namespace": stopped.namespace, "name": stopped.pod, "uid": stopped.pod_uid}}
+            recorder.warning(pod, "VGPUMemoryExceeded", stopped.describe())
+            self.metrics.guard_kills.labels(self.config.node_name, stopped.uuid).inc()
 
     def _serve_metrics(self, collector: NodeCollector) -> None:
         self.metrics_server, port = serve_metrics(self.metrics, collector, self.config.metrics_listen)

@@ -333,6 +333,28 @@ class NVMLBackend:
         except Exception as exc:
             raise RuntimeError(f"nvmlDeviceSetMemoryLimits_v1 on {uuid} for {cgroup_dir}: {exc}") from exc
 
+    def processes(self, uuid: str) -> list[tuple[int, int]] | None:
+        """(host PID, bytes) of each process holding memory on the GPU, compute and graphics (NVML's running
+        processes); None when NVML cannot say."""
+        nv = self._nvml
+        if nv is None:
+            return None
+        found: dict[int, int] = {}
+        try:
+            handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+            infos = list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
+        except Exception as exc:
+            log.debug("event=processes_unreadable uuid=%s error=%s", uuid, exc)
+            return None
+        try:
+            infos += list(nv.nvmlDeviceGetGraphicsRunningProcesses(handle))
+        except Exception:  # drivers without it, or without graphics: the compute list is what CUDA holds
+            pass
+        for info in infos:
+            used = int(info.usedGpuMemory) if info.usedGpuMemory is not None else 0
+            found[int(info.pid)] = max(found.get(int(info.pid), 0), used)
+        return sorted(found.items())
+
     def usage(self) -> dict[str, GPUReading]:
         """Memory used and utilisation per GPU; unreadable GPUs are left out."""
         result: dict[str, GPUReading] = {}

@@ -86,13 +86,15 @@ def test_tolerates_the_gpu_taint_and_is_node_critical(name):
 
 def test_privileged_only_to_mount_each_containers_storage():
     """The real DaemonSet mounts a tmpfs per container where kubelet sees it: privileged, Bidirectional propagation
-    on the $HOOK_PATH volume alone, no host network or PID namespace."""
+    on the $HOOK_PATH volume alone, no host network; the host's PID namespace, since NVML names GPU processes by
+    their host PIDs and the memory guard reads their cgroups (the simulated DaemonSet has no NVML: not there)."""
     container = plugin("vgpu-device-plugin")
     assert container["securityContext"].get("privileged") is True
     assert "--container-storage=tmpfs" in container["command"]
     propagated = {m["name"]: m["mountPropagation"] for m in container["volumeMounts"] if "mountPropagation" in m}
     assert propagated == {"hook-path": "Bidirectional"}
-    assert not pod("vgpu-device-plugin").get("hostNetwork", False) and not pod("vgpu-device-plugin").get("hostPID")
+    assert not pod("vgpu-device-plugin").get("hostNetwork", False) and pod("vgpu-device-plugin")["hostPID"] is True
+    assert not pod("vgpu-device-plugin-sim").get("hostPID")
 
 
 def test_the_simulated_plugin_is_not_privileged():
