@@ -1,7 +1,8 @@
 """The memory guard (node/guard.py) in the real `vgpu device-plugin --backend nvml` over the simulated NVML, whose
-running processes report what each process truly holds: a pod whose process allocates past its grant without the
-isolation library (as through a private copy of the driver) is stopped within a few rounds, with an event, a
-metric and a log line; a pod within its grant, and a process of no pod of ours, are left alone. Each process is
+running processes report what each process truly holds: a pod whose process allocates past its grant through a
+private copy of the driver (dlmopen, which the preloaded library does not interpose) is stopped within a few
+rounds, with an event, a metric and a log line; a pod within its grant, and a process of no pod of ours, are left
+alone. Each process is
 put in a cgroup named as kubelet names pod cgroups (`.../pod<uid>/...`), which is how the guard tells whose it is."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 from dp_helpers import gpu_container
 from test_dp_nvml import A100, DEVICES, start_nvml_plugin
 
+from vgpu.isolation.build import ensure_built
 from vgpu.isolation.cuda_include import cuda_include_dir
 from vgpu.kube.client import read_json
 from vgpu.testbed.build import ensure_sim_built
@@ -61,10 +63,11 @@ def cgroups():
         pass
 
 
-def _hold(holder: Path, sim_env: dict[str, str], cgroup: Path, mib: int) -> subprocess.Popen:
+def _hold(holder: Path, sim_env: dict[str, str], cgroup: Path, mib: int, how: str = "hold",
+          **env: str) -> subprocess.Popen:
     """A process that joins `cgroup`, then holds `mib` MiB of the A100 (the simulator's GPU 0)."""
-    proc = subprocess.Popen(["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$0" hold {mib}', str(holder)],
-                            env={**sim_env, "SIMGPU_DEVICES": DEVICES}, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$0" {how} {mib}', str(holder)],
+                            env={**sim_env, "SIMGPU_DEVICES": DEVICES, **env}, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().startswith("ready"), "the holder did not allocate"
     return proc
 
@@ -82,7 +85,13 @@ def test_a_pod_over_its_grant_by_any_path_is_stopped_and_the_others_are_not(clus
     greedy, modest = _admitted(cluster, "greedy", 1000), _admitted(cluster, "modest", 1000)
     within = _hold(holder, sim_env, cgroups(modest["metadata"]["uid"]), 900)
     foreign = _hold(holder, sim_env, cgroups(None), 5000)  # a process of no pod of ours: not the guard's
-    over = _hold(holder, sim_env, cgroups(greedy["metadata"]["uid"]), 3000)  # 3000 > 1000 granted + 256
+    # the library preloaded with the pod's 1000 MiB limit, and bypassed: 3000 > 1000 granted + 256
+    limited = {"LD_PRELOAD": str(ensure_built().libvgpu), "CUDA_DEVICE_MEMORY_LIMIT_0": "1000m",
+               "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cluster.tmp / "greedy.cache")}
+    plain = subprocess.run([str(holder), "hold", "3000"], env={**sim_env, "SIMGPU_DEVICES": DEVICES, **limited},
+                           capture_output=True, text=True, timeout=30)
+    assert plain.returncode == 3 and "error=alloc" in plain.stdout  # through the library: refused
+    over = _hold(holder, sim_env, cgroups(greedy["metadata"]["uid"]), 3000, "privatehold", **limited)
     try:
         assert over.wait(30) == -9, cluster.log()
         time.sleep(1.0)  # more rounds: nothing else is stopped
