@@ -13,6 +13,7 @@ message naming what was waiting, and the pod gets `bind-phase=failed` and an eve
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
@@ -28,9 +29,18 @@ from vgpu.node.records import AllocationRecord
 from vgpu.node.response import SHARED_CACHE_ENV, Allocation, ContainerGrant, ResponseOptions, build_allocation
 from vgpu.resources import SharingConfig
 
-__all__ = ["Allocator"]
+__all__ = ["Allocator", "UnsafeName"]
 
 log = logging.getLogger(__name__)
+
+# what kube-apiserver lets a container name and a pod UID be (a DNS label; a UUID): anything else would make the
+# paths of the container's host files (`<uid>_<container>`) leave their directories
+_CONTAINER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_POD_UID = re.compile(r"[0-9A-Za-z][-0-9A-Za-z]{0,63}")
+
+
+class UnsafeName(AllocationError):
+    """The matched container's name or its pod's UID cannot name host files (the gRPC answer: INVALID_ARGUMENT)."""
 
 
 class Allocator:
@@ -89,6 +99,10 @@ class Allocator:
                 raise
             if grant is None:
                 return None
+            if not _CONTAINER_NAME.fullmatch(grant.container) or not _POD_UID.fullmatch(grant.pod_uid):
+                raise UnsafeName(f"node {self.node_name}: refusing pod {grant.namespace}/{grant.pod}: container "
+                                 f"name {grant.container!r} or pod UID {grant.pod_uid!r} is not what kube-apiserver "
+                                 "allows (a DNS label, a UID), and cannot name the container's files")
             over = overcommit(grant, self.source.pods(), matcher.answered(), matcher.rules.card_memory, self.sharing,
                               matcher.rules.scheduler_names)
             if over:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import grpc
 
-from vgpu.deviceplugin.allocator import Allocator
+from vgpu.deviceplugin.allocator import Allocator, UnsafeName
 from vgpu.deviceplugin.config import CORE_DEVICES_PER_GPU
 from vgpu.deviceplugin.matching import AllocationError
 from vgpu.errors import VGPUError
@@ -254,6 +254,10 @@ class ResourceService(pb_grpc.DevicePluginServicer):
                     allocation = self.allocator.allocate_call(self.resource_name, uuids)
                 else:
                     allocation = self.allocator.allocate_call(self.resource_name, count=len(uuids))
+            except UnsafeName as exc:
+                log.warning("event=allocate_failed resource=%s error=%s", self.resource_name, exc)
+                self._observe("refused", start)
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, _status_detail(exc))
             except AllocationError as exc:
                 log.warning("event=allocate_failed resource=%s error=%s", self.resource_name, exc)
                 self._observe("refused", start)

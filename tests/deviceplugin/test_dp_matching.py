@@ -285,3 +285,19 @@ def test_a_pod_of_another_scheduler_never_takes_the_grant_of_a_waiting_pod(clust
     (container,) = cluster.kubelet.admit(victim)
     assert the_response(container).envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
     assert cluster.pod("victim")["metadata"]["annotations"]["volcano.sh/bind-phase"] == "success"
+
+
+def test_a_container_name_that_would_leave_the_plugins_directories_is_an_invalid_argument(cluster):
+    """kube-apiserver allows only DNS labels as container names; a name that reaches the plugin otherwise (`..` and
+    slashes, from an API server that does not check) would name host files outside the container's own. Kubelet is
+    answered INVALID_ARGUMENT with the reason, not a failed call of the application, and nothing is made."""
+    cluster.start_plugin("1xT4")
+    (a,) = cluster.wait_inventory()
+    pod = cluster.create_pod("escape", [gpu_container("../../etc", number=1, memory=1000)], f"{a},NVIDIA,1000,0:")
+    with pytest.raises(AdmissionError) as refused:
+        cluster.kubelet.admit(pod)
+    message = str(refused.value)
+    assert "container name '../../etc' or pod UID" in message and "is not what kube-apiserver allows" in message
+    assert "Exception calling application" not in message
+    containers = cluster.hook / "vgpu" / "containers"
+    assert not (containers.exists() and any(containers.iterdir())) and not (cluster.hook / "etc").exists()
