@@ -12,6 +12,7 @@ from sched_builders import container, gpu, node, pod
 from sched_helpers import wait_until
 from test_sched_contract import go_filter_args
 
+from vgpu.kube.client import read_json
 from vgpu.quota import LimitedNamespaces, limits_totals
 
 ABSENT = "volcano.sh/vgpu-memory-total: absent: the admission webhook did not see this pod"
@@ -35,17 +36,17 @@ def _filter(ext, p) -> dict:
 def test_a_pod_without_totals_waits_where_a_quota_limits_them_and_runs_elsewhere(kube, served):
     kube.create_node(node("n1", [gpu("GPU-1", 10000)]))
     quotas = k8s.CoreV1Api(kube.api)
-    quotas.create_namespaced_resource_quota("team", _quota("gpu", "team", {
-        "requests.volcano.sh/vgpu-memory-total": "50000"}), _preload_content=False).release_conn()
-    quotas.create_namespaced_resource_quota("other", _quota("count", "other", {"pods": "10"}),
-                                            _preload_content=False).release_conn()
+    read_json(quotas.create_namespaced_resource_quota("team", _quota("gpu", "team", {
+        "requests.volcano.sh/vgpu-memory-total": "50000"}), _preload_content=False))
+    read_json(quotas.create_namespaced_resource_quota("other", _quota("count", "other", {"pods": "10"}),
+                                                      _preload_content=False))
     ext = served(mode="decide")  # require_quota_totals: where-limited, the default
     limited, other, free = _unseen(kube, "team"), _unseen(kube, "other"), _unseen(kube, "default")
     out = _filter(ext, limited)
     assert out["NodeNames"] == [] and ABSENT in out["Error"] and "re-create the pod" in out["Error"], out
     assert _filter(ext, other)["NodeNames"] == ["n1"]  # its quota limits no total
     assert _filter(ext, free)["NodeNames"] == ["n1"]
-    quotas.delete_namespaced_resource_quota("gpu", "team", _preload_content=False).release_conn()
+    read_json(quotas.delete_namespaced_resource_quota("gpu", "team", _preload_content=False))
     wait_until(lambda: _filter(ext, limited)["NodeNames"] == ["n1"], what="the quota's deletion seen")
 
 
