@@ -114,6 +114,7 @@ class Allocator:
                 lock_dir=self.host.lock_dir(grant.pod_uid, grant.container),
                 core_policy=self.core_policy,
                 limits_file=self.host.limits_file(grant.pod_uid, grant.container),
+                pace_dir=self.host.pace_dir(grant.pod_uid, grant.container),
             )
             try:
                 self.host.prepare(grant.pod_uid, grant.container)

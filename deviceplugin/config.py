@@ -154,6 +154,10 @@ class PluginConfig(BaseModel):
     memory_guard_allowance_mib: int = Field(
         1024, ge=0, description="MiB per process the memory guard allows beyond a pod's grant (the driver's context)"
     )
+    pace_seconds: float = Field(
+        1.0, ge=0, description="how often the pacer compares what each pod ran on a GPU (NVML) with what the library "
+        "charged it, and corrects the library's timings; 0: off (node.pacing)"
+    )
 
     @field_validator("gpu_memory_factor")
     @classmethod
@@ -326,6 +330,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("memory_guard_allowance_mib", "--memory-guard-allowance-mib", None, "flags.vgpu.memoryGuardAllowanceMib",
            "int", "MiB per process the memory guard allows beyond a pod's grant, for the driver's own per-context "
            "memory", default="1024"),
+    Option("pace_seconds", "--pace-seconds", "PACE_SECONDS", "flags.vgpu.paceSeconds", "float",
+           "how often the pacer compares what each pod's processes ran on each GPU (NVML's per-process utilization) "
+           "with what libvgpu.so charged them, and corrects the library's timings where the GPU's time slicing makes "
+           "it over-charge (backend nvml; needs hostPID); 0: off", default="1"),
     Option("handshake", "--handshake", None, "flags.vgpu.handshake", "bool",
            "write volcano.sh/node-vgpu-handshake (Volcano <= 1.15.0)", default="false"),
 )

@@ -76,9 +76,13 @@ GUARD_KILLS = MetricSpec("vgpu_memory_guard_kills", "counter", ("node", "device_
                          "pods the memory guard found holding more of the GPU than granted (NVML's running processes), "
                          "whose processes there it killed")
 
+PACE_FACTOR = MetricSpec("vgpu_pace_factor", "gauge", ("node", "namespace", "pod", "device_uuid"),
+                         "what the pacer has the library multiply the pod's kernel timings by on the GPU: below 1 "
+                         "where the GPU's time slicing made its events read other pods' slices too; 1 uncorrected")
+
 NODE_METRICS = (HOST_MEMORY, HOST_UTIL, LEGACY_USED, LEGACY_LIMIT, LEGACY_UTIL, BACKEND_UP, DEVICE_MEMORY_TOTAL,
                 DEVICE_MEMORY_USED, DEVICE_UTIL, DEVICE_HEALTHY, CTR_MEMORY_USED, CTR_MEMORY_LIMIT, CTR_CORE_UTIL,
-                CTR_CORE_LIMIT, CTR_KERNEL_AGE, ALLOCATE, ALLOCATE_SECONDS, GUARD_KILLS)
+                CTR_CORE_LIMIT, CTR_KERNEL_AGE, ALLOCATE, ALLOCATE_SECONDS, GUARD_KILLS, PACE_FACTOR)
 _LEGACY_NAMES = frozenset(spec.name for spec in NODE_METRICS if spec.legacy)
 _ALLOCATE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -195,8 +199,8 @@ class NodeCollector(Collector):
 
 
 class NodeMetrics:
-    """The node's registry: the collector's families plus the Allocate counter and histogram and the memory guard's
-    counter."""
+    """The node's registry: the collector's families plus the Allocate counter and histogram, the memory guard's
+    counter and the pacer's factors."""
 
     def __init__(self, node: str) -> None:
         disable_created_metrics()  # no `_created` series beside counters and histograms: not in the declarations
@@ -205,6 +209,7 @@ class NodeMetrics:
         self.allocations = ALLOCATE.counter(self.registry)
         self.allocate_seconds = ALLOCATE_SECONDS.histogram(self.registry, _ALLOCATE_BUCKETS)
         self.guard_kills = GUARD_KILLS.counter(self.registry)
+        self.pace_factors = PACE_FACTOR.gauge(self.registry)
 
     def observe_allocate(self, resource: str, result: str, seconds: float) -> None:
         """Count one Allocate call of `resource` and its duration."""

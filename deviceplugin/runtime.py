@@ -27,10 +27,12 @@ from vgpu.grants import read_key
 from vgpu.isolation.build import paths as isolation_paths
 from vgpu.kube.client import make_api_client
 from vgpu.kube.events import EventRecorder
+from vgpu.node.accounting import read_snapshot
 from vgpu.node.backends import BackendUnavailable, GPUBackend, HealthEvent, make_backend
 from vgpu.node.driverlimits import start_driver_limits
 from vgpu.node.guard import MemoryGuard, ProcessBackend
 from vgpu.node.host import HostFiles
+from vgpu.node.pacing import NodePacer, UtilizationBackend
 from vgpu.node.response import ResponseOptions
 
 __all__ = ["DevicePluginRuntime", "health_filter"]
@@ -181,6 +183,12 @@ class DevicePluginRuntime:
             guard = MemoryGuard(backend, host.records.all, config.memory_guard_allowance_mib)
             self.started.append(Periodic("vgpu-memory-guard", config.memory_guard_seconds,
                                          lambda: self._guard(guard, recorder)).start())
+        if config.pace_seconds and isinstance(backend, UtilizationBackend):
+            pacer = NodePacer(host.records.all, backend.process_utilization,
+                              lambda record: read_snapshot(host.containers_root, record),
+                              lambda record: host.pace_file(record.pod_uid, record.container))
+            self.started.append(Periodic("vgpu-pacer", config.pace_seconds,
+                                         lambda: self._pace(pacer, host)).start())
         manager.start()
         registrar.start()
         self.started += [manager, registrar]
@@ -223,6 +231,16 @@ class DevicePluginRuntime:
             pod = {"metadata": {"namespace": stopped.namespace, "name": stopped.pod, "uid": stopped.pod_uid}}
             recorder.warning(pod, "VGPUMemoryExceeded", stopped.describe())
             self.metrics.guard_kills.labels(self.config.node_name, stopped.uuid).inc()
+
+    def _pace(self, pacer: NodePacer, host: HostFiles) -> None:
+        """One round of the pacer: its factors, per pod and GPU, become the gauge's series (gone pods drop out)."""
+        factors = pacer.step()
+        names = {r.pod_uid: (r.namespace, r.pod) for r in host.records.all()}
+        gauge = self.metrics.pace_factors
+        gauge.clear()
+        for (uid, uuid), factor in factors.items():
+            namespace, pod = names.get(uid, ("", uid))
+            gauge.labels(self.config.node_name, namespace, pod, uuid).set(round(factor, 4))
 
     def _serve_metrics(self, collector: NodeCollector) -> None:
         self.metrics_server, port = serve_metrics(self.metrics, collector, self.config.metrics_listen)

@@ -167,7 +167,8 @@ class ClaimPreparer:
                                           vgpu_root=self.host.vgpu_root,
                                           cache_dir=self.host.cache_dir(uid, _key(request)),
                                           lock_dir=self.host.lock_dir(uid, _key(request)),
-                                          limits_file=self.host.limits_file(uid, _key(request)))
+                                          limits_file=self.host.limits_file(uid, _key(request)),
+                                          pace_dir=self.host.pace_dir(uid, _key(request)))
             cdi_name = cdi_device_name(uid, request)
             cdi_devices.append(CDIDevice(cdi_name, pin_limit_env(allocation.envs, grants), tuple(allocation.mounts)))
             for share, _ in shares:
@@ -193,7 +194,8 @@ class ClaimPreparer:
         self.cdi.remove(prepared.uid)
         for request in prepared.requests:
             key = _key(request)
-            for directory in (self.host.cache_dir(prepared.uid, key), self.host.lock_dir(prepared.uid, key)):
+            for directory in (self.host.cache_dir(prepared.uid, key), self.host.lock_dir(prepared.uid, key),
+                              self.host.pace_dir(prepared.uid, key)):
                 _remove_tree(directory)
             self.host.limits_file(prepared.uid, key).unlink(missing_ok=True)
 

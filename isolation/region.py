@@ -77,6 +77,7 @@ class RegionDevice:
     sm_limit: int       # percent, 0 = unlimited
     used: int           # bytes charged by all live processes
     sm_util: int        # sum of the slots' sm_util (percent)
+    charged_ns: int = 0  # GPU ns the compute limiter charged (extension block; 0 without one)
 
 
 @dataclass(slots=True, frozen=True)
@@ -225,6 +226,7 @@ class Region:
                 index=d, uuid=cast(bytes, ffi.string(self._r.uuids[d])).decode(errors="replace"),
                 limit=int(self._r.limit[d]), sm_limit=int(self._r.sm_limit[d]),
                 used=self.used(d), sm_util=sum(p.sm_util[d] for p in procs),
+                charged_ns=int(self._x.sm[d].charged_ns) if self._x is not None else 0,
             ))
         return out
 

@@ -79,6 +79,19 @@ class HostFiles:
         """Host file mounted read-only at the container's LIMITS_CONTAINER_PATH."""
         return self.limits_root / f"{pod_uid}_{container}.env"
 
+    @property
+    def pace_root(self) -> Path:
+        """Host directory of the containers' pace directories (node.pacing)."""
+        return self.vgpu_root / "pace"
+
+    def pace_dir(self, pod_uid: str, container: str) -> Path:
+        """Host directory mounted read-only at the container's PACE_CONTAINER_DIR: the pacer replaces its file."""
+        return self.pace_root / f"{pod_uid}_{container}"
+
+    def pace_file(self, pod_uid: str, container: str) -> Path:
+        """The container's pace file (`pace_file_text`), in its pace directory."""
+        return self.pace_dir(pod_uid, container) / "factors"
+
     def write_limits(self, pod_uid: str, container: str, envs: dict[str, str]) -> None:
         """Write the container's limits file (`limits_file_text` of the variables it is handed), whole or not at all;
         OSError when it cannot be written."""
@@ -147,6 +160,9 @@ class HostFiles:
                     if self.storage == "tmpfs":
                         _mount_tmpfs(directory)
                 os.chmod(directory, 0o777)
+            pace = self.pace_dir(pod_uid, container)
+            pace.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            pace.mkdir(mode=0o755, exist_ok=True)
             preload = self.vgpu_root / "ld.so.preload"
             if not preload.exists():
                 preload.write_text(LIBVGPU_CONTAINER_PATH + "\n")
@@ -174,7 +190,8 @@ class HostFiles:
 
     def discard(self, pod_uid: str, container: str) -> None:
         """Remove a container's directories and record (a container refused before it started)."""
-        for directory in (self.cache_dir(pod_uid, container), self.lock_dir(pod_uid, container)):
+        for directory in (self.cache_dir(pod_uid, container), self.lock_dir(pod_uid, container),
+                          self.pace_dir(pod_uid, container)):
             _remove(directory)
         self.limits_file(pod_uid, container).unlink(missing_ok=True)
         self.records.remove(pod_uid, container)
@@ -192,7 +209,7 @@ class HostFiles:
                 except OSError as exc:
                     log.warning("event=gc_failed file=%s error=%s", entry, exc)
         removed = []
-        for root in (self.containers_root, self.lock_root):
+        for root in (self.containers_root, self.lock_root, self.pace_root):
             if not root.is_dir():
                 continue
             for entry in root.iterdir():

@@ -38,6 +38,8 @@ LIBVGPU_CONTAINER_PATH = "/usr/local/vgpu/libvgpu.so"
 # the container's variables again, as a file mounted read-only: libvgpu.so reads them from it where it exists and
 # ignores the environment, which the pod can change (envFrom, a shell prefix, setenv); isolation/src/env.c
 LIMITS_CONTAINER_PATH = "/usr/local/vgpu/limits.env"
+# the container's pace directory (node.pacing; isolation/src/pace.c reads its `factors`), read-only
+PACE_CONTAINER_DIR = "/usr/local/vgpu/pace"
 CACHE_CONTAINER_DIR = "/tmp/vgpu"
 LOCK_CONTAINER_DIR = "/tmp/vgpulock"
 PRELOAD_CONTAINER_PATH = "/etc/ld.so.preload"
@@ -121,12 +123,12 @@ def limits_file_text(envs: dict[str, str]) -> str:
 
 def build_allocation(grant: ContainerGrant, *, options: ResponseOptions, memory_factor: int, vgpu_root: Path,
                      cache_dir: Path, lock_dir: Path, core_policy: str | None = None,
-                     limits_file: Path | None = None) -> Allocation:
+                     limits_file: Path | None = None, pace_dir: Path | None = None) -> Allocation:
     """Env, mounts, device specs and annotations for one container, per the contract and the options.
 
     `vgpu_root` is $HOOK_PATH/vgpu on the host, `cache_dir` and `lock_dir` the container's own directories,
     `limits_file` the host file mounted read-only at LIMITS_CONTAINER_PATH (the caller writes `limits_file_text`
-    of the envs there)."""
+    of the envs there), `pace_dir` the host directory mounted read-only at PACE_CONTAINER_DIR."""
     envs: dict[str, str] = {}
     uuids: list[str] = []
     for g in grant.grants:
@@ -161,6 +163,8 @@ def build_allocation(grant: ContainerGrant, *, options: ResponseOptions, memory_
     ]
     if limits_file is not None:
         mounts.append((LIMITS_CONTAINER_PATH, str(limits_file), True))
+    if pace_dir is not None:
+        mounts.append((PACE_CONTAINER_DIR, str(pace_dir), True))
     if not grant.disable_control:
         mounts.append((PRELOAD_CONTAINER_PATH, str(vgpu_root / "ld.so.preload"), True))
     mounts.extend(extra_mounts)

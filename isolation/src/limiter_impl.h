@@ -94,6 +94,7 @@ static THREAD_LOCAL struct { uint64_t key; launch_stats_t *stats; } t_fn;
 static void note_second(uint64_t sec) {
     uint64_t elapsed = g_last_sec ? sec - g_last_sec : 1;
     g_last_sec = sec;
+    vgpu_pace_refresh(sec);
     __atomic_store_n(&g_vgpu.region->last_kernel_time, sec, __ATOMIC_RELAXED);
     int slot = vgpu_slot();
     for (int d = 0; d < VGPU_MAX_DEVICES && slot >= 0; d++) {
@@ -264,12 +265,13 @@ static void settle(event_pair_t *p, int64_t measured) {
         return;
     }
     measured = measured > g_pair_ns[p->row] ? measured - g_pair_ns[p->row] : 0;
+    __atomic_add_fetch(&g_vgpu.ext->sm[p->row].measured_ns, (uint64_t)measured, __ATOMIC_RELAXED);
+    measured = (int64_t)((double)measured * vgpu_pace(p->row));   /* the node's correction (pace.c) */
     vgpu_sm_state_t *st = &g_vgpu.ext->sm[p->row];
     int64_t correction = (int64_t)p->weight * measured - p->charged;
     if (correction) __atomic_sub_fetch(&st->tokens, correction, __ATOMIC_ACQ_REL);
     __atomic_add_fetch(&g_gpu_ns[p->row], (uint64_t)correction, __ATOMIC_RELAXED);
     __atomic_add_fetch(&st->charged_ns, (uint64_t)(p->charged + correction), __ATOMIC_RELAXED);
-    __atomic_add_fetch(&st->measured_ns, (uint64_t)measured, __ATOMIC_RELAXED);
     launch_stats_t *ls = p->stats;
     int64_t est = ls->est;
     double dev = (double)(measured - est);

@@ -78,6 +78,9 @@ HIDDEN int vgpu_slot(void);
 HIDDEN int vgpu_reserve(int row, uint64_t bytes, int kind);
 HIDDEN void vgpu_release(int row, uint64_t bytes, int kind);
 HIDDEN int vgpu_row_for_uuid(const char *uuid);
+/* pace.c: the node's correction of the compute limiter's timings (caller holds the limiter's lock) */
+HIDDEN void vgpu_pace_refresh(uint64_t now_sec);
+HIDDEN double vgpu_pace(int row);
 HIDDEN void vgpu_mark_tampered(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 HIDDEN uint64_t vgpu_used(int row);
 HIDDEN uint64_t vgpu_limit(int row);

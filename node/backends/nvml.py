@@ -27,7 +27,8 @@ from typing import Any
 
 from vgpu.node.backends import GPUInfo, GPUReading, HealthEvent
 
-__all__ = ["ARCHITECTURES", "NVMLBackend", "find_nvml_library", "numa_node", "nvlink_islands", "pcie_root"]
+__all__ = ["ARCHITECTURES", "NVMLBackend", "find_nvml_library", "numa_node", "nvlink_islands", "pcie_root",
+           "process_utilization"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,24 @@ def find_nvml_library(driver_root: str) -> str | None:
     return None
 
 
+def process_utilization(nv: Any, handle: Any, since_us: int) -> tuple[dict[int, float], int]:
+    """NVML's per-process SM utilization samples of a GPU newer than `since_us` (NVML's timestamps, us), averaged
+    per process (host PID -> %), and the newest sample's timestamp (0: none). NVMLError but for NOT_FOUND, which
+    means no process ran."""
+    try:
+        samples = nv.nvmlDeviceGetProcessUtilization(handle, since_us)
+    except nv.NVMLError as exc:
+        if getattr(exc, "value", None) == nv.NVML_ERROR_NOT_FOUND:
+            return {}, 0
+        raise
+    total: dict[int, list[float]] = {}
+    newest = 0
+    for sample in samples:
+        total.setdefault(int(sample.pid), []).append(float(sample.smUtil))
+        newest = max(newest, int(sample.timeStamp))
+    return {pid: sum(v) / len(v) for pid, v in total.items()}, newest
+
+
 class NVMLBackend:
     """GPUs of this machine as NVML sees them."""
 
@@ -105,6 +124,7 @@ class NVMLBackend:
         self._last_probe = 0.0
         self._event_set: Any = None
         self._nvml: Any = None  # the pynvml module once NVML is initialised
+        self._util_seen: dict[str, int] = {}  # per GPU: the newest per-process utilization sample read (NVML's us)
         self.init_error: str | None = None
         try:
             import pynvml
@@ -354,6 +374,22 @@ class NVMLBackend:
             used = int(info.usedGpuMemory) if info.usedGpuMemory is not None else 0
             found[int(info.pid)] = max(found.get(int(info.pid), 0), used)
         return sorted(found.items())
+
+    def process_utilization(self, uuid: str) -> dict[int, float] | None:
+        """Each process's SM utilization (%) of the GPU since the last call for that GPU (host PID -> %); {} when
+        none ran; None when NVML cannot say."""
+        nv = self._nvml
+        if nv is None:
+            return None
+        try:
+            handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+            found, newest = process_utilization(nv, handle, self._util_seen.get(uuid, 0))
+        except Exception as exc:
+            log.debug("event=process_utilization_unreadable uuid=%s error=%s", uuid, exc)
+            return None
+        if newest:
+            self._util_seen[uuid] = newest
+        return found
 
     def usage(self) -> dict[str, GPUReading]:
         """Memory used and utilisation per GPU; unreadable GPUs are left out."""

@@ -17,6 +17,9 @@
  *                    it, so processes that see different subsets of a node's GPUs still share each GPU.
  *   SIMGPU_SEED      seed of the kernel-duration draws (default 1; mixed with the pid).
  *   SIMGPU_QUEUE_DEPTH  launches a stream may have in flight before a launch blocks (default 1024).
+ *   SIMGPU_TIMESLICE_NS  time-slice the GPU between contexts with slices this long (default 0: the one
+ *                    first-in-first-out engine below); every process using a node's GPUs should set the same.
+ *   SIMGPU_CTXSW_NS  with time slicing, what a switch between contexts costs the engine (default 0).
  *   SIMGPU_DRIVER_VERSION  cuDriverGetVersion (default 13000).
  *   SIMGPU_CTX_BYTES  device memory each CUDA context takes (libcuda; default 0).
  *   SIMGPU_CALLS_DUMP  a file each libcuda process appends its per-entry-point call counts to when it exits.
@@ -26,6 +29,8 @@
  * is fixed at submission, so each piece of work gets its start and end time when it is submitted and the device
  * timeline ("gs_tl") is written then: the busy share of a GPU, or of one process on it, over any past window is
  * read from there.  A process's memory is freed when it exits; processes that died are noticed and reaped.
+ * With SIMGPU_TIMESLICE_NS the GPU time-slices between processes instead, as a real GPU does between contexts
+ * (timeslice.h): then the times are only known once the schedule reaches them.
  *
  * Process identity does not rest on pids (which PID namespaces make ambiguous): each process holds an open file
  * description lock (F_OFD_SETLK) on one byte of the state file, at GS_LIVE_BASE + its slot, for as long as it lives;
@@ -63,10 +68,31 @@
 #define GS_XID_RING 32
 #define GS_CGROUP_LEN 256
 #define GS_NEXPORT 256        /* allocations exported to other processes (IPC handles, shareable handles) */
-#define GS_STATE_MAGIC 0x33454441544e4953ULL
+#define GS_STATE_MAGIC 0x34454441544e4953ULL
 #define GS_LIVE_BASE (1LL << 40)  /* lock byte of process slot i: GS_LIVE_BASE + i, far past the mapped state */
 
 typedef struct { uint32_t tick; uint32_t busy; } gs_bin_t;
+
+/* Time slicing (timeslice.h): one run queue per context, keyed by its process. */
+#define GS_TSQ 16             /* processes with queued work on one GPU at once */
+#define GS_TSRING 4096        /* items a run queue remembers, pending and finished */
+
+typedef struct {
+    uint64_t seq;             /* which item of its queue this entry holds; 0: never used */
+    uint64_t left;            /* device ns it still has to run */
+    uint64_t at;              /* when the engine first reached it; UINT64_MAX until then */
+    uint64_t fin;             /* when it finished; UINT64_MAX until then */
+} gs_item_t;
+
+typedef struct {
+    uint64_t gen;             /* the owner process's gen (gs_proc_t.gen); 0: free */
+    int32_t proc;             /* the owner's process slot */
+    uint32_t pad_;
+    uint64_t head;            /* seq of the oldest unfinished item */
+    uint64_t next;            /* seq the next item gets */
+    uint64_t lost_fin;        /* finish time of the newest item whose ring entry was reused */
+    gs_item_t ring[GS_TSRING];
+} gs_runq_t;
 
 typedef struct {
     char uuid[48];            /* "" = slot free */
@@ -80,6 +106,15 @@ typedef struct {
     uint32_t xid_count;
     uint32_t xid_code[GS_XID_RING];
     gs_bin_t tl[GS_DEV_BINS];
+    /* time slicing (timeslice.h); all zero while every process runs the first-in-first-out engine */
+    uint64_t ts_slice;        /* slice length, ns; 0: this GPU never time-sliced */
+    uint64_t ts_switch;       /* cost of a switch between contexts, ns */
+    uint64_t ts_now;          /* the schedule is worked out up to this time */
+    uint64_t ts_slice_left;   /* of the running context's slice */
+    uint64_t ts_switch_left;  /* of the switch under way */
+    int32_t ts_cur;           /* run queue on the engine, plus one; 0: idle */
+    uint32_t ts_pad_;
+    gs_runq_t rq[GS_TSQ];
 } gs_gpu_t;
 
 typedef struct {
@@ -576,5 +611,7 @@ static int gs_cgroup_covers(const char *dir, const char *cg) {
     }
     return 0;
 }
+
+#include "timeslice.h"
 
 #endif

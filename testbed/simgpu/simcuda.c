@@ -522,11 +522,102 @@ static void sleep_until(uint64_t when) {
     if (when > now) gs_nap(when - now);
 }
 
+/* ---- time slicing (timeslice.h): with SIMGPU_TIMESLICE_NS, the times below are tickets until the schedule
+ * reaches them */
+static int ts_on(void) { return gs_ts_slice_env() != 0; }
+
+/* The time `v` (a time, or a ticket of GPU `gpu`) stands for; GS_NEVER while the schedule has not got there. */
+static uint64_t when(int gpu, uint64_t v) {
+    if (!(v & GS_TICKET)) return v;
+    gs_gpu_t *g = hw(gpu);
+    gs_lock(&g->mu);
+    gs_ts_advance_locked(g, gs_clock());
+    uint64_t t = gs_ts_lookup_locked(g, v);
+    gs_unlock(&g->mu);
+    return t;
+}
+
+/* Sleeps until the time `v` (a time, or a ticket of GPU `gpu`) stands for. */
+static void wait_for(int gpu, uint64_t v) {
+    while (v & GS_TICKET) {
+        gs_gpu_t *g = hw(gpu);
+        gs_lock(&g->mu);
+        uint64_t now = gs_clock();
+        gs_ts_advance_locked(g, now);
+        uint64_t t = gs_ts_lookup_locked(g, v), until = t == GS_NEVER ? gs_ts_project_locked(g, v) : t;
+        gs_unlock(&g->mu);
+        if (t != GS_NEVER) {
+            v = t;
+            break;
+        }
+        gs_nap(until > now + 20000 ? until - now : 20000);   /* the earliest it can be done; then look again */
+    }
+    sleep_until(v);
+}
+
+/* Appends items of the given device ns (0: an event's mark) to this process's run queue on `gpu`, waiting while
+ * every queue there is taken or ours is full; their sequence numbers go to `seq`.  Returns the queue. */
+static int ts_push(int gpu, const uint64_t *left, int n, int kernels, uint64_t *seq) {
+    gs_gpu_t *g = hw(gpu);
+    int q = -1;
+    for (int done = 0; done < n;) {
+        int chunk = n - done < GS_TSRING / 4 ? n - done : GS_TSRING / 4;
+        gs_lock(&g->mu);
+        g->ts_switch = gs_ts_switch_env();
+        __atomic_store_n(&g->ts_slice, gs_ts_slice_env(), __ATOMIC_RELEASE);
+        gs_ts_advance_locked(g, gs_clock());
+        q = gs_ts_queue_locked(g);
+        int room = q >= 0 && g->rq[q].next - g->rq[q].head + (uint64_t)chunk <= GS_TSRING;
+        for (int i = 0; room && i < chunk; i++) seq[done + i] = gs_ts_push_locked(g, q, left[done + i]);
+        gs_unlock(&g->mu);
+        if (room) done += chunk;
+        else gs_nap(100000);
+    }
+    gs_lock(&g->mu);
+    g->launches += (uint64_t)kernels;
+    gs_unlock(&g->mu);
+    return q;
+}
+
+/* A ticket for the end of all work this process has submitted to `gpu` so far (0 when it has none). */
+static uint64_t ts_all_submitted(int gpu) {
+    gs_gpu_t *g = hw(gpu);
+    uint64_t ticket = 0;
+    gs_lock(&g->mu);
+    for (int q = 0; q < GS_TSQ; q++) {
+        gs_runq_t *r = &g->rq[q];
+        if (r->gen && r->proc == gs_me && r->gen == gs_st->proc[gs_me].gen && r->next > r->head)
+            ticket = gs_ticket(q, r->next - 1, 0);
+    }
+    gs_unlock(&g->mu);
+    return ticket;
+}
+
+/* Time slicing: queues kernels of the given durations and marks (mark[i]: an event's mark of dur[i] ns) on
+ * stream s; the tickets of each item's end go to `fin`.  Returns the ticket of the first item's start. */
+static uint64_t submit_ts(sc_stream_t *s, const uint64_t *dur, int n, int kernels, uint64_t *fin) {
+    uint64_t stack[64], *seq = n > 64 ? malloc(sizeof *seq * (size_t)n) : stack;
+    if (!seq) return 0;
+    sleep_until(s->not_before);
+    int q = ts_push(s->gpu, dur, n, kernels, seq);
+    for (int i = 0; fin && i < n; i++) fin[i] = gs_ticket(q, seq[i], 0);
+    uint64_t first = gs_ticket(q, seq[0], 1), last = gs_ticket(q, seq[n - 1], 0);
+    if (seq != stack) free(seq);
+    __atomic_store_n(&s->done_at, last, __ATOMIC_RELEASE);
+    return first;
+}
+
 /* Puts kernels of the given durations on the engine, back to back, after everything submitted before; returns
- * the time the first starts. */
+ * the time the first starts (with time slicing: a ticket for it). */
 static uint64_t submit(sc_stream_t *s, const uint64_t *dur, int n) {
     uint32_t at = s->issued % s->depth;
-    sleep_until(s->ends[at]);   /* the queue of this stream is full until that launch is done */
+    wait_for(s->gpu, s->ends[at]);   /* the queue of this stream is full until that launch is done */
+    if (ts_on()) {
+        uint64_t first = submit_ts(s, dur, n, n, NULL);
+        s->ends[at] = __atomic_load_n(&s->done_at, __ATOMIC_ACQUIRE);
+        s->issued++;
+        return first;
+    }
     gs_gpu_t *g = hw(s->gpu);
     int slot = gs_view[s->gpu].slot;
     gs_proc_t *me = &gs_st->proc[gs_me];
@@ -1674,6 +1765,15 @@ API CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENT
 /* ---- events die with their context */
 static inline int event_dead(const sc_event_t *ev) { return __atomic_load_n(&ev->dead, __ATOMIC_ACQUIRE); }
 
+/* When the engine reached the event's last record (GS_NEVER: not yet); a ticket, once known, is kept as a time. */
+static uint64_t event_time(sc_event_t *ev) {
+    uint64_t v = __atomic_load_n(&ev->at, __ATOMIC_ACQUIRE);
+    if (!(v & GS_TICKET)) return v;
+    uint64_t t = when(ev->gpu, v);
+    if (t != GS_NEVER) __atomic_compare_exchange_n(&ev->at, &v, t, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return t;
+}
+
 /* A call used an event whose context was destroyed: counted (simgpu_dead_event_uses) and refused with `rc`. */
 static CUresult dead_event_use(CUresult rc) {
     __atomic_add_fetch(&sc_dead_event_uses, 1, __ATOMIC_RELAXED);
@@ -1921,7 +2021,8 @@ API CUresult cuCtxSynchronize(void) {
     CTX_GPU(g);
     CUresult rc = ctx_sync_gate(current());
     if (rc) return rc;
-    sleep_until(__atomic_load_n(&hw(g)->tail, __ATOMIC_ACQUIRE));
+    if (ts_on()) wait_for(g, ts_all_submitted(g));
+    else sleep_until(__atomic_load_n(&hw(g)->tail, __ATOMIC_ACQUIRE));
     return CUDA_SUCCESS;
 }
 
@@ -2126,7 +2227,7 @@ static CUresult stream_sync(CUstream s, int pt) {
     if (!x) return CUDA_ERROR_INVALID_CONTEXT;
     CUresult rc = stream_sync_gate(x);
     if (rc) return rc;
-    sleep_until(__atomic_load_n(&x->done_at, __ATOMIC_ACQUIRE));
+    wait_for(x->gpu, __atomic_load_n(&x->done_at, __ATOMIC_ACQUIRE));
     return CUDA_SUCCESS;
 }
 API CUresult cuStreamSynchronize(CUstream s) { CALLED(); return stream_sync(s, 0); }
@@ -2138,7 +2239,8 @@ static CUresult stream_query(CUstream s, int pt) {
     if (!x) return CUDA_ERROR_INVALID_CONTEXT;
     CUresult rc = stream_sync_gate(x);
     if (rc) return rc;
-    return gs_clock() >= __atomic_load_n(&x->done_at, __ATOMIC_ACQUIRE) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    uint64_t done = when(x->gpu, __atomic_load_n(&x->done_at, __ATOMIC_ACQUIRE));
+    return done != GS_NEVER && gs_clock() >= done ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 API CUresult cuStreamQuery(CUstream s) { CALLED(); return stream_query(s, 0); }
 API CUresult cuStreamQuery_ptsz(CUstream s) { CALLED(); return stream_query(s, 1); }
@@ -2205,7 +2307,11 @@ static CUresult stream_wait_event(CUstream s, CUevent e, unsigned int flags, int
     }
     if (flags & CU_EVENT_WAIT_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;   /* only meaningful in a capture */
     /* one engine per GPU runs work in submission order: only an event of another GPU can hold x back */
-    if (ev->valid && ev->gpu != x->gpu && ev->at > x->not_before) x->not_before = ev->at;
+    if (ev->valid && ev->gpu != x->gpu) {
+        wait_for(ev->gpu, ev->at);   /* with time slicing the host waits for it (docs/testbed-fidelity.md) */
+        uint64_t at = event_time(ev);
+        if (at > x->not_before) x->not_before = at;
+    }
     return CUDA_SUCCESS;
 }
 API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
@@ -2291,6 +2397,13 @@ static CUresult event_record(CUevent e, CUstream s, unsigned int flags, int pt) 
     }
     if (rc) return rc;
     if (flags & CU_EVENT_RECORD_EXTERNAL) return CUDA_ERROR_INVALID_VALUE;   /* only meaningful in a capture */
+    ev->gpu = x->gpu;
+    if (ts_on()) {   /* a mark in the run queue: its time is known when the engine gets there */
+        __atomic_store_n(&ev->at, submit_ts(x, &sc_event_ns, 1, 0, NULL), __ATOMIC_RELEASE);
+        ev->valid = 1;
+        __atomic_store_n(&ev->cap_id, 0, __ATOMIC_RELEASE);
+        return CUDA_SUCCESS;
+    }
     ev->at = engine_reach(x);   /* the engine reaches it after all work submitted before */
     if (sc_event_ns) {          /* ... and the record holds the engine a while */
         gs_gpu_t *g = hw(x->gpu);
@@ -2322,7 +2435,8 @@ API CUresult cuEventQuery(CUevent e) {
     if (event_dead(ev)) return dead_event_use(CUDA_ERROR_INVALID_HANDLE);
     CUresult rc = event_gate(ev);
     if (rc) return rc;
-    return gs_clock() >= ev->at ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    uint64_t at = event_time(ev);
+    return at != GS_NEVER && gs_clock() >= at ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 API CUresult cuEventSynchronize(CUevent e) {
     CALLED();
@@ -2331,7 +2445,7 @@ API CUresult cuEventSynchronize(CUevent e) {
     if (event_dead(ev)) return dead_event_use(CUDA_ERROR_INVALID_HANDLE);
     CUresult rc = event_gate(ev);
     if (rc) return rc;
-    sleep_until(ev->at);
+    wait_for(ev->gpu, __atomic_load_n(&ev->at, __ATOMIC_ACQUIRE));
     return CUDA_SUCCESS;
 }
 static CUresult elapsed(float *ms, CUevent start, CUevent end) {
@@ -2340,9 +2454,9 @@ static CUresult elapsed(float *ms, CUevent start, CUevent end) {
     if (!ms || !a || !b) return CUDA_ERROR_INVALID_HANDLE;
     if (a->cap_id || b->cap_id) return CUDA_ERROR_CAPTURED_EVENT;
     if (!a->valid || !b->valid) return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t now = gs_clock();
-    if (now < a->at || now < b->at) return CUDA_ERROR_NOT_READY;
-    *ms = (float)(((double)b->at - (double)a->at) / 1e6);
+    uint64_t at_a = event_time(a), at_b = event_time(b), now = gs_clock();
+    if (at_a == GS_NEVER || at_b == GS_NEVER || now < at_a || now < at_b) return CUDA_ERROR_NOT_READY;
+    *ms = (float)(((double)at_b - (double)at_a) / 1e6);
     return CUDA_SUCCESS;
 }
 API CUresult cuEventElapsedTime_v2(float *ms, CUevent start, CUevent end) { CALLED(); return elapsed(ms, start, end); }
@@ -2932,6 +3046,41 @@ static CUresult capture_exec(sc_exec_t *ex, sc_stream_t *x) {
     return CUDA_SUCCESS;
 }
 
+/* Time slicing: queues a graph launch's kernels (durations d, k of them) and its event records' marks on x in node
+ * order.  *end: the earliest the launch can end; *dead: an event record node's event had died. */
+static CUresult graph_queue_ts(sc_exec_t *ex, sc_stream_t *x, const uint64_t *d, int k, uint64_t *end, int *dead) {
+    uint64_t stack[128], *item = ex->count > 64 ? malloc(2 * sizeof *item * (size_t)ex->count) : stack;
+    if (!item) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t *fin = item + (ex->count > 64 ? ex->count : 64), sum = 0;
+    int n = 0;
+    for (int i = 0, j = 0; i < ex->count; i++) {
+        sc_enode_t *e = &ex->node[i];
+        if (e->type == SN_KERNEL) sum += item[n++] = d[j++];
+        else if (e->type == SN_EVENT_RECORD && e->event && event_dead(e->event)) *dead = 1;
+        else if (e->type == SN_EVENT_RECORD && e->event) item[n++] = 0;
+    }
+    if (n) {
+        uint32_t at = x->issued % x->depth;
+        wait_for(x->gpu, x->ends[at]);
+        submit_ts(x, item, n, k, fin);
+        x->ends[at] = __atomic_load_n(&x->done_at, __ATOMIC_ACQUIRE);
+        x->issued++;
+    }
+    for (int i = 0, m = 0; i < ex->count; i++) {
+        sc_enode_t *e = &ex->node[i];
+        if (e->type == SN_KERNEL) m++;
+        else if (e->type == SN_EVENT_RECORD && e->event && !event_dead(e->event)) {
+            e->event->gpu = x->gpu;
+            __atomic_store_n(&e->event->at, fin[m++] | GS_TICKET_REACH, __ATOMIC_RELEASE);
+            e->event->valid = 1;
+            __atomic_store_n(&e->event->cap_id, 0, __ATOMIC_RELEASE);
+        }
+    }
+    if (item != stack) free(item);
+    *end = gs_clock() + sum;
+    return CUDA_SUCCESS;
+}
+
 static CUresult graph_launch(CUgraphExec exec, CUstream s, int pt) {
     UP();
     sc_exec_t *ex = (sc_exec_t *)exec;
@@ -2960,17 +3109,26 @@ static CUresult graph_launch(CUgraphExec exec, CUstream s, int pt) {
             d[k] = kt_draw(&ex->node[i].fn, ex->node[i].blocks, now, ex->node[i].param);
             k++;
         }
-    uint64_t t = k ? submit(x, d, k) : engine_reach(x);
+    uint64_t t = 0;
     int dead = 0;
-    for (int i = 0, j = 0; i < ex->count; i++) {   /* event record nodes: when the engine gets there */
-        sc_enode_t *e = &ex->node[i];
-        if (e->type == SN_KERNEL) t += d[j++];
-        else if (e->type == SN_EVENT_RECORD && e->event && event_dead(e->event)) dead = 1;   /* nothing to record */
-        else if (e->type == SN_EVENT_RECORD && e->event) {
-            e->event->at = t;
-            e->event->gpu = x->gpu;
-            e->event->valid = 1;
-            __atomic_store_n(&e->event->cap_id, 0, __ATOMIC_RELEASE);
+    if (ts_on()) {
+        rc = graph_queue_ts(ex, x, d, k, &t, &dead);
+        if (rc) {
+            if (d != stack) free(d);
+            return rc;
+        }
+    } else {
+        t = k ? submit(x, d, k) : engine_reach(x);
+        for (int i = 0, j = 0; i < ex->count; i++) {   /* event record nodes: when the engine gets there */
+            sc_enode_t *e = &ex->node[i];
+            if (e->type == SN_KERNEL) t += d[j++];
+            else if (e->type == SN_EVENT_RECORD && e->event && event_dead(e->event)) dead = 1;   /* nothing to record */
+            else if (e->type == SN_EVENT_RECORD && e->event) {
+                e->event->at = t;
+                e->event->gpu = x->gpu;
+                e->event->valid = 1;
+                __atomic_store_n(&e->event->cap_id, 0, __ATOMIC_RELEASE);
+            }
         }
     }
     if (ex->has_mem) {   /* the pool keeps what this launch needs until it has run */
@@ -3544,6 +3702,7 @@ API uint64_t simgpu_now_ns(void) { return gs_clock(); }
 API uint64_t simgpu_busy_ns(int dev, int pid, uint64_t t0, uint64_t t1) {
     gs_gpu_t *g = helper_gpu(dev);
     if (!g) return 0;
+    gs_ts_catch_up(g);
     if (!pid) return gs_tl_sum(g->tl, GS_DEV_BINS, GS_DEV_TICK, t0, t1);
     uint64_t sum = 0;
     for (int i = 0; i < GS_NPROC; i++)

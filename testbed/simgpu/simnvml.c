@@ -243,6 +243,7 @@ API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *m) 
 API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilization_t *u) {
     DEV(h, i);
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
+    gs_ts_catch_up(GPU(i));
     uint64_t now = gs_clock();
     uint64_t busy = gs_tl_sum(GPU(i)->tl, GS_DEV_BINS, GS_DEV_TICK, now - 1000000000ULL, now);
     u->gpu = (unsigned)(busy / 10000000ULL);
@@ -259,6 +260,7 @@ API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t h, nvmlProcessUtil
                                                  unsigned int *count, unsigned long long lastSeen) {
     DEV(h, i);
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    gs_ts_catch_up(GPU(i));
     uint64_t now = gs_clock(), wall = wall_us(), window = 1000000000ULL;
     if (lastSeen && lastSeen < wall && (wall - lastSeen) * 1000ULL < window) window = (wall - lastSeen) * 1000ULL;
     if (window < GS_PROC_TICK) window = GS_PROC_TICK;

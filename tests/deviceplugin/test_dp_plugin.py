@@ -116,6 +116,7 @@ def test_contract_example_allocate_response(cluster):
             pb.Mount(container_path="/tmp/vgpulock", host_path=f"{cluster.lock}/{uid}_worker", read_only=False),
             pb.Mount(container_path="/usr/local/vgpu/limits.env", host_path=f"{hook}/vgpu/limits/{uid}_worker.env",
                      read_only=True),
+            pb.Mount(container_path="/usr/local/vgpu/pace", host_path=f"{hook}/vgpu/pace/{uid}_worker", read_only=True),
             pb.Mount(container_path="/etc/ld.so.preload", host_path=f"{hook}/vgpu/ld.so.preload", read_only=True),
         ],
     )
@@ -124,6 +125,8 @@ def test_contract_example_allocate_response(cluster):
     limits = Path(f"{hook}/vgpu/limits/{uid}_worker.env")
     assert dict(line.split("=", 1) for line in limits.read_text().splitlines()) == dict(expected.envs)
     assert limits.stat().st_mode & 0o777 == 0o444
+    # the pace directory is there before the container starts (the pacer fills it), the plugin's, not the pod's
+    assert Path(f"{hook}/vgpu/pace/{uid}_worker").stat().st_mode & 0o777 == 0o755
     assert dict(response.envs) == dict(expected.envs)
     assert [m.SerializeToString() for m in response.mounts] == [m.SerializeToString() for m in expected.mounts]
     assert not response.devices and not response.annotations and not response.cdi_devices

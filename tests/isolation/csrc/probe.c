@@ -257,16 +257,19 @@ static const char *MIX_IMAGE =
     "big bimodal 300us 12ms 0.2\n"
     "tiny lognormal 30us 0.8\n"
     "node lognormal 120us 1.0\n"
-    "short fixed 20us\n";
+    "short fixed 20us\n"
+    "matmul4k fixed 2700us\n"
+    "matmul2k fixed 350us\n";
 
-/* mix WORKLOAD SECONDS STREAMS: saturating launches of a workload over STREAMS streams */
+/* mix WORKLOAD SECONDS STREAMS: saturating launches of a workload over STREAMS streams.  `long` and `medium` are
+ * bench/gpu/tenants.py's loop (16 products of 4096- or 2048-wide matrices, as long as on an H100, then a wait). */
 static int cmd_mix(const char *workload, double seconds, int nstreams) {
     setup(0);
     CUmodule m;
     CK(cuModuleLoadData(&m, MIX_IMAGE));
-    const char *names[] = {"gemm", "elem", "attn", "big", "tiny", "node", "work_1000", "short"};
-    CUfunction fn[8];
-    for (int i = 0; i < 8; i++) CK(cuModuleGetFunction(&fn[i], m, names[i]));
+    const char *names[] = {"gemm", "elem", "attn", "big", "tiny", "node", "work_1000", "short", "matmul4k", "matmul2k"};
+    CUfunction fn[10];
+    for (int i = 0; i < 10; i++) CK(cuModuleGetFunction(&fn[i], m, names[i]));
     CUstream st[8];
     if (nstreams < 1) nstreams = 1;
     if (nstreams > 8) nstreams = 8;
@@ -296,9 +299,12 @@ static int cmd_mix(const char *workload, double seconds, int nstreams) {
         else if (!strcmp(workload, "bursty")) f = r < 80 ? fn[2] : fn[4];
         else if (!strcmp(workload, "mixed")) f = r < 30 ? fn[3] : r < 70 ? fn[4] : fn[0];
         else if (!strcmp(workload, "short")) f = fn[7];                    /* 20 us, always */
+        else if (!strcmp(workload, "long")) f = fn[8];
+        else if (!strcmp(workload, "medium")) f = fn[9];
         else { fprintf(stderr, "unknown workload %s\n", workload); return 2; }
         CK(cuLaunchKernel(f, 100, 1, 1, 128, 1, 1, 0, s, NULL, NULL));
         launches++;
+        if ((f == fn[8] || f == fn[9]) && launches % 16 == 0) CK(cuStreamSynchronize(s));
     }
     printf("launches=%llu\n", (unsigned long long)launches);
     fflush(stdout);
