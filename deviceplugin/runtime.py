@@ -8,7 +8,6 @@ that cannot start leaves only the metrics endpoint up, exporting `vgpu_device_pl
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +32,7 @@ from vgpu.node.driverlimits import start_driver_limits
 from vgpu.node.guard import MemoryGuard, ProcessBackend
 from vgpu.node.host import HostFiles
 from vgpu.node.pacing import NodePacer, UtilizationBackend
+from vgpu.node.periodic import Periodic
 from vgpu.node.response import ResponseOptions
 
 __all__ = ["DevicePluginRuntime", "health_filter"]
@@ -50,31 +50,6 @@ def health_filter(config: PluginConfig) -> Callable[[HealthEvent], bool] | None:
         return not off_all and event.xid is None
 
     return keep
-
-
-class Periodic:
-    """Runs `job` every `interval` seconds on a thread of its own until stopped; a failing run is logged."""
-
-    def __init__(self, name: str, interval: float, job: Callable[[], Any]) -> None:
-        self.interval = interval
-        self.job = job
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-
-    def start(self) -> Periodic:
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.job()
-            except Exception:
-                log.exception("event=periodic_failed thread=%s", self._thread.name)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5.0)
 
 
 class DevicePluginRuntime:

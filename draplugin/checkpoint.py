@@ -46,6 +46,7 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     cdi_devices: tuple[CDIDevice, ...]
     requests: tuple[str, ...]
+    consumers: tuple[str, ...] = ()   # UIDs of the pods the claim is reserved for; () when not known
 
     def to_json(self) -> dict[str, Any]:
         """The claim as the checkpoint stores it."""
@@ -57,6 +58,7 @@ class PreparedClaim:
             "cdiDevices": [{"name": c.name, "env": dict(c.env), "mounts": [list(m) for m in c.mounts]}
                            for c in self.cdi_devices],
             "requests": list(self.requests),
+            "consumers": list(self.consumers),
         }
 
     @classmethod
@@ -74,7 +76,7 @@ class PreparedClaim:
             for c in data["cdiDevices"]
         )
         return cls(uid, str(data["namespace"]), str(data["name"]), devices, cdi,
-                   tuple(str(r) for r in data["requests"]))
+                   tuple(str(r) for r in data["requests"]), tuple(str(c) for c in data.get("consumers") or ()))
 
 
 class Checkpoint:

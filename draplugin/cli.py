@@ -34,6 +34,9 @@ _FLAGS: tuple[tuple[str, str | None, str, str], ...] = (
      "let the library run without limits when a container's accounting file is unusable"),
     ("--xid-recovery-seconds", None, "60",
      "seconds without a critical Xid before a GPU that answers again is healthy (nvml)"),
+    ("--pace-seconds", "PACE_SECONDS", "1",
+     "how often the pacer corrects the library's kernel timings from what NVML says each claim's pods ran (nvml; "
+     "needs hostPID); 0: off"),
 )
 
 

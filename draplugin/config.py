@@ -64,6 +64,7 @@ class DRAConfig:
     container_storage: str
     isolation_fail_open: bool
     xid_recovery_seconds: float
+    pace_seconds: float = 1.0
 
     @classmethod
     def from_flags(cls, flags: Mapping[str, str | None], environ: Mapping[str, str]) -> DRAConfig:
@@ -105,6 +106,13 @@ class DRAConfig:
             raise ConfigError(f"--xid-recovery-seconds: not a number: {recovery_text!r}") from None
         if not math.isfinite(recovery) or recovery <= 0:
             raise ConfigError(f"--xid-recovery-seconds: must be above 0, got {recovery_text!r}")
+        pace_text = given("pace_seconds", "PACE_SECONDS", "1") or ""
+        try:
+            pace = float(pace_text)
+        except ValueError:
+            raise ConfigError(f"--pace-seconds: not a number: {pace_text!r}") from None
+        if not math.isfinite(pace) or pace < 0:
+            raise ConfigError(f"--pace-seconds: must be 0 (off) or above, got {pace_text!r}")
         config = cls(
             node_name=node,
             kubeconfig=given("kubeconfig"),
@@ -121,6 +129,7 @@ class DRAConfig:
             isolation_fail_open=parse_bool(given("isolation_fail_open", default="false") or "",
                                            "--isolation-fail-open"),
             xid_recovery_seconds=recovery,
+            pace_seconds=pace,
         )
         for flag, socket in (("--plugins-dir", config.dra_socket), ("--registry-dir", config.registration_socket)):
             if len(str(socket).encode()) > _SOCKET_PATH_MAX:

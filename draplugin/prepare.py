@@ -14,7 +14,8 @@ import logging
 import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from dataclasses import replace
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kubernetes import client as k8s
@@ -28,9 +29,17 @@ from vgpu.kube.client import read_object
 from vgpu.kube.errors import NotFoundError, translate
 from vgpu.node.backends import GPUInfo
 from vgpu.node.host import HostFiles
-from vgpu.node.response import FAIL_OPEN_ENV, ContainerGrant, ResponseOptions, build_allocation
+from vgpu.node.records import AllocationRecord
+from vgpu.node.response import (
+    DEVICE_UUIDS_ENV,
+    FAIL_OPEN_ENV,
+    SHARED_CACHE_ENV,
+    ContainerGrant,
+    ResponseOptions,
+    build_allocation,
+)
 
-__all__ = ["ClaimPreparer", "ClaimRef", "PrepareError", "pin_limit_env"]
+__all__ = ["ClaimPreparer", "ClaimRef", "PrepareError", "pacing_records", "pin_limit_env"]
 
 log = logging.getLogger(__name__)
 _TIMEOUT = 10.0  # seconds per API request
@@ -70,7 +79,8 @@ class ClaimPreparer:
             done = self.prepared.get(uid)
             if done is not None:
                 self._restore(done)
-                return done
+        if done is not None:   # another pod of a shared claim: the pacer must know it is the claim's
+            return self._refresh_consumers(done)
         claim = self._read(namespace, name, uid)
         where = f"claim {namespace}/{name} ({uid})"
         by_request = self._shares(claim, where)
@@ -78,7 +88,7 @@ class ClaimPreparer:
             done = self.prepared.get(uid)
             if done is not None:  # a concurrent call prepared it meanwhile
                 return done
-            prepared = self._build(namespace, name, uid, by_request)
+            prepared = replace(self._build(namespace, name, uid, by_request), consumers=_consumers(claim))
             try:
                 for request, device in zip(prepared.requests, prepared.cdi_devices, strict=True):
                     self.host.prepare(uid, _key(request))
@@ -111,6 +121,26 @@ class ClaimPreparer:
             except OSError as exc:
                 raise PrepareError(f"claim {namespace}/{name} ({uid}): cannot remove its files: {exc}") from None
         log.info("event=claim_unprepared claim=%s/%s uid=%s", namespace, name, uid)
+
+    def _refresh_consumers(self, done: PreparedClaim) -> PreparedClaim:
+        """A prepared claim asked for again (a further pod shares it), with its pods read afresh; when they cannot be
+        read the claim's pods are unknown, and the pacer leaves it alone until they are."""
+        try:
+            consumers = _consumers(self._read(done.namespace, done.name, done.uid))
+        except PrepareError as exc:
+            log.warning("event=claim_consumers_unknown claim=%s/%s uid=%s error=%s", done.namespace, done.name,
+                        done.uid, exc)
+            consumers = ()
+        with self._lock:
+            current = self.prepared.get(done.uid)
+            if current is None or current.consumers == consumers:
+                return current or done
+            self.prepared[done.uid] = current = replace(current, consumers=consumers)
+            try:
+                self.checkpoint.save(self.prepared)
+            except OSError as exc:
+                log.warning("event=checkpoint_unwritable error=%s", exc)
+            return current
 
     def _read(self, namespace: str, name: str, uid: str) -> dict[str, Any]:
         where = f"claim {namespace}/{name} ({uid})"
@@ -214,6 +244,36 @@ def pin_limit_env(envs: Mapping[str, str], grants: Sequence[DeviceGrant]) -> dic
     pinned.setdefault("VGPU_CONTEXT_OVERHEAD", "0")
     pinned.setdefault("VGPU_COUNT_MANAGED", "1")
     return pinned
+
+
+def _consumers(claim: Mapping[str, Any]) -> tuple[str, ...]:
+    """UIDs of the pods a claim is reserved for (status.reservedFor)."""
+    reserved = (claim.get("status") or {}).get("reservedFor") or ()
+    return tuple(str(r.get("uid")) for r in reserved
+                 if isinstance(r, dict) and r.get("resource") == "pods" and r.get("uid"))
+
+
+def pacing_records(prepared: Mapping[str, PreparedClaim]) -> list[AllocationRecord]:
+    """The prepared claims as the pacer's tenants (node.pacing.NodePacer): one record per claim and request, keyed
+    by the claim's UID as a device plugin's are by the pod's, with its GPUs, cores and accounting file from the CDI
+    device's limits. Claims whose pods are not known are left out: the pacer could not tell their processes."""
+    records = []
+    for claim in list(prepared.values()):   # the pacer's thread reads while calls prepare
+        if not claim.consumers:
+            continue
+        for request, device in zip(claim.requests, claim.cdi_devices, strict=True):
+            env = device.env
+            gpus = tuple(u for u in env.get(DEVICE_UUIDS_ENV, "").split(",") if u)
+            if not gpus or SHARED_CACHE_ENV not in env:
+                continue
+            records.append(AllocationRecord(
+                pod_uid=claim.uid, namespace=claim.namespace, pod=claim.name, container=_key(request), gpus=gpus,
+                memory_bytes=tuple(int(env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "0m")[:-1] or 0) << 20
+                                   for i in range(len(gpus))),
+                cores=int(env.get("CUDA_DEVICE_SM_LIMIT", "0") or 0),
+                cache_file=PurePosixPath(env[SHARED_CACHE_ENV]).name,
+            ))
+    return records
 
 
 def base_request(request: str) -> str:

@@ -16,15 +16,18 @@ from vgpu.draplugin.cdi import CDISpecs
 from vgpu.draplugin.checkpoint import Checkpoint
 from vgpu.draplugin.config import DRAConfig
 from vgpu.draplugin.health import GPUHealth
-from vgpu.draplugin.prepare import ClaimPreparer
+from vgpu.draplugin.prepare import ClaimPreparer, pacing_records
 from vgpu.draplugin.server import DRAServers, HealthService
 from vgpu.draplugin.slices import SlicePublisher
 from vgpu.errors import ConfigError
 from vgpu.isolation.build import paths as isolation_paths
 from vgpu.kube.client import make_api_client
 from vgpu.kube.events import EventRecorder
+from vgpu.node.accounting import read_snapshot
 from vgpu.node.backends import BackendUnavailable, GPUBackend, make_backend
 from vgpu.node.host import HostFiles
+from vgpu.node.pacing import NodePacer, UtilizationBackend
+from vgpu.node.periodic import Periodic
 
 __all__ = ["DRAPluginRuntime"]
 
@@ -43,6 +46,7 @@ class DRAPluginRuntime:
         self.events: EventRecorder | None = None
         self._stopping = threading.Event()
         self._health_thread: threading.Thread | None = None
+        self._pacer: Periodic | None = None
 
     def start(self) -> DRAPluginRuntime:
         """Start serving; raises BackendUnavailable or ConfigError when the node cannot be served."""
@@ -78,7 +82,20 @@ class DRAPluginRuntime:
         self._health_thread = threading.Thread(target=self._follow_health, args=(health, self.publisher),
                                                name="dra-health", daemon=True)
         self._health_thread.start()
+        if config.pace_seconds and isinstance(backend, UtilizationBackend):
+            self._pacer = Periodic("vgpu-pacer", config.pace_seconds, self._pacer_of(preparer, host, backend).step)
+            self._pacer.start()
         return self
+
+    @staticmethod
+    def _pacer_of(preparer: ClaimPreparer, host: HostFiles, backend: UtilizationBackend) -> NodePacer:
+        """The pacer over the prepared claims: a claim is a tenant, its pods' processes are its own."""
+        def claim_of(pod_uid: str) -> str | None:
+            return next((c.uid for c in list(preparer.prepared.values()) if pod_uid in c.consumers), None)
+
+        return NodePacer(lambda: pacing_records(preparer.prepared), backend.process_utilization,
+                         lambda record: read_snapshot(host.containers_root, record),
+                         lambda record: host.pace_file(record.pod_uid, record.container), tenant_of_pod=claim_of)
 
     def _follow_health(self, health: GPUHealth, publisher: SlicePublisher) -> None:
         while not self._stopping.is_set():
@@ -91,6 +108,8 @@ class DRAPluginRuntime:
     def stop(self) -> None:
         """Stop serving (sockets removed), stop the publisher and the health thread, release the backend."""
         self._stopping.set()
+        if self._pacer is not None:
+            self._pacer.stop()
         if self.servers is not None:
             self.servers.stop()
         if self.publisher is not None:

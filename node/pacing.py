@@ -147,17 +147,20 @@ class Pacer:
 
 
 class NodePacer:
-    """The pacer of a node's device plugin: tenants from its allocation records and the containers' accounting
-    files (`snapshot(record)`, read without trusting them), the processes' pods from their cgroups, and each
-    container's pace file (`pace_path(record)`) rewritten every period."""
+    """The pacer of a node agent: tenants from its allocation records and the containers' accounting files
+    (`snapshot(record)`, read without trusting them), the processes' pods from their cgroups, and each container's
+    pace file (`pace_path(record)`) rewritten every period. A record's `pod_uid` names its tenant: the pod's own
+    UID (device plugin), or whatever `tenant_of_pod(pod UID)` maps a pod to (the DRA plugin: the claim)."""
 
     def __init__(self, records: Callable[[], Iterable[AllocationRecord]],
                  running: Callable[[str], Mapping[int, float] | None],
                  snapshot: Callable[[AllocationRecord], RegionSnapshot | None],
-                 pace_path: Callable[[AllocationRecord], Path], proc_root: Path = Path("/proc")) -> None:
+                 pace_path: Callable[[AllocationRecord], Path], proc_root: Path = Path("/proc"),
+                 tenant_of_pod: Callable[[str], str | None] | None = None) -> None:
         self._records = records
         self._running = running
         self._snapshot = snapshot
+        self._tenant_of_pod = tenant_of_pod
         self._pace_path = pace_path
         self._proc_root = proc_root
         self._pacer = Pacer()
@@ -181,9 +184,12 @@ class NodePacer:
             self._write(self._pace_path(record), pace_file_text(mine))
         return factors
 
-    def _owner(self, pid: int, pods: set[str]) -> str | None:
+    def _owner(self, pid: int, tenants: set[str]) -> str | None:
         uid = pod_uid_of(pid, self._proc_root)
-        return uid if uid in pods else None
+        if uid is None:
+            return None
+        key = self._tenant_of_pod(uid) if self._tenant_of_pod is not None else uid
+        return key if key in tenants else None
 
     def _charged(self, record: AllocationRecord) -> dict[str, int]:
         """GPU ns charged per GPU in the container's accounting file; nothing when it cannot be read."""

@@ -18,11 +18,13 @@ from vgpu.assignment import Assignment, DeviceGrant
 __all__ = [
     "CACHE_CONTAINER_DIR",
     "CDI_ANNOTATION",
+    "DEVICE_UUIDS_ENV",
     "DISABLE_CONTROL_ENV",
     "FAIL_OPEN_ENV",
     "LIBVGPU_CONTAINER_PATH",
     "LIMITS_CONTAINER_PATH",
     "LOCK_CONTAINER_DIR",
+    "PACE_CONTAINER_DIR",
     "PRELOAD_CONTAINER_PATH",
     "RESERVED_ENV_NAMES",
     "SHARED_CACHE_ENV",

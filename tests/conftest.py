@@ -1,10 +1,15 @@
 """Settings for the whole suite."""
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import uuid as uuidlib
+from pathlib import Path
 
 import pytest
+
+from vgpu.testbed.realcluster import cgroup_mounts, remove_cgroup
 
 _MADE: list[str] = []
 
@@ -20,6 +25,27 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remove the base directory after a green run (a red one keeps it for a look)."""
-    if exitstatus == 0 and _MADE and not hasattr(session.config, "workerinput"):
+    """Remove the base directory at the end: a run's clusters, images and containers take gigabytes, and runs that
+    kept them filled the disk until kubelet's eviction manager tainted the real-Kubernetes tier's nodes. A red run
+    keeps it for a look only when VGPU_KEEP_TMP is set."""
+    keep = exitstatus != 0 and os.environ.get("VGPU_KEEP_TMP")
+    if not keep and _MADE and not hasattr(session.config, "workerinput"):
         shutil.rmtree(_MADE.pop(), ignore_errors=True)
+
+
+@pytest.fixture()
+def cgroups():
+    """Makes cgroups named like a pod's (`.../kubepods/pod<uid>/ctr`, how the node agents tell a process's pod) under
+    the first cgroup hierarchy; removes them afterwards."""
+    mounts = cgroup_mounts()
+    if not mounts:
+        pytest.skip("no cgroup hierarchy is mounted here")
+    top = mounts[0] / f"vgpu-guard-{uuidlib.uuid4().hex[:8]}"
+
+    def make(pod_uid: str | None) -> Path:
+        path = top / "kubepods" / (f"pod{pod_uid}" if pod_uid else "system") / "ctr"
+        path.mkdir(parents=True)
+        return path
+
+    yield make
+    remove_cgroup([top])

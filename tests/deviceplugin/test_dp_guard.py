@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 import time
 import urllib.request
-import uuid as uuidlib
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from vgpu.isolation.build import ensure_built
 from vgpu.isolation.cuda_include import cuda_include_dir
 from vgpu.kube.client import read_json
 from vgpu.testbed.build import ensure_sim_built
-from vgpu.testbed.realcluster import cgroup_mounts
 
 CSRC = Path(__file__).resolve().parents[1] / "isolation" / "csrc"
 
@@ -34,33 +32,6 @@ def holder(tmp_path_factory) -> Path:
     subprocess.run(["gcc", "-O2", f"-I{cuda_include_dir()}", "-o", str(exe), str(CSRC / "sim_holder.c"),
                     f"-L{sim.sim_dir}", "-lcuda", "-ldl"], check=True)
     return exe
-
-
-@pytest.fixture()
-def cgroups():
-    """Makes cgroups named like a pod's under the first cgroup hierarchy; removes them afterwards."""
-    mounts = cgroup_mounts()
-    if not mounts:
-        pytest.skip("no cgroup hierarchy is mounted here")
-    top = mounts[0] / f"vgpu-guard-{uuidlib.uuid4().hex[:8]}"
-    made: list[Path] = []
-
-    def make(pod_uid: str | None) -> Path:
-        path = top / "kubepods" / (f"pod{pod_uid}" if pod_uid else "system") / "ctr"
-        path.mkdir(parents=True)
-        made.append(path)
-        return path
-
-    yield make
-    for path in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        try:
-            path.rmdir()
-        except OSError:
-            pass
-    try:
-        top.rmdir()
-    except OSError:
-        pass
 
 
 def _hold(holder: Path, sim_env: dict[str, str], cgroup: Path, mib: int, how: str = "hold",

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 from dp_helpers import gpu_container
-from test_dp_guard import cgroups  # noqa: F401  (a fixture)
 from test_dp_matching import the_response
 from test_dp_nvml import A100, DEVICES, start_nvml_plugin
 
@@ -38,7 +37,7 @@ def probe(tmp_path_factory) -> Path:
     return exe
 
 
-def test_the_plugins_pacer_gives_each_pod_its_limit_on_a_time_sliced_gpu(cluster, probe, cgroups,  # noqa: F811
+def test_the_plugins_pacer_gives_each_pod_its_limit_on_a_time_sliced_gpu(cluster, probe, cgroups,
                                                                          monkeypatch):
     sim_env = start_nvml_plugin(cluster, DEVICES, "--resource-mode", "mib", "--pace-seconds", "1", wait=False)
     assert cluster.kubelet.wait_registered(("volcano.sh/vgpu-number",), 20), cluster.log()
