@@ -345,10 +345,11 @@ def test_same_image_and_node_conventions_as_the_device_plugin():
     assert selector.items() <= dra_object("DaemonSet", PLUGIN)["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_privileged_only_to_mount_each_claims_storage():
+def test_privileged_only_to_mount_each_claims_storage_and_host_pids_for_the_pacer():
     assert plugin_container()["securityContext"].get("privileged") is True
     assert "--container-storage=tmpfs" in plugin_container()["command"]
-    assert not any(plugin_pod().get(k, False) for k in ("hostNetwork", "hostPID", "hostIPC"))
+    assert not any(plugin_pod().get(k, False) for k in ("hostNetwork", "hostIPC"))
+    assert plugin_pod()["hostPID"] is True   # NVML's PIDs are the host's: the pacer reads their cgroups
     propagated = {m["name"]: m["mountPropagation"] for m in plugin_container()["volumeMounts"]
                   if "mountPropagation" in m}
     assert propagated == {"hook-path": "Bidirectional"}
