@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.bdist_wheel import bdist_wheel, get_platform
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
@@ -37,6 +38,7 @@ FOLDERS = {
 C_FOLDERS = ("isolation", "testbed")
 PACKAGE_DATA = {
     "vgpu.isolation": ["Makefile", "src/*.c", "src/*.h", "build/libvgpu.so"],
+    "vgpu.node": ["backends/cards.json"],
     "vgpu.proto": ["*/*/*.proto"],
     "vgpu.testbed": ["Makefile", "simgpu/*.c", "simgpu/*.h", "build/simgpu/*.so.1"],
 }
@@ -73,6 +75,15 @@ class BuildPyWithC(build_py):
         super().run()
 
 
+class PlatformWheel(bdist_wheel):
+    """The wheel holds libvgpu.so built on this machine: tag it for this platform (`py3-none-linux_x86_64`), never
+    as pure Python that would install anywhere (`--plat-name` names another, for a cross build)."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        platform = self.plat_name if self.plat_name_supplied else get_platform(None)
+        return "py3", "none", platform.replace("-", "_").replace(".", "_")
+
+
 PRESENT = _present()
 ENTRY_POINTS = {"console_scripts": ["vgpu = vgpu.cli:main"]}
 if "vgpu.testbed" in PRESENT:
@@ -83,5 +94,5 @@ setup(
     packages=_packages(PRESENT),
     package_data={name: files for name, files in PACKAGE_DATA.items() if name in PRESENT},
     entry_points=ENTRY_POINTS,
-    cmdclass={"build_py": BuildPyWithC},
+    cmdclass={"build_py": BuildPyWithC, "bdist_wheel": PlatformWheel},
 )

@@ -28,6 +28,7 @@ from vgpu.node.host import HostFiles
 from vgpu.node.records import AllocationRecord
 from vgpu.node.response import SHARED_CACHE_ENV, Allocation, ContainerGrant, ResponseOptions, build_allocation
 from vgpu.resources import SharingConfig
+from vgpu.units import MemoryUnit
 
 __all__ = ["Allocator", "UnsafeName"]
 
@@ -122,7 +123,7 @@ class Allocator:
                 self.host.records.write(AllocationRecord(
                     pod_uid=grant.pod_uid, namespace=grant.namespace, pod=grant.pod, container=grant.container,
                     gpus=tuple(g.uuid for g in grant.grants),
-                    memory_bytes=tuple(g.memory * self.factor << 20 for g in grant.grants),
+                    memory_bytes=tuple(MemoryUnit(self.factor).bytes(g.memory) for g in grant.grants),
                     cores=grant.grants[0].cores if grant.grants else 0,
                     cache_file=PurePosixPath(allocation.envs[SHARED_CACHE_ENV]).name,
                 ))

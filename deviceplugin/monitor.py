@@ -28,6 +28,7 @@ from vgpu.metricspec import MetricSpec
 from vgpu.node.accounting import read_snapshot
 from vgpu.node.backends import GPUBackend
 from vgpu.node.records import AllocationRecord, RecordStore
+from vgpu.units import bytes_of_mib
 
 __all__ = ["NODE_METRICS", "NodeCollector", "NodeMetrics", "parse_listen", "serve_metrics"]
 
@@ -140,7 +141,7 @@ class NodeCollector(Collector):
         _, gpus, health = self.state.snapshot()
         for index, gpu in enumerate(sorted(gpus, key=lambda g: g.minor)):
             labels = [self.node, gpu.uuid, str(index), gpu.name]
-            families[DEVICE_MEMORY_TOTAL.name].add_metric(labels, gpu.memory_mib << 20)
+            families[DEVICE_MEMORY_TOTAL.name].add_metric(labels, bytes_of_mib(gpu.memory_mib))
             families[DEVICE_HEALTHY.name].add_metric(labels, 1 if health.get(gpu.uuid) else 0)
             if gpu.uuid in usage:
                 u = usage[gpu.uuid]

@@ -26,6 +26,7 @@ from vgpu.deviceplugin.server import DeviceState
 from vgpu.inventory import GPUDevice, encode_topology, encode_volcano
 from vgpu.kube.client import read_json
 from vgpu.kube.patch import patch_node_metadata
+from vgpu.units import MemoryUnit
 
 __all__ = ["LABEL_COUNT", "LABEL_MEMORY", "LABEL_MODE", "LABEL_PRODUCT", "Registrar", "inventory_value",
            "node_labels", "topology_value"]
@@ -45,7 +46,7 @@ def inventory_value(state: DeviceState, split: int, factor: int, mode: str) -> s
         GPUDevice(
             uuid=g.uuid,
             split=split,
-            memory=g.memory_mib // factor,
+            memory=MemoryUnit(factor).units(g.memory_mib),
             type=f"NVIDIA-{g.name}",
             healthy=health.get(g.uuid, False),
             mode=mode,

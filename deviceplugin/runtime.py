@@ -34,6 +34,7 @@ from vgpu.node.host import HostFiles
 from vgpu.node.pacing import NodePacer, UtilizationBackend
 from vgpu.node.periodic import Periodic
 from vgpu.node.response import ResponseOptions
+from vgpu.units import MemoryUnit, mib_floor
 
 __all__ = ["DevicePluginRuntime", "health_filter"]
 
@@ -126,7 +127,7 @@ class DevicePluginRuntime:
         self._report_vanished(host, {g.uuid for g in gpus}, recorder)
         rules = GrantRules(
             scheduler_names=frozenset(config.scheduler_names),
-            card_memory={g.uuid: g.memory_mib // factor for g in gpus},
+            card_memory={g.uuid: MemoryUnit(factor).units(g.memory_mib) for g in gpus},
             key=key,
             accept_unsigned=config.accept_unsigned_grants,
             disable_control_namespaces=frozenset(config.disable_control_namespaces),
@@ -201,8 +202,8 @@ class DevicePluginRuntime:
         """One round of the memory guard: each pod it stopped is logged, told and counted."""
         for stopped in guard.check():
             log.warning("event=memory_guard_kill pod=%s/%s gpu=%s held_mib=%d allowed_mib=%d pids=%s",
-                        stopped.namespace, stopped.pod, stopped.uuid, stopped.held >> 20, stopped.allowed >> 20,
-                        ",".join(map(str, stopped.pids)))
+                        stopped.namespace, stopped.pod, stopped.uuid, mib_floor(stopped.held),
+                        mib_floor(stopped.allowed), ",".join(map(str, stopped.pids)))
             pod = {"metadata": {"namespace": stopped.namespace, "name": stopped.pod, "uid": stopped.pod_uid}}
             recorder.warning(pod, "VGPUMemoryExceeded", stopped.describe())
             self.metrics.guard_kills.labels(self.config.node_name, stopped.uuid).inc()

@@ -31,6 +31,7 @@ from vgpu.node.backends import GPUBackend, GPUInfo, HealthEvent
 from vgpu.node.response import Allocation
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2 as pb
 from vgpu.proto.deviceplugin.v1beta1 import api_pb2_grpc as pb_grpc
+from vgpu.units import MemoryUnit
 
 __all__ = [
     "CORES", "MEMORY", "NUMBER", "WHOLE", "DevicePluginManager", "DeviceState", "ResourceService", "socket_name",
@@ -358,7 +359,7 @@ class DevicePluginManager:
         self.health_filter = health_filter
         per_gpu = {
             NUMBER: lambda g: split_count,
-            MEMORY: lambda g: g.memory_mib // memory_factor,
+            MEMORY: lambda g: MemoryUnit(memory_factor).units(g.memory_mib),
             CORES: lambda g: CORE_DEVICES_PER_GPU,
             WHOLE: lambda g: 1,
         }

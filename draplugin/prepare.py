@@ -38,6 +38,7 @@ from vgpu.node.response import (
     ResponseOptions,
     build_allocation,
 )
+from vgpu.units import limit_bytes
 
 __all__ = ["ClaimPreparer", "ClaimRef", "PrepareError", "pacing_records", "pin_limit_env"]
 
@@ -238,7 +239,7 @@ def pin_limit_env(envs: Mapping[str, str], grants: Sequence[DeviceGrant]) -> dic
     (Device-plugin mode refuses such pods instead: there kubelet puts the pod's env after the plugin's.)"""
     pinned = dict(envs)
     pinned.setdefault("CUDA_DEVICE_MEMORY_LIMIT", min((pinned[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"]
-                                                       for i in range(len(grants))), key=lambda v: int(v[:-1])))
+                                                       for i in range(len(grants))), key=limit_bytes))
     pinned.setdefault("GPU_CORE_UTILIZATION_POLICY", "default")
     pinned.setdefault(FAIL_OPEN_ENV, "0")
     pinned.setdefault("VGPU_CONTEXT_OVERHEAD", "0")
@@ -268,7 +269,7 @@ def pacing_records(prepared: Mapping[str, PreparedClaim]) -> list[AllocationReco
                 continue
             records.append(AllocationRecord(
                 pod_uid=claim.uid, namespace=claim.namespace, pod=claim.name, container=_key(request), gpus=gpus,
-                memory_bytes=tuple(int(env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "0m")[:-1] or 0) << 20
+                memory_bytes=tuple(limit_bytes(env.get(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", "0"))
                                    for i in range(len(gpus))),
                 cores=int(env.get("CUDA_DEVICE_SM_LIMIT", "0") or 0),
                 cache_file=PurePosixPath(env[SHARED_CACHE_ENV]).name,

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vgpu.isolation.build import ensure_built
+from vgpu.units import limit_text
 
 
 @dataclass(slots=True)
@@ -27,10 +28,6 @@ class Limits:
     cache: str | None = None           # shared accounting file; a fresh one when None
 
 
-def _mib_form(n: int) -> str:
-    return f"{n >> 20}m" if n % (1 << 20) == 0 else str(n)
-
-
 def limit_env(limits: Limits, driver_dir: str | os.PathLike[str] | None = None,
               base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a command runs with under `limits`."""
@@ -39,7 +36,7 @@ def limit_env(limits: Limits, driver_dir: str | os.PathLike[str] | None = None,
     count = max(1, len(limits.devices))
     if limits.memory is not None:
         for i in range(count):
-            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = _mib_form(limits.memory)
+            env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = limit_text(limits.memory)
     if limits.cores is not None:
         env["CUDA_DEVICE_SM_LIMIT"] = str(limits.cores)
     if limits.policy:

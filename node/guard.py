@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from vgpu.node.records import AllocationRecord
+from vgpu.units import bytes_of_mib, mib_floor
 
 __all__ = ["DEFAULT_ALLOWANCE_MIB", "MemoryGuard", "ProcessBackend", "Stopped", "pod_uid_of"]
 
@@ -61,8 +62,9 @@ class Stopped:
 
     def describe(self) -> str:
         """One line for the log and the pod's event."""
-        return (f"its processes held {self.held >> 20} MiB of GPU {self.uuid}, over the {self.allowed >> 20} MiB "
-                f"allowed (its grant and the driver's overhead of {len(self.pids)} process(es)); killed process(es) "
+        return (f"its processes held {mib_floor(self.held)} MiB of GPU {self.uuid}, over the "
+                f"{mib_floor(self.allowed)} MiB allowed (its grant and the driver's overhead of {len(self.pids)} "
+                "process(es)); killed process(es) "
                 f"{', '.join(map(str, self.pids)) or 'none (they had ended)'}")
 
 
@@ -84,7 +86,7 @@ class MemoryGuard:
                  kill: Callable[[int, int], None] = os.kill) -> None:
         self.backend = backend
         self.records = records
-        self.allowance = allowance_mib << 20
+        self.allowance = bytes_of_mib(allowance_mib)
         self.proc_root = proc_root
         self.kill = kill
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from vgpu.node.records import RecordStore
 from vgpu.node.response import LIBVGPU_CONTAINER_PATH, limits_file_text
+from vgpu.units import bytes_of_mib, mib_floor
 
 __all__ = ["CONTAINER_ROOM", "STORAGE_KINDS", "TMPFS_OPTIONS", "HostFiles"]
 
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 # Free bytes a container's files need on the node before they are made: its accounting file (about 2 MiB in
 # HAMi-core's layout, written by the library inside the container), its lock files and its allocation record.
-CONTAINER_ROOM = 8 << 20
+CONTAINER_ROOM = bytes_of_mib(8)
 STORAGE_KINDS = ("directory", "tmpfs")
 # One tmpfs per directory: the accounting file (about 2 MiB) and the lock files fit with room to spare; few inodes.
 TMPFS_OPTIONS = "size=8m,nr_inodes=256,mode=0777"
@@ -267,5 +268,5 @@ def _check_room(path: Path) -> None:
     stat = os.statvfs(probe)
     free = stat.f_bavail * stat.f_frsize
     if free < CONTAINER_ROOM:
-        raise OSError(errno.ENOSPC, f"{free >> 20} MiB free for container files on the node's storage ({probe}), "
-                                    f"{CONTAINER_ROOM >> 20} MiB needed")
+        raise OSError(errno.ENOSPC, f"{mib_floor(free)} MiB free for container files on the node's storage ({probe}), "
+                                    f"{mib_floor(CONTAINER_ROOM)} MiB needed")

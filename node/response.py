@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vgpu.assignment import Assignment, DeviceGrant
+from vgpu.units import MemoryUnit, limit_text
 
 __all__ = [
     "CACHE_CONTAINER_DIR",
@@ -148,7 +149,7 @@ def build_allocation(grant: ContainerGrant, *, options: ResponseOptions, memory_
     if "cdi-annotations" in strategies:
         annotations[CDI_ANNOTATION] = ",".join(f"{CDI_KIND}={i}" for i in ids)
     for i, g in enumerate(grant.grants):
-        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{g.memory * memory_factor}m"
+        envs[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = limit_text(MemoryUnit(memory_factor).bytes(g.memory))
         envs[f"CUDA_DEVICE_SM_LIMIT_{i}"] = str(g.cores)
     # the first GPU's cores, as Volcano's plugin gives them; the per-GPU values above are what libvgpu.so applies
     envs["CUDA_DEVICE_SM_LIMIT"] = str(grant.grants[0].cores if grant.grants else 0)

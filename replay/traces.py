@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from vgpu.errors import ConfigError
+from vgpu.units import MIB
 
 __all__ = ["OPENB_FILES", "OPENB_POD_LISTS", "OPENB_URL", "cache_dir", "fetch", "openb"]
 
@@ -45,7 +46,7 @@ def cache_dir() -> Path:
 def _digest(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        for block in iter(lambda: f.read(MIB), b""):
             h.update(block)
     return h.hexdigest()
 
@@ -61,7 +62,7 @@ def fetch(name: str, sha256: str, base_url: str, directory: Path) -> Path:
     fd, partial = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
     try:
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=60) as response:
-            for block in iter(lambda: response.read(1 << 20), b""):
+            for block in iter(lambda: response.read(MIB), b""):
                 out.write(block)
         got = _digest(Path(partial))
         if got != sha256:

@@ -109,7 +109,7 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:
 
 def inspect_table(ledger: Any) -> str:
     """Render the ledger as the `vgpu inspect` table (one row per GPU, pods listed on their GPU); memory in MiB."""
-    mib = ledger.config.gpu_memory_factor  # MiB per memory unit of the annotations
+    mib = ledger.config.memory_unit.mib  # the annotations count memory units
     header = ("NODE", "GPU", "UUID", "TYPE", "MEMORY MiB(alloc/total)", "CORES(alloc/100)", "SHARES(alloc/split)",
               "HEALTH", "PODS")
     rows: list[tuple[str, ...]] = []
@@ -123,16 +123,16 @@ def inspect_table(ledger: Any) -> str:
             for charge in charges:
                 grants = [g for g in charge.grants if g[0] == device.uuid]
                 if grants:
-                    mem = sum(g[1] for g in grants) * mib
+                    mem = mib(sum(g[1] for g in grants))
                     cores = sum(g[2] for g in grants)
                     tag = "" if charge.state == "observed" else f",{charge.state}"
                     pods.append(f"{charge.namespace}/{charge.name}({mem},{cores}%{tag})")
-            total_mem += device.memory * mib
-            total_alloc += used.memory * mib
+            total_mem += mib(device.memory)
+            total_alloc += mib(used.memory)
             rows.append((
                 # the inventory's type is vendor-name (Volcano's wire format: NVIDIA-NVIDIA A100-...); the name says it
                 state.name, str(device.index), device.uuid, device.type.removeprefix(f"{DEVICE_TYPE}-"),
-                f"{used.memory * mib}/{device.memory * mib}", f"{used.cores}/100", f"{used.shares}/{device.split}",
+                f"{mib(used.memory)}/{mib(device.memory)}", f"{used.cores}/100", f"{used.shares}/{device.split}",
                 "ok" if device.healthy else "unhealthy", " ".join(pods) or "-",
             ))
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i])

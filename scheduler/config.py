@@ -14,6 +14,7 @@ from vgpu.configfile import read_yaml_mapping, validated
 from vgpu.errors import ConfigError
 from vgpu.resources import SCHEDULER_NAME, SharingConfig
 from vgpu.scheduler.policies import DEFAULT_NODE_POLICY
+from vgpu.units import KIB, MIB
 
 __all__ = ["SchedulerConfig", "load_config"]
 
@@ -63,7 +64,7 @@ class SchedulerConfig(BaseModel):
         600.0, gt=0, description="how long a bound pod's charge waits for the pod watch to confirm it"
     )
     max_body_bytes: int = Field(
-        4 * 1024 * 1024, ge=1024,
+        4 * MIB, ge=KIB,
         description="largest request body accepted (nodeCacheCapable requests with 5,000 names are about 200 KB)",
     )
     leader_elect: bool = Field(False, description="run Lease leader election (several replicas)")

@@ -53,7 +53,8 @@ log = logging.getLogger(__name__)
 NO_SLICES = f"no ResourceSlice of driver {DRIVER} on this node"
 NEEDS_CLAIM = ("node serves GPUs through DRA: only volcano.sh/vgpu-number (whole GPUs) can be asked in "
                "resources.limits there; shares of memory or cores need a ResourceClaim (docs/dra.md)")
-SHARED_SPLIT = 1 << 20  # allocations a device with allowMultipleAllocations takes (DRA sets no count limit)
+# allocations a device with allowMultipleAllocations takes (DRA sets no count limit)
+SHARED_SPLIT = 1 << 20  # not a memory size
 SEEN_MAX = 100_000  # pods remembered as already shown to the node policy
 
 

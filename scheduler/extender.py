@@ -424,8 +424,8 @@ class Extender:
 
     def _describe(self, assignment: Assignment) -> str:
         """The grants as a person reads them: `GPU-a (2000 MiB, 10% cores); GPU-b (...)`, containers by `|`."""
-        mib = self.config.gpu_memory_factor
-        return " | ".join("; ".join(f"{g.uuid} ({g.memory * mib} MiB, {g.cores}% cores)" for g in segment)
+        mib = self.config.memory_unit.mib
+        return " | ".join("; ".join(f"{g.uuid} ({mib(g.memory)} MiB, {g.cores}% cores)" for g in segment)
                           for segment in assignment if segment)
 
     def evaluate(self, pod: Mapping[str, Any], node: str) -> tuple[FitResult, float]:

@@ -52,6 +52,7 @@ from vgpu.requests import MAX_NODE_QUANTITY, pod_cpu_memory, pod_requests
 from vgpu.resources import HAMI_NAMES, SCHEDULER_NAME, SharingConfig
 from vgpu.scheduler.fit import GPUUsage
 from vgpu.scheduler.nodestate import Grant, NodeState, flat_grants, with_topology
+from vgpu.units import MIB
 
 __all__ = [
     "NODE_UNKNOWN",
@@ -118,7 +119,7 @@ def _allocatable_cpu_memory(allocatable: Mapping[str, Any]) -> tuple[int | None,
     """A node's allocatable CPU (milli) and memory (MiB, rounded down; each at most MAX_NODE_QUANTITY), None where
     absent or malformed."""
     out: list[int | None] = []
-    for name, scale in (("cpu", 1000), ("memory", Fraction(1, 2**20))):
+    for name, scale in (("cpu", 1000), ("memory", Fraction(1, MIB))):
         try:
             out.append(min(math.floor(parse_quantity(allocatable[name]) * scale), MAX_NODE_QUANTITY))
         except (KeyError, ValueError):

@@ -79,7 +79,7 @@ class LedgerCollector(Collector):
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
-        self.bytes_per_unit = ledger.config.gpu_memory_factor << 20
+        self.bytes_per_unit = ledger.config.memory_unit.bytes(1)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         gpu = {spec.name: spec.family() for spec in (DEVICE_MEMORY_TOTAL, DEVICE_MEMORY_ALLOCATED,

@@ -66,7 +66,7 @@ MEMO_LIMIT = 200_000  # evaluations kept before the memo starts over
 KEY_LIMIT = 200_000  # distinct GPU states (and pod signatures) numbered before the numbering starts over
 BOARD_LIMIT = 256  # pod shapes whose per-node results are kept (least recently used dropped first)
 WARM_BOARDS = 16  # pod shapes, most recently used first, whose changed nodes `warm` evaluates off the request path
-LOG_LIMIT = 1 << 20  # change-log entries kept; a board further behind re-evaluates every node
+LOG_LIMIT = 1 << 20  # not a memory size: change-log entries kept; a board further behind re-evaluates every node
 LOG_TRIM = 1 << 14  # change-log entries added between looks at what every board has read (which is then dropped)
 NO_CONTEXT = -(2**62)  # the context class of a node that reports no allocatable CPU and memory
 ANY_EPOCH = -2  # the epoch of a failed fit that no GPU order can change (a pod with one request)
@@ -75,7 +75,7 @@ ANY_CLASS = -(2**62) - 1  # the order class of such a fit: it holds for every co
 FAIL = -np.inf  # the board score of a node the pod does not fit
 # what a node's score loses per topology tier of a multi-GPU pod's placement: more than any policy's score range
 # (scores of nodes up to 1024 GPUs stay apart; ties among tie-breaks finer than 1e-9 may merge on tiers 1 and 2)
-TIER_STEP = float(2**20)
+TIER_STEP = float(2**20)  # not a memory size
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,13 +29,14 @@ from starlette.concurrency import run_in_threadpool
 from vgpu.errors import VGPUError
 from vgpu.scheduler.extender import Extender
 from vgpu.scheduler.metrics import SchedulerMetrics
+from vgpu.units import KIB, MIB
 
 __all__ = ["DEFAULT_MAX_BODY", "ExtenderVerbs", "create_app"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_BODY = 4 * 1024 * 1024
-INLINE_PARSE_BYTES = 256 * 1024  # bodies up to this size are parsed on the event loop (a /filter of 5,000 names)
+DEFAULT_MAX_BODY = 4 * MIB
+INLINE_PARSE_BYTES = 256 * KIB  # bodies up to this size are parsed on the event loop (a /filter of 5,000 names)
 # Larger bodies are parsed and answered this many at a time, once read whole: parsed JSON can take ~25x the body's
 # size (a 4 MiB body of `{"a":[]}` items is 110 MiB of objects), so that concurrent ones do not multiply it past the
 # memory limit. The gate is taken only after the body has arrived, so that a sender who stalls holds none of it.

@@ -20,15 +20,17 @@ container runtime does, with the bus numbers they have on the node, so CUDA insi
 (`CUDA_DEVICE_ORDER`), not in grant order. A UUID the node does not have fails the container's start, as
 nvidia-container-cli refuses an unknown device.
 
-Model facts (NVIDIA's product names as NVML reports them, memory as NVML reports it in MiB, SM counts) come from
-NVIDIA's data sheets and `nvidia-smi -q` output published for each card; the H100's memory is the figure read on
-an H100 80GB HBM3 (driver 580) for this project. Bus numbers follow the spec's order (one bus per GPU, from 0x17 in
-steps of 0x20, a spacing common on servers; 0x0e on a node of more than 8 GPUs, so that 16 fit in the bus number's
-byte), so NVML's index order is the spec's order.
+Model facts (NVIDIA's product names as NVML reports them, memory as NVML reports it in MiB, SM counts; the table in
+node/backends/cards.json, which the product's simulated backend reads too) come from NVIDIA's data sheets and
+`nvidia-smi -q` output published for each card; the H100's memory is the figure read on an H100 80GB HBM3 (driver
+580) for this project. Bus numbers follow the spec's order (one bus per GPU, from 0x17 in steps of 0x20, a spacing
+common on servers; 0x0e on a node of more than 8 GPUs, so that 16 fit in the bus number's byte), so NVML's index
+order is the spec's order.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -48,21 +50,13 @@ class Model:
     sms: int
 
 
+# The card table the product's simulated backend loads too (node/backends/cards.json): read as data, by path (the
+# test bed's stand-ins import none of the product), from the package's folder beside this one.
+CARDS_FILE = Path(__file__).resolve().parents[1] / "node" / "backends" / "cards.json"
+
 # short name (the spec's vocabulary) -> the card
-MODELS: dict[str, Model] = {
-    "A100-40GB": Model("NVIDIA A100-PCIE-40GB", 40960, 108),
-    "A100-80GB": Model("NVIDIA A100-SXM4-80GB", 81920, 108),
-    "H100-80GB": Model("NVIDIA H100 80GB HBM3", 81559, 132),
-    "H200": Model("NVIDIA H200", 143771, 132),
-    "V100-16GB": Model("Tesla V100-SXM2-16GB", 16160, 80),
-    "V100-32GB": Model("Tesla V100-SXM2-32GB", 32768, 80),
-    "T4": Model("Tesla T4", 15360, 40),
-    "A10": Model("NVIDIA A10", 23028, 72),
-    "A30": Model("NVIDIA A30", 24576, 56),
-    "L4": Model("NVIDIA L4", 23034, 58),
-    "L40S": Model("NVIDIA L40S", 46068, 142),
-    "RTX4090": Model("NVIDIA GeForce RTX 4090", 24564, 128),
-}
+MODELS: dict[str, Model] = {name: Model(card["nvml_name"], card["memory_mib"], card["sms"])
+                            for name, card in json.loads(CARDS_FILE.read_text()).items()}
 
 _ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+?)(\+mig)?(?:@nvlink(\d+))?$")
 _NUMA = re.compile(r"^(.*)/numa(\d+)$")

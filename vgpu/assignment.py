@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from vgpu import keys
 from vgpu.errors import CodecError
+from vgpu.units import KIB
 
 __all__ = ["MAX_ASSIGNMENT_BYTES", "Assignment", "DeviceGrant", "decode", "encode", "salvage"]
 
-MAX_ASSIGNMENT_BYTES = 256 * 1024
+MAX_ASSIGNMENT_BYTES = 256 * KIB
 _MAX_INT32 = 2**31 - 1
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from vgpu.errors import CodecError
 from vgpu.quantity import parse_quantity
+from vgpu.units import MIB
 
 __all__ = [
     "CAPACITY_CORES",
@@ -52,7 +53,6 @@ ISLAND_ATTRIBUTE = "nvlinkIsland"
 """Attribute (int) of a GPU with NVLink: its island in the node, the lowest NVML index of the GPUs NVLink joins."""
 NUMA_ATTRIBUTE = "resource.kubernetes.io/numaNode"
 """Standard attribute (int): the GPU's NUMA node, where known."""
-MIB = 1024 * 1024
 
 
 def device_name(index: int) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from vgpu.errors import CodecError
+from vgpu.units import KIB
 
 __all__ = [
     "MAX_ANNOTATION_BYTES",
@@ -35,7 +36,7 @@ __all__ = [
     "encode_volcano",
 ]
 
-MAX_ANNOTATION_BYTES = 256 * 1024
+MAX_ANNOTATION_BYTES = 256 * KIB
 _MAX_GPUS = 1024
 _MAX_INT32 = 2**31 - 1
 

@@ -37,7 +37,7 @@ def container_totals(request: ContainerRequest, config: SharingConfig) -> tuple[
     """(memory MiB, cores percent) a container takes over all its GPUs; memory given as a percentage of the card, or
     not at all, counts that share of `config.quota_card_mib`."""
     if request.memory:
-        per_gpu = request.memory * config.gpu_memory_factor
+        per_gpu = config.memory_unit.mib(request.memory)
     else:
         per_gpu = config.quota_card_mib * request.memory_percent // 100
     return request.count * per_gpu, request.count * request.cores

@@ -16,6 +16,7 @@ from vgpu import keys
 from vgpu.errors import RequestError
 from vgpu.quantity import parse_integer_quantity, parse_quantity
 from vgpu.resources import ResourceNames, SharingConfig
+from vgpu.units import MIB, MemoryUnit
 
 __all__ = [
     "MAX_GPUS_PER_CONTAINER",
@@ -198,7 +199,7 @@ def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
     MAX_NODE_QUANTITY each."""
     total = pod_resource_requests(pod)
     cpu = math.ceil(total.get("cpu", Fraction(0)))
-    memory = math.ceil(total.get("memory", Fraction(0)) / 2**20)
+    memory = math.ceil(total.get("memory", Fraction(0)) / MIB)
     return min(max(0, cpu), MAX_NODE_QUANTITY), min(max(0, memory), MAX_NODE_QUANTITY)
 
 
@@ -237,10 +238,11 @@ def _integer(container: str, resource: str, raw: Any, low: int, high: int, mib_p
         raise RequestError(container, resource, f"{raw!r} is below {low}")
     if value > high:
         hint = ""
-        if mib_per_unit and value % (mib_per_unit << 20) == 0:
+        per_unit = MemoryUnit(mib_per_unit).bytes(1) if mib_per_unit else 0
+        if per_unit and value % per_unit == 0:
             unit = "MiB" if mib_per_unit == 1 else f"units of {mib_per_unit} MiB"
             hint = (f": it counts {unit} per GPU, not bytes, so {raw!r} asks {value} of them; "
-                    f"for {raw} of memory write {value // (mib_per_unit << 20)}")
+                    f"for {raw} of memory write {value // per_unit}")
         raise RequestError(container, resource, f"{raw!r} is above {high}{hint}")
     return value
 

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vgpu.units import MemoryUnit
+
 __all__ = ["HAMI_NAMES", "QUOTA_CORES", "QUOTA_MEMORY", "SCHEDULER_NAME", "VOLCANO_NAMES", "ResourceNames",
            "SharingConfig"]
 
@@ -87,6 +89,11 @@ class SharingConfig(BaseModel):
         "total, where such a pod would escape the quota), true (everywhere) or false; totals that differ from the "
         "requests are refused whatever this says",
     )
+
+    @property
+    def memory_unit(self) -> MemoryUnit:
+        """The unit `volcano.sh/vgpu-memory` counts in: `gpu_memory_factor` MiB."""
+        return MemoryUnit(self.gpu_memory_factor)
 
     def hami_mode(self) -> str:
         """How HAMi's names are read: off, shared or all (hami_aliases: true is all)."""

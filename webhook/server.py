@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from vgpu.errors import RequestError
+from vgpu.units import KIB, MIB
 from vgpu.webhook.mutation import MutationSettings, mutate_pod
 
 __all__ = ["BODY_SECONDS", "MAX_BODY", "MAX_CONTAINERS", "create_app", "review_answer"]
@@ -37,11 +38,11 @@ log = logging.getLogger(__name__)
 
 # kube-apiserver stores objects of at most 1.5 MiB (etcd's default request limit); a review of a creation carries
 # the object once, with a little around it, so 3 MiB leaves room without letting a client fill memory.
-MAX_BODY = 3 * 1024 * 1024
+MAX_BODY = 3 * MIB
 # Seconds a client has to send the body once its headers are in (the headers' own deadline is
 # vgpu.httpserve.HEADER_SECONDS); kube-apiserver's timeoutSeconds for this webhook is 5.
 BODY_SECONDS = 5.0
-INLINE_PARSE_BYTES = 64 * 1024  # reviews up to this size are answered on the event loop (a pod of ~50 containers)
+INLINE_PARSE_BYTES = 64 * KIB  # reviews up to this size are answered on the event loop (a pod of ~50 containers)
 LARGE_BODIES_AT_ONCE = 2  # larger ones, on worker threads, this many at a time, once received whole
 # containers, init containers and ephemeral containers of one pod: far above what pods have (kube-apiserver sets
 # no limit), far below what keeps a review within kube-apiserver's timeout

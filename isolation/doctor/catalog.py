@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-MiB = 1 << 20
-GiB = 1 << 30
+from vgpu.units import GIB, MIB
+
+MiB, GiB = MIB, GIB
 
 MEMORY, COMPUTE, FRAMEWORKS = "memory", "compute", "frameworks"
 LIMITED, REFERENCE = "limited", "reference"

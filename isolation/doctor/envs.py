@@ -12,6 +12,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from vgpu.units import limit_text
+
 _DROP_PREFIXES = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "VGPU_")
 _DROP = ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "GPU_CORE_UTILIZATION_POLICY", "CUDA_TASK_PRIORITY", "LD_PRELOAD")
 
@@ -31,7 +33,7 @@ def limited_env(base: Mapping[str, str], driver_dir: str | None, lib: str, cache
     `cores`, a compute limit (forced)."""
     env = reference_env(base, driver_dir)
     for i in range(max(1, devices)):
-        env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{memory >> 20}m" if memory % (1 << 20) == 0 else str(memory)
+        env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = limit_text(memory)
     if cores is not None:
         env["CUDA_DEVICE_SM_LIMIT"] = str(cores)
     env["GPU_CORE_UTILIZATION_POLICY"] = "force"

@@ -4,7 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-MiB = 1 << 20
+from vgpu.units import MIB
+
+MiB = MIB
 
 
 def mib(n: float) -> str:

@@ -17,8 +17,9 @@ from vgpu.isolation.doctor import cuda, legs, nvml
 from vgpu.isolation.doctor.channel import Action, Channel, Params
 from vgpu.isolation.doctor.cuda import ERROR_OUT_OF_MEMORY, SUCCESS, Driver, error_name, open_device
 from vgpu.isolation.doctor.outcome import Outcome, mib
+from vgpu.units import bytes_of_mib
 
-PAGE = 2 << 20                 # the library charges large allocations in 2 MiB pages
+PAGE = bytes_of_mib(2)         # the library charges large allocations in 2 MiB pages
 QUERY_CHUNKS = 4               # chunks held while the queries are read
 RECLAIM_WAIT_S = 10.0          # how long a killed holder's memory may take to come back
 SHARED_STEPS = 8               # mem-shared: steps per chunk, and...

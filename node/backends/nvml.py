@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from vgpu.node.backends import GPUInfo, GPUReading, HealthEvent
+from vgpu.units import mib_floor
 
 __all__ = ["ARCHITECTURES", "NVMLBackend", "find_nvml_library", "numa_node", "nvlink_islands", "pcie_root",
            "process_utilization"]
@@ -164,7 +165,7 @@ class NVMLBackend:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
                 uid = self._text(nv.nvmlDeviceGetUUID(handle))
                 name = self._text(nv.nvmlDeviceGetName(handle))
-                memory = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // (1024 * 1024)
+                memory = mib_floor(int(nv.nvmlDeviceGetMemoryInfo(handle).total))
                 try:
                     minor = int(nv.nvmlDeviceGetMinorNumber(handle))
                 except Exception:

@@ -20,6 +20,7 @@ where <gpu> is an index or a UUID. Commands take effect within one health poll (
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -27,34 +28,36 @@ import threading
 import uuid as uuidlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from vgpu.errors import ConfigError
 from vgpu.node.backends import GPUInfo, GPUReading, HealthEvent
+from vgpu.units import bytes_of_mib
 
-__all__ = ["MODELS", "SimBackend", "parse_sim_layout", "parse_sim_spec", "parse_sim_spec_full"]
+__all__ = ["CARDS_FILE", "MODELS", "Card", "SimBackend", "load_cards", "parse_sim_layout", "parse_sim_spec",
+           "parse_sim_spec_full"]
 
-# short model name -> (NVML name, memory MiB as NVML reports it)
-MODELS: dict[str, tuple[str, int]] = {
-    "A100-40GB": ("NVIDIA A100-PCIE-40GB", 40960),
-    "A100-80GB": ("NVIDIA A100-SXM4-80GB", 81920),
-    "H100-80GB": ("NVIDIA H100 80GB HBM3", 81559),
-    "H200": ("NVIDIA H200", 143771),
-    "V100-16GB": ("Tesla V100-SXM2-16GB", 16160),
-    "V100-32GB": ("Tesla V100-SXM2-32GB", 32768),
-    "T4": ("Tesla T4", 15360),
-    "A10": ("NVIDIA A10", 23028),
-    "A30": ("NVIDIA A30", 24576),
-    "L4": ("NVIDIA L4", 23034),
-    "L40S": ("NVIDIA L40S", 46068),
-    "RTX4090": ("NVIDIA GeForce RTX 4090", 24564),
-}
-# short model name -> (architecture, CUDA compute capability), as NVML reports them for that card
-ARCHITECTURES: dict[str, tuple[str, str]] = {
-    "A100-40GB": ("Ampere", "8.0"), "A100-80GB": ("Ampere", "8.0"), "H100-80GB": ("Hopper", "9.0"),
-    "H200": ("Hopper", "9.0"), "V100-16GB": ("Volta", "7.0"), "V100-32GB": ("Volta", "7.0"), "T4": ("Turing", "7.5"),
-    "A10": ("Ampere", "8.6"), "A30": ("Ampere", "8.0"), "L4": ("Ada Lovelace", "8.9"),
-    "L40S": ("Ada Lovelace", "8.9"), "RTX4090": ("Ada Lovelace", "8.9"),
-}
+CARDS_FILE = Path(__file__).with_name("cards.json")
+"""The card table (short model name -> NVML's facts), which the test bed's machine (testbed/machine.py) loads too."""
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """One card model as NVML describes it."""
+
+    nvml_name: str
+    memory_mib: int         # as NVML reports it
+    sms: int
+    architecture: str
+    compute_capability: str
+
+
+def load_cards(path: Path = CARDS_FILE) -> dict[str, Card]:
+    """The card table, by short model name (the spec's vocabulary: `A100-40GB`, `T4`, ...)."""
+    return {name: Card(**facts) for name, facts in json.loads(path.read_text()).items()}
+
+
+MODELS: dict[str, Card] = load_cards()
 _NAMESPACE = uuidlib.UUID("6f1d7a52-3c1e-4f7b-9a55-0e2b8f6d9c41")
 _ENTRY = re.compile(r"^(?:(\d+)x)?([A-Za-z0-9-]+?)(\+mig)?(?:@nvlink(\d+))?$")
 _NUMA_SUFFIX = re.compile(r"^(.*)/numa(\d+)$")
@@ -136,15 +139,14 @@ class SimBackend:
         entries, numa = parse_sim_layout(spec)
         total = sum(count for _, count, _, _ in entries)
         for model, count, mig, island in entries:
-            name, memory = MODELS[model]
-            architecture, capability = ARCHITECTURES.get(model, ("", ""))
+            card = MODELS[model]
             first = len(gpus)
             for k in range(count):
                 index = first + k
                 uid = uuidlib.uuid5(_NAMESPACE, f"{node_name}/{index}")
-                gpus.append(GPUInfo(uuid=f"GPU-{uid}", name=name, memory_mib=memory, minor=index,
+                gpus.append(GPUInfo(uuid=f"GPU-{uid}", name=card.nvml_name, memory_mib=card.memory_mib, minor=index,
                                     numa=index * numa // total if numa else None, index=index, mig_enabled=mig,
-                                    architecture=architecture, compute_capability=capability,
+                                    architecture=card.architecture, compute_capability=card.compute_capability,
                                     nvlink_island=first + k // island * island if island else None))
         return cls(gpus, control_file=control_file, ignored_xids=ignored_xids)
 
@@ -249,7 +251,7 @@ class SimBackend:
         """Usage as set by `set_usage`; lost GPUs are left out."""
         with self._lock:
             return {
-                uid: GPUReading(s.memory_used_mib * 1024 * 1024, s.utilization)
+                uid: GPUReading(bytes_of_mib(s.memory_used_mib), s.utilization)
                 for uid, s in self._state.items()
                 if not s.lost
             }

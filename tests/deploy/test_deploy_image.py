@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 from pathlib import Path
 
@@ -93,6 +94,10 @@ def test_the_image_holds_one_import_package_without_the_test_bed_or_the_simulate
     assert not [n for n in names if n.startswith("vgpu/testbed/")]
     assert not [n for n in names if "simgpu" in n or n.endswith(("libcuda.so.1", "libnvidia-ml.so.1"))]
     assert "vgpu/isolation/build/libvgpu.so" in names
+    assert "vgpu/node/backends/cards.json" in names   # the simulated backend's card table
+    # it holds a native library: tagged for the platform it was built on, never py3-none-any
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    assert Path(image_wheel.filename).name.endswith(f"-py3-none-{platform}.whl"), image_wheel.filename
     entry_points = image_wheel.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "vgpu = vgpu.cli:main" in entry_points
     assert "vgpu.subcommands" not in entry_points  # no `vgpu demo` in production
