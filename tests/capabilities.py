@@ -7,8 +7,9 @@ names everything a CI machine provides, so CI cannot go green by skipping.
 Names: a tool on PATH by its command name (kubectl, promtool, prometheus, strace, unshare, aarch64-linux-gnu-gcc,
 qemu-aarch64), `podman` (podman and runc usable as root: testbed/container_runtime.py), and the features
 `pid-namespace`, `mount-namespace` (a private tmpfs mount), `cgroup-v2` (cgroups this process may create),
-`port-8888` (the extender's default port is free), `libvgpu-build` (gcc and cuda.h) and `real-kubernetes` (the
-upstream programs testbed/upstream/build.sh builds, run by tests/realk8s: testbed/realcluster.py).
+`port-8888` (the extender's default port is free), `libvgpu-build` (gcc and cuda.h), `real-kubernetes` (the
+upstream programs testbed/upstream/build.sh builds, run by tests/realk8s: testbed/realcluster.py) and `actionlint`
+(built by testbed/actionlint/build.sh with the Go toolchain).
 """
 from __future__ import annotations
 
