@@ -10,7 +10,8 @@ implements them directly on `http.server.ThreadingHTTPServer` (one thread per co
 thread waiting on a condition variable, which comfortably handles hundreds of concurrent watches).
 
 Served:
-  core/v1                 nodes (cluster-scoped), nodes/status, pods, pods/status, pods/binding, events
+  core/v1                 nodes (cluster-scoped), nodes/status, pods, pods/status, pods/binding, events,
+                          pods/log (from the node's kubelet endpoint: testbed/podlogs.py)
   events.k8s.io/v1        events
   coordination.k8s.io/v1  leases
   resource.k8s.io/v1      deviceclasses, resourceslices (cluster-scoped), resourceclaims, resourceclaims/status,
@@ -148,6 +149,7 @@ from vgpu.testbed.admission import Attributes, Denied, PolicyAdmission, UserInfo
 from vgpu.testbed.discovery import CORE_VERSIONS, ServedResource, api_groups, as_table, resource_list, wants_table
 from vgpu.testbed.faults import FaultPlan
 from vgpu.testbed.kubemath import Quantity, QuantityError
+from vgpu.testbed.podlogs import LogError, fetch_log, log_location
 from vgpu.testbed.webhooks import MutatingWebhooks, ServiceResolver, default_configuration, warning_header
 
 __all__ = [
@@ -1701,11 +1703,14 @@ class _Handler(BaseHTTPRequestHandler):
             raise StatusError(404, "NotFound", f"{res.plural} is cluster-scoped")
         ns = ns or ""
         if sub is not None and not ((sub == "status" and res.has_status)
-                                    or (sub in ("binding", "eviction") and res.kind == "Pod")):
+                                    or (sub in ("binding", "eviction", "log") and res.kind == "Pod")):
             raise StatusError(404, "NotFound", f"subresource {sub!r} of {res.plural} is not served")
         if (sub in ("binding", "eviction") and method != "POST") \
-                or (sub == "status" and method not in ("GET", "PUT", "PATCH")):
+                or (sub == "status" and method not in ("GET", "PUT", "PATCH")) or (sub == "log" and method != "GET"):
             raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {res.plural}/{sub}")
+        if sub == "log":
+            self._pod_log(ns, str(name), q)
+            return
 
         dry_run = self._dry_run(method, sub, parse_qs(url.query).get("dryRun") or [])
         if method == "GET" and name is None:
@@ -1754,6 +1759,26 @@ class _Handler(BaseHTTPRequestHandler):
                                               warnings=self._warnings))
         else:
             raise StatusError(405, "MethodNotAllowed", f"{method} is not allowed on {url.path}")
+
+    def _pod_log(self, ns: str, name: str, q: dict[str, str]) -> None:
+        """GET pods/{name}/log: the container's log from its node's kubelet (testbed/podlogs.py), as text."""
+        store = self.server.store
+        pod = store.get(_PODS, ns, name)
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        node = None
+        if node_name:
+            with contextlib.suppress(StatusError):
+                node = store.get("v1/nodes", "", node_name)
+        try:
+            url = log_location(pod, node, q)
+            body = b"" if url is None else fetch_log(url, name)
+        except LogError as exc:
+            raise StatusError(exc.code, exc.reason, exc.message) from None
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     @staticmethod
     def _dry_run(method: str, sub: str | None, values: list[str]) -> bool:

@@ -41,7 +41,8 @@ are refused in that mode (podman 4.3 reads CDI specs only from /etc/cdi and /var
 directory), as are cgroup roots.
 
 Pod status is patched through the API server: Running when every container has started (init containers first,
-one at a time), then Succeeded or Failed with each container's exit code. Logs go to `<workdir>/logs/`.
+one at a time), then Succeeded or Failed with each container's exit code. Logs go to `<workdir>/logs/`
+(`<namespace>_<pod>_<container>.log`, what the container wrote; `.launch.json` beside it, what was started).
 A pod removed from the API server (or `stop_pod`) has its process groups killed at once. A pod being deleted
 gracefully (metadata.deletionTimestamp, from an API server that deletes pods gracefully) is ended as kubelet ends
 it (`terminate_pod`): SIGTERM to each container's main process (a container runtime's stop signal to the
@@ -77,6 +78,7 @@ import orjson
 from vgpu.testbed.container_runtime import Podman, ordered_env
 from vgpu.testbed.kubeclient import api_client, read_json
 from vgpu.testbed.machine import MachineGPU, UnknownDevice, machine, simgpu_env, visible
+from vgpu.testbed.podlogs import ContainerLogServer
 
 __all__ = [
     "ContainerAllocation",
@@ -92,6 +94,8 @@ log = logging.getLogger(__name__)
 LIMITS_PATH = "/usr/local/vgpu/limits.env"
 
 Obj = dict[str, Any]
+NODE_LEASE_NAMESPACE = "kube-node-lease"  # where kubelets keep their node's Lease
+NODE_LEASE_SECONDS = 40  # kubelet's default nodeLeaseDurationSeconds
 
 # SM counts of the simulated models (what NVML would report); unknown cards get 80.
 @dataclass(slots=True)
@@ -374,10 +378,10 @@ class PodRunner:
         # a shell keeps the exit status in a file, so that a restarted kubelet stand-in can adopt the "container"
         argv = ["/bin/sh", "-c", 'f=$1; shift; "$@"; rc=$?; echo $rc > "$f"; exit $rc', "sh", str(exit_file),
                 *command]
+        # what was started, beside the log (the log holds only what the container writes, as `kubectl logs` shows)
+        shown = {k: v for k, v in env.items() if k != "PATH"} if self.runtime is None else {}
+        log_path.with_suffix(".launch.json").write_bytes(orjson.dumps({"argv": command, "env": shown}))
         with open(log_path, "ab") as out:
-            shown = {k: v for k, v in env.items() if k != "PATH"} if self.runtime is None else {}
-            out.write(orjson.dumps({"argv": command, "env": shown}) + b"\n")
-            out.flush()
             return subprocess.Popen(argv, env=env, cwd=str(self.workdir), stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
                                     preexec_fn=None if self.runtime else self._enter_cgroup(meta.get("uid") or ""))
@@ -791,6 +795,7 @@ class NodeAgent:
         self.stop_event = threading.Event()
         self._published: Obj = {}
         self._known_resources: set[str] = set()
+        self.log_server = ContainerLogServer(self.runner.logs)
 
     def start(self) -> NodeAgent:
         """Serve kubelet.sock, sync the pod cache, start admitting and publishing node status."""
@@ -806,8 +811,9 @@ class NodeAgent:
         self.cache.start()
         if not self.cache.wait_synced(30):
             raise RuntimeError(f"kubelet stand-in {self.node_name}: pod cache did not sync")
+        self.log_server.start()
         for target, name in ((self._admit_loop, "admit"), (self._status_loop, "node-status"),
-                             (self._dra_retry_loop, "dra-retry")):
+                             (self._dra_retry_loop, "dra-retry"), (self._lease_loop, "node-lease")):
             threading.Thread(target=target, name=name, daemon=True).start()
         return self
 
@@ -818,6 +824,7 @@ class NodeAgent:
         self.cache.stop()
         self.kubelet.stop()
         self.dra.stop()
+        self.log_server.stop()
         self.runner.close()
 
     # -- node object and status
@@ -872,6 +879,7 @@ class NodeAgent:
                 "lastHeartbeatTime": now, "lastTransitionTime": now}],
                 "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
                               {"type": "Hostname", "address": self.node_name}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.log_server.port}},
                 "nodeInfo": {"kubeletVersion": "v1.31.0-vgpu-testbed", "osImage": "vgpu-sharing test bed",
                              "kernelVersion": platform.release(), "operatingSystem": "linux",
                              "architecture": platform.machine(),
@@ -881,6 +889,44 @@ class NodeAgent:
                 self._published = status
             except Exception as exc:
                 log.info("node status patch failed node=%s error=%s", self.node_name, str(exc)[:200])
+
+    def _lease_loop(self) -> None:
+        """Keep the node's Lease (kube-node-lease/<node>) renewed, as kubelet's node lease controller does
+        (component-helpers/apimachinery/lease/controller.go: holder the node, 40 s duration, owned by the Node,
+        renewed every quarter of the duration; a failed renewal tried again after 0.2 s, doubling to 7 s)."""
+        from kubernetes import client as k8s
+
+        leases: Any = k8s.CoordinationV1Api(self.api_client)
+        backoff = 0.2
+        while not self.stop_event.is_set():
+            try:
+                self._renew_lease(leases)
+                backoff, wait = 0.2, NODE_LEASE_SECONDS * 0.25
+            except Exception as exc:
+                log.info("node lease not renewed node=%s error=%s", self.node_name, str(exc)[:200])
+                wait, backoff = backoff, min(backoff * 2, 7.0)
+            self.stop_event.wait(wait)
+
+    def _renew_lease(self, leases: Any) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # a MicroTime
+        try:
+            lease = read_json(leases.read_namespaced_lease(self.node_name, NODE_LEASE_NAMESPACE,
+                                                           _preload_content=False))
+        except Exception as exc:
+            if getattr(exc, "status", 0) != 404:
+                raise
+            node = read_json(self.core.read_node(self.node_name, _preload_content=False))
+            owner = {"apiVersion": "v1", "kind": "Node", "name": self.node_name, "uid": node["metadata"]["uid"]}
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.node_name, "namespace": NODE_LEASE_NAMESPACE,
+                                 "ownerReferences": [owner]},
+                    "spec": {"holderIdentity": self.node_name, "leaseDurationSeconds": NODE_LEASE_SECONDS,
+                             "renewTime": now}}
+            leases.create_namespaced_lease(NODE_LEASE_NAMESPACE, body, _preload_content=False)
+            return
+        lease["spec"] = {**(lease.get("spec") or {}), "holderIdentity": self.node_name,
+                         "leaseDurationSeconds": NODE_LEASE_SECONDS, "renewTime": now}
+        leases.replace_namespaced_lease(self.node_name, NODE_LEASE_NAMESPACE, lease, _preload_content=False)
 
     # -- pods
     def _on_pod(self, pod: Obj) -> None:

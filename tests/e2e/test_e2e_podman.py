@@ -42,7 +42,7 @@ def test_a_pod_in_a_real_container_is_held_to_its_grant(cluster, request):
     assert device["total_mib"] == 1000 and device["allocated_mib"] == 1000 and device["oom_at_mib"] == 1250
     assert "LD_PRELOAD" not in report["env"]  # the container's loader read /etc/ld.so.preload itself
     # what the kubelet stand-in ran: podman, with the plugin's /etc/ld.so.preload bind mount as answered
-    started = json.loads((cluster.nodes[0].dir / "logs" / "boxed_limited_main.log").read_text().splitlines()[0])
+    started = json.loads((cluster.nodes[0].dir / "logs" / "boxed_limited_main.launch.json").read_text())
     assert started["argv"][:2] == ["podman", "run"]
     assert any(arg.endswith(":/etc/ld.so.preload:ro") for arg in started["argv"])
 

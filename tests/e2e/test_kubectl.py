@@ -66,6 +66,30 @@ def test_describe_node(cluster):
     assert "Name:               node-0" in out
     assert "volcano.sh/vgpu-number:" in out and "volcano.sh/node-vgpu-register:" in out
     assert "Kubelet Version:" in out and "v1.31.0-vgpu-testbed" in out
+    # the node's Lease, which the kubelet stand-in keeps renewed in kube-node-lease
+    assert "Failed to get lease" not in out
+    assert "HolderIdentity:  node-0" in out and "RenewTime:" in out
+
+
+def test_logs_are_what_the_container_wrote(cluster):
+    out = kubectl(cluster, "logs", "-n", NS, "finished")
+    assert '"result"' in out and '"argv"' not in out   # the workload's report, not what the test bed started
+    last = kubectl(cluster, "logs", "-n", NS, "finished", "-c", "main", "--tail", "1")
+    assert last.strip() == out.strip().splitlines()[-1]
+
+
+def test_logs_of_a_pod_without_a_node_are_empty_and_a_container_must_be_named(cluster):
+    two = pod("two", [container("a", ["true"]), container("b", ["true"])], namespace=NS)
+    two["spec"]["schedulerName"] = "nobody"   # never placed
+    cluster.create_pod(two)
+    assert kubectl(cluster, "logs", "-n", NS, "two", "-c", "a") == ""
+    res = subprocess.run([KUBECTL, "--kubeconfig", cluster.kubeconfig, "get", "--raw",
+                          f"/api/v1/namespaces/{NS}/pods/two/log"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1
+    assert "a container name must be specified for pod two, choose one of: [a b]" in res.stderr
+    res = subprocess.run([KUBECTL, "--kubeconfig", cluster.kubeconfig, "logs", "-n", NS, "two", "-c", "c"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "container c is not valid for pod two" in res.stderr
 
 
 def test_get_events(cluster):
