@@ -42,12 +42,16 @@ from vgpu.resources import SharingConfig
 from vgpu.testbed.cluster import LocalCluster, isolation_paths
 from vgpu.testbed.machine import MachineSpecError, parse_machine_spec
 
-__all__ = ["Snapshot", "StandIns", "check_gpus", "demo_workdir", "drive", "evaluate", "load_pods_file", "render",
-           "report_in", "run_demo", "sample_pods", "workload_reports"]
+__all__ = ["Snapshot", "StandIns", "check_fit", "check_gpus", "demo_webhook", "demo_workdir", "drive", "evaluate",
+           "load_pods_file", "render", "report_in", "run_demo", "sample_pods", "workload_reports"]
 
 log = logging.getLogger(__name__)
 
 NAMESPACE = "demo"
+WEBHOOK_CONFIGURATION = Path(__file__).resolve().parents[1] / "deploy" / "webhook" / "mutatingwebhookconfiguration.yaml"
+# schedulerName values the demo's webhook makes ours: what the API server fills in, and Volcano's and HAMi's, so
+# that their pod specs run unedited (a cluster moving from them may do the same: docs/install.md)
+REPLACED_SCHEDULERS = ("default-scheduler", "volcano", "hami-scheduler")
 WORKLOAD = ["python3", "-m", "vgpu.testbed.workload"]
 _MARK = "VGPU-WORKLOAD "
 
@@ -473,6 +477,34 @@ def check_gpus(spec: str) -> None:
         raise ConfigError(f"--gpus {spec}: {exc}") from None
 
 
+def check_fit(path: str, pods: list[dict], spec: str) -> None:
+    """Refuse, before anything starts, a pod of `--pods` that no node of `spec` could ever hold (ConfigError naming
+    the pod, the container and what is too large): more GPUs than a node has of the types its annotations allow, or
+    more memory per GPU than the largest such card."""
+    entries, _numa = parse_machine_spec(spec)
+    unit = SharingConfig().memory_unit
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        selectors = pod_selectors(pod)
+        allowed = [e for e in entries if selectors.type_allowed(f"NVIDIA-{e.model.nvml_name}")]
+        gpus = sum(e.count for e in allowed)
+        largest = max((e.model.memory_mib for e in allowed), default=0)
+        for request in pod_requests(pod, SharingConfig()):
+            where = f"--pods {path}: pod {name!r} container {request.container!r}"
+            if request.count > gpus:
+                of = "" if len(allowed) == len(entries) else " of the types its GPU-type annotations allow"
+                raise ConfigError(f"{where} asks {request.count} GPU(s); a node of --gpus {spec} has {gpus}{of}")
+            if unit.mib(request.memory) > largest:
+                raise ConfigError(f"{where} asks {unit.mib(request.memory)} MiB per GPU; the largest card of --gpus "
+                                  f"{spec} it may use has {largest} MiB")
+
+
+def demo_webhook() -> dict:
+    """The MutatingWebhookConfiguration the plain manifests install (deploy/webhook), which the demo registers for
+    its own `vgpu webhook`, so that pods written for HAMi or Volcano are opted in as in a cluster."""
+    return yaml.safe_load(WEBHOOK_CONFIGURATION.read_text())
+
+
 def demo_workdir(args: argparse.Namespace) -> Path | None:
     """The work directory, made empty (a previous demo's is cleared); None when --workdir names another folder."""
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="vgpu-demo-"))
@@ -490,11 +522,16 @@ def run_demo(args: argparse.Namespace) -> int:
     """The demo on the stand-ins; the exit status."""
     check_gpus(args.gpus)
     given_pods = load_pods_file(args.pods) if args.pods else None
+    if given_pods:
+        check_fit(args.pods, given_pods, args.gpus)
     isolation_paths()  # builds libvgpu.so and the simulated driver now, or fails with BuildError
     workdir = demo_workdir(args)
     if workdir is None:
         return 2
-    return drive(args, StandIns(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO"), given_pods)
+    cluster = StandIns(workdir, nodes=args.nodes, gpus=args.gpus, log_level="INFO",
+                       webhook_configuration=demo_webhook(),
+                       webhook_args=["--replace-scheduler-names", ",".join(REPLACED_SCHEDULERS)])
+    return drive(args, cluster, given_pods)
 
 
 def drive(args: argparse.Namespace, cluster: Any, given_pods: list[dict] | None) -> int:

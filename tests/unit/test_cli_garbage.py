@@ -24,6 +24,12 @@ def garbage(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "csv": b"not,a,trace\n1,2\n",
         "pods": b"kind: Pod\nmetadata: {name: p}\nspec:\n  containers:\n  - name: c\n    resources:\n"
                 b"      limits: {volcano.sh/vgpu-number: lots}\n",
+        "huge": b"kind: Pod\nmetadata: {name: huge}\nspec:\n  containers:\n  - name: c\n    resources:\n"
+                b"      limits: {volcano.sh/vgpu-number: 1, volcano.sh/vgpu-memory: 999999}\n",
+        "many": b"kind: Pod\nmetadata: {name: many}\nspec:\n  containers:\n  - name: c\n    resources:\n"
+                b"      limits: {nvidia.com/gpu: 8, nvidia.com/gpumem: 1000}\n",
+        "typed": b"kind: Pod\nmetadata: {name: typed, annotations: {nvidia.com/use-gputype: T4}}\nspec:\n"
+                 b"  containers:\n  - name: c\n    resources:\n      limits: {volcano.sh/vgpu-number: 1}\n",
         "nodes_ok": b"sn,cpu_milli,memory_mib,gpu,model\nn1,32000,128000,2,V100M16\n",
         "pods_untimed": b"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1000,1000,1,500\n",
         "unreachable": b"apiVersion: v1\nkind: Config\nclusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
@@ -92,6 +98,14 @@ NAMED = [
     (("demo", "--workdir", "{missing}/deeper/x", "--headless"), "does not exist"),
     (("demo", "--pods", "{broken}", "--headless"), "not YAML: "),
     (("demo", "--real-kubernetes", "--dra", "--headless"), "--dra works on the stand-ins only"),
+    # a pod no node of --gpus could hold is refused before the cluster starts (it was found 34 s later)
+    (("demo", "--pods", "{huge}", "--gpus", "4xH100-80GB", "--headless"),
+     "pod 'huge' container 'c' asks 999999 MiB per GPU; the largest card of --gpus 4xH100-80GB it may use has "
+     "81559 MiB"),
+    (("demo", "--pods", "{many}", "--gpus", "4xRTX4090", "--headless"),
+     "pod 'many' container 'c' asks 8 GPU(s); a node of --gpus 4xRTX4090 has 4"),
+    (("demo", "--pods", "{typed}", "--gpus", "4xA100-40GB", "--headless"),
+     "asks 1 GPU(s); a node of --gpus 4xA100-40GB has 0 of the types its GPU-type annotations allow"),
     (("demo", "--real-kubernetes", "--pods", "{pods}", "--headless"), "--pods"),
     (("run", "--driver-dir", "{missing}", "--", "true"), "--driver-dir"),
     (("run", "--cache", "{missing}/x.cache", "--", "true"), "--cache"),
