@@ -137,6 +137,16 @@ def sample_pods(inventories: dict[str, list[Any]], hold: float, factor: int = 1)
     return pods
 
 
+def _size(folder: Path) -> str:
+    """How much a kept work directory holds, for the line that says it is kept (a failed demo's is about 200 MB)."""
+    total = 0
+    for path in folder.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink():
+                total += path.stat().st_size
+    return f"{total / 1e6:.0f} MB"
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML parser's error on one line: what is wrong and where."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
@@ -611,7 +621,8 @@ def drive(args: argparse.Namespace, cluster: Any, given_pods: list[dict] | None)
             print(line, file=out)
         kept = args.workdir or args.keep_workdir or not ok
         logs = " and ".join(f"{workdir}/{folder}" for folder in cluster.LOGS)
-        where = f"logs in {logs}" if kept else "--keep-workdir keeps the logs"
+        where = f"logs in {logs} ({_size(workdir)}; remove the folder when done)" if kept \
+            else "--keep-workdir keeps the logs"
         print(f"vgpu demo: {'PASS' if ok else 'FAIL'}: {len(pods)} pod(s); {where}", file=out, flush=True)
         status = 0 if ok else 1
         said_where = True
@@ -632,7 +643,8 @@ def drive(args: argparse.Namespace, cluster: Any, given_pods: list[dict] | None)
         if not args.workdir and not args.keep_workdir and status in (0, 129, 130, 143):
             shutil.rmtree(workdir, ignore_errors=True)
         elif not said_where:
-            print(f"vgpu demo: the work directory {workdir} is kept (logs in {workdir}/logs)", file=sys.stderr,
+            print(f"vgpu demo: the work directory {workdir} is kept (logs in {workdir}/logs; {_size(workdir)}, "
+                  "remove it when done)", file=sys.stderr,
                   flush=True)
     return status
 
