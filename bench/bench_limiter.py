@@ -95,7 +95,7 @@ def pace(sim: ctypes.CDLL, state: Path, limits: list[int], procs: list[tuple[int
             except (OSError, RegionError, IndexError):
                 continue
             uuid = device.uuid
-            tenants.append(Tenant(f"c{c}", uuid, limit, device.charged_ns))
+            tenants.append(Tenant(f"c{c}", uuid, limit, device.charged_ns, read_ns=device.read_ns))
         running = {p.pid: sim.simgpu_busy_ns(0, p.pid, last, now) / (now - last) * 100 for _, p in procs}
         last = now
         factors = pacer.step(tenants, lambda _uuid, seen=running: seen, owner.get)

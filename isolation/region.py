@@ -78,6 +78,7 @@ class RegionDevice:
     used: int           # bytes charged by all live processes
     sm_util: int        # sum of the slots' sm_util (percent)
     charged_ns: int = 0  # GPU ns the compute limiter charged (extension block; 0 without one)
+    read_ns: int = 0     # what it would have charged without the node's pace factors (0 from a library before them)
 
 
 @dataclass(slots=True, frozen=True)
@@ -227,6 +228,7 @@ class Region:
                 limit=int(self._r.limit[d]), sm_limit=int(self._r.sm_limit[d]),
                 used=self.used(d), sm_util=sum(p.sm_util[d] for p in procs),
                 charged_ns=int(self._x.sm[d].charged_ns) if self._x is not None else 0,
+                read_ns=int(self._x.sm[d].read_ns) if self._x is not None else 0,
             ))
         return out
 
@@ -236,7 +238,8 @@ class Region:
             return {}
         s = self._x.sm[dev]
         return {k: int(getattr(s, k)) for k in
-                ("tokens", "last_refill", "charged_ns", "launches", "throttled_ns", "measured_ns")}
+                ("tokens", "last_refill", "charged_ns", "launches", "throttled_ns", "measured_ns",
+                                 "read_ns")}
 
     def snapshot(self) -> RegionSnapshot:
         """Everything at once."""

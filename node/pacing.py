@@ -20,6 +20,13 @@ multiplies its timings by (isolation/src/pace.c reads it from a file mounted rea
   cannot be read, goes back to 1, the uncorrected timing, which errs towards less than the limit;
 - factors stay within [FACTOR_MIN, FACTOR_MAX], as the library holds them too.
 
+Idle share (off unless a tenant has a ceiling above its limit, which the node agent gives only where its operator
+turned the option on and the pod names one): while everything else on the GPU ran less than IDLE_PCT of the last
+period together, a tenant's published factor is its correction times limit / ceiling, so its limiter lets it run up
+to the ceiling; the first period in which anything else runs there puts the factor back to the correction alone.
+The correction itself keeps learning meanwhile (a period's uncorrected reading is its charge divided by the factor
+published then), and running over the limit raises it only where the run exceeded the limit in force then.
+
 `Pacer` is the arithmetic, fed by whoever knows the tenants (the device plugin from its allocation records,
 `NodePacer`; the limiter benchmark from its own processes).
 """
@@ -49,6 +56,7 @@ WINDOW = 4         # periods the ratio of what ran to what was read is taken ove
 GAIN = 0.5         # each period moves the factor this far (geometrically) towards that ratio
 OVER_LIMIT = 1.05  # running more than this times the limit (over the window) raises the factor, whatever was charged
 MIN_CHARGED = 1.0  # percent of a period: a pod whose timings read less teaches nothing
+IDLE_PCT = 1.0     # everything else on a GPU running less than this (% of a period, together) is idle
 
 
 @runtime_checkable
@@ -68,6 +76,8 @@ class Tenant:
     uuid: str          # the GPU
     limit_pct: float   # its compute limit there (the sum over its containers); 0: not limited
     charged_ns: int    # GPU ns the library charged its containers there, counted since they started
+    ceiling_pct: float = 0.0   # what it may run while everything else on the GPU is idle; at or below the limit: no
+    read_ns: int = 0   # what the library would have charged without the factors (0: a library that does not say)
 
 
 def pace_file_text(factors: Mapping[str, float]) -> str:
@@ -79,10 +89,14 @@ def pace_file_text(factors: Mapping[str, float]) -> str:
 class _Track:
     """What the pacer remembers of one tenant."""
 
-    factor: float
+    factor: float      # the correction: what ran / what the timings read uncorrected
     time: float
     charged_ns: int
-    periods: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))  # (real, raw) %
+    read_ns: int = 0
+    published: float = 1.0   # the factor the library applied during the last period (the correction, or less)
+    limit: float = 0.0       # the limit in force during the last period (the ceiling while bursting)
+    periods: deque[tuple[float, float, float]] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    # (real, raw, limit in force) %, per period
 
 
 class Pacer:
@@ -99,23 +113,39 @@ class Pacer:
         of every tenant; tenants no longer listed are forgotten."""
         now = self._clock()
         real_by_gpu: dict[str, dict[str, float] | None] = {}
+        busy_by_gpu: dict[str, float] = {}
         tracks: dict[tuple[str, str], _Track] = {}
         for tenant in tenants:
             k = (tenant.key, tenant.uuid)
             if tenant.uuid not in real_by_gpu:
-                real_by_gpu[tenant.uuid] = self._per_pod(running(tenant.uuid), owner)
-            track = self._tracks.get(k) or _Track(1.0, now, tenant.charged_ns)
+                samples = running(tenant.uuid)
+                real_by_gpu[tenant.uuid] = self._per_pod(samples, owner)
+                busy_by_gpu[tenant.uuid] = sum(samples.values()) if samples is not None else 100.0
+            track = self._tracks.get(k) or _Track(1.0, now, tenant.charged_ns, tenant.read_ns, limit=tenant.limit_pct)
             real = real_by_gpu[tenant.uuid]
             if real is None or not 0 < tenant.limit_pct < 100:
-                track.factor = 1.0   # NVML cannot say, or nothing to pace: the uncorrected timing
+                track.factor = track.published = 1.0   # NVML cannot say, or nothing to pace: the uncorrected timing
                 track.periods.clear()
-            elif now > track.time and tenant.charged_ns >= track.charged_ns:
-                charged = (tenant.charged_ns - track.charged_ns) / ((now - track.time) * 1e9) * 100
-                track.factor = self.adjust(track, real.get(tenant.key), charged, tenant.limit_pct)
-            track.time, track.charged_ns = now, tenant.charged_ns
+                track.time, track.charged_ns, track.limit = now, tenant.charged_ns, tenant.limit_pct
+                track.read_ns = tenant.read_ns
+                tracks[k] = track
+                continue
+            if now > track.time and tenant.charged_ns >= track.charged_ns:
+                per_pct = (now - track.time) * 1e9 / 100
+                if tenant.read_ns and tenant.read_ns >= track.read_ns:   # the library's own uncorrected charge
+                    read = (tenant.read_ns - track.read_ns) / per_pct
+                else:   # a library that does not count it: the charge under the factor published for the period
+                    read = (tenant.charged_ns - track.charged_ns) / per_pct / track.published
+                track.factor = self.adjust(track, real.get(tenant.key), read, track.limit or tenant.limit_pct)
+            others = busy_by_gpu[tenant.uuid] - real.get(tenant.key, 0.0)
+            bursting = tenant.ceiling_pct > tenant.limit_pct and others < IDLE_PCT
+            track.limit = min(tenant.ceiling_pct, 100.0) if bursting else tenant.limit_pct
+            scale = tenant.limit_pct / track.limit
+            track.published = float(min(FACTOR_MAX, max(FACTOR_MIN, track.factor * scale)))
+            track.time, track.charged_ns, track.read_ns = now, tenant.charged_ns, tenant.read_ns
             tracks[k] = track
         self._tracks = tracks
-        return {k: t.factor for k, t in tracks.items()}
+        return {k: t.published for k, t in tracks.items()}
 
     @staticmethod
     def _per_pod(samples: Mapping[int, float] | None,
@@ -130,19 +160,20 @@ class Pacer:
         return per_pod
 
     @staticmethod
-    def adjust(track: _Track, real: float | None, charged: float, limit: float) -> float:
-        """The next factor of a pod that ran `real` % of the GPU in the period (None: NVML showed none of its
-        processes) and was charged `charged` % under its factor `track.factor`, with a limit of `limit` %: the ratio
-        of what it ran to what its timings read uncorrected, over the last WINDOW periods."""
+    def adjust(track: _Track, real: float | None, read: float, limit: float) -> float:
+        """The next correction of a pod that ran `real` % of the GPU in the period (None: NVML showed none of its
+        processes) and whose timings read `read` % uncorrected, with `limit` % in force: the ratio of what it ran to
+        what its timings read, over the last WINDOW periods."""
         if real is None:
             track.periods.clear()
             return 1.0
-        track.periods.append((real, charged / track.factor))
-        ran = sum(r for r, _ in track.periods)
-        read = sum(w for _, w in track.periods)
+        track.periods.append((real, read, limit))
+        ran = sum(r for r, _, _ in track.periods)
+        read = sum(w for _, w, _ in track.periods)
+        allowed = sum(lim for _, _, lim in track.periods)
         target = ran / read if read >= MIN_CHARGED * len(track.periods) else track.factor
-        if ran / len(track.periods) > limit * OVER_LIMIT:
-            target = max(target, track.factor * ran / len(track.periods) / limit)
+        if ran > allowed * OVER_LIMIT:
+            target = max(target, track.factor * ran / allowed)
         return float(min(FACTOR_MAX, max(FACTOR_MIN, track.factor * (target / track.factor) ** GAIN)))
 
 
@@ -150,14 +181,17 @@ class NodePacer:
     """The pacer of a node agent: tenants from its allocation records and the containers' accounting files
     (`snapshot(record)`, read without trusting them), the processes' pods from their cgroups, and each container's
     pace file (`pace_path(record)`) rewritten every period. A record's `pod_uid` names its tenant: the pod's own
-    UID (device plugin), or whatever `tenant_of_pod(pod UID)` maps a pod to (the DRA plugin: the claim)."""
+    UID (device plugin), or whatever `tenant_of_pod(pod UID)` maps a pod to (the DRA plugin: the claim).
+    `ceiling_of(tenant)` is the tenant's ceiling for the idle share (% of each of its GPUs; 0: none)."""
 
     def __init__(self, records: Callable[[], Iterable[AllocationRecord]],
                  running: Callable[[str], Mapping[int, float] | None],
                  snapshot: Callable[[AllocationRecord], RegionSnapshot | None],
                  pace_path: Callable[[AllocationRecord], Path], proc_root: Path = Path("/proc"),
-                 tenant_of_pod: Callable[[str], str | None] | None = None) -> None:
+                 tenant_of_pod: Callable[[str], str | None] | None = None,
+                 ceiling_of: Callable[[str], float] | None = None) -> None:
         self._records = records
+        self._ceiling_of = ceiling_of
         self._running = running
         self._snapshot = snapshot
         self._tenant_of_pod = tenant_of_pod
@@ -170,13 +204,17 @@ class NodePacer:
         records = list(self._records())
         limits: dict[tuple[str, str], float] = {}
         charged: dict[tuple[str, str], int] = {}
+        read: dict[tuple[str, str], int] = {}
         for record in records:
-            counters = self._charged(record)
+            counters = self._counters(record)
             for uuid in record.gpus:
                 k = (record.pod_uid, uuid)
                 limits[k] = limits.get(k, 0.0) + (record.cores if 0 < record.cores < 100 else 0.0)
-                charged[k] = charged.get(k, 0) + counters.get(uuid, 0)
-        tenants = [Tenant(pod, uuid, limits[(pod, uuid)], charged[(pod, uuid)]) for pod, uuid in limits]
+                charged[k] = charged.get(k, 0) + counters.get(uuid, (0, 0))[0]
+                read[k] = read.get(k, 0) + counters.get(uuid, (0, 0))[1]
+        ceilings = {pod: self._ceiling_of(pod) if self._ceiling_of is not None else 0.0 for pod, _ in limits}
+        tenants = [Tenant(pod, uuid, limits[(pod, uuid)], charged[(pod, uuid)], ceilings[pod], read[(pod, uuid)])
+                   for pod, uuid in limits]
         pods = {pod for pod, _ in limits}
         factors = self._pacer.step(tenants, self._running, lambda pid: self._owner(pid, pods))
         for record in records:
@@ -191,10 +229,11 @@ class NodePacer:
         key = self._tenant_of_pod(uid) if self._tenant_of_pod is not None else uid
         return key if key in tenants else None
 
-    def _charged(self, record: AllocationRecord) -> dict[str, int]:
-        """GPU ns charged per GPU in the container's accounting file; nothing when it cannot be read."""
+    def _counters(self, record: AllocationRecord) -> dict[str, tuple[int, int]]:
+        """GPU ns charged, and read uncorrected, per GPU in the container's accounting file; nothing when it cannot
+        be read."""
         snap = self._snapshot(record)
-        return {d.uuid: d.charged_ns for d in snap.devices} if snap is not None else {}
+        return {d.uuid: (d.charged_ns, d.read_ns) for d in snap.devices} if snap is not None else {}
 
     @staticmethod
     def _write(path: Path, text: str) -> None:

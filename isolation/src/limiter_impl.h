@@ -265,9 +265,10 @@ static void settle(event_pair_t *p, int64_t measured) {
         return;
     }
     measured = measured > g_pair_ns[p->row] ? measured - g_pair_ns[p->row] : 0;
-    __atomic_add_fetch(&g_vgpu.ext->sm[p->row].measured_ns, (uint64_t)measured, __ATOMIC_RELAXED);
-    measured = (int64_t)((double)measured * vgpu_pace(p->row));   /* the node's correction (pace.c) */
     vgpu_sm_state_t *st = &g_vgpu.ext->sm[p->row];
+    __atomic_add_fetch(&st->measured_ns, (uint64_t)measured, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&st->read_ns, (uint64_t)p->weight * (uint64_t)measured, __ATOMIC_RELAXED);
+    measured = (int64_t)((double)measured * vgpu_pace(p->row));   /* the node's correction (pace.c) */
     int64_t correction = (int64_t)p->weight * measured - p->charged;
     if (correction) __atomic_sub_fetch(&st->tokens, correction, __ATOMIC_ACQ_REL);
     __atomic_add_fetch(&g_gpu_ns[p->row], (uint64_t)correction, __ATOMIC_RELAXED);

@@ -89,7 +89,8 @@ typedef struct {
     uint64_t launches;
     uint64_t throttled_ns;
     uint64_t measured_ns;
-    uint64_t pad[2];
+    uint64_t read_ns;    /* what charged_ns would be without the node's pace factors (pace.c): the uncorrected charge */
+    uint64_t pad[1];
 } vgpu_sm_state_t;
 
 typedef struct {

@@ -132,3 +132,41 @@ def test_the_node_pacer_sums_a_pods_containers_and_writes_every_pace_file(tmp_pa
     texts = {r.key: (tmp_path / "pace" / r.key / "factors").read_text() for r in records}
     assert texts[f"{POD_A}_one"] == texts[f"{POD_A}_two"] == f"{GPU} {factors[(POD_A, GPU)]:.4f}\n"
     assert texts[f"{POD_B}_c"] == f"{GPU} 1.0000\n"
+
+
+def _share(pacer: Pacer, clock: Clock, ceiling: float, other: float | None, periods: int,
+           state: tuple[float, int] = (1.0, 0)) -> tuple[float, int]:
+    """`periods` periods of a pod at limit 30 with `ceiling`, whose timings are exact (charged what it ran, which is
+    what its limiter allows under the factor in force, `state[0]` at first) beside another process running `other` %
+    (None: NVML unreadable); the factor it was given last and its charge (`state[1]` at first)."""
+    factor, charged = state
+    for _ in range(periods):
+        clock.t += 1.0
+        ran = min(30 / factor, 100.0)
+        charged += int(ran * factor * 1e7)
+        samples = None if other is None else {42: ran, 43: other}
+        factor = pacer.step([Tenant("pod", GPU, 30, charged, ceiling_pct=ceiling)], lambda _uuid, seen=samples: seen,
+                            lambda pid: "pod" if pid == 42 else None)[("pod", GPU)]
+    return factor, charged
+
+
+def test_a_pod_with_a_ceiling_runs_up_to_it_while_the_gpu_is_otherwise_idle_and_back_when_it_is_not():
+    clock = Clock()
+    pacer = Pacer(clock)
+    state = _share(pacer, clock, 80, 0.0, 8)
+    assert state[0] == pytest.approx(30 / 80, rel=0.02)   # its limiter lets it run 80 %: not over the limit in force
+    state = _share(pacer, clock, 80, 15.0, 1, state)   # another tenant runs again
+    assert state[0] == pytest.approx(1.0, rel=0.02)   # the next period: its limit, its correction unchanged
+    state = _share(pacer, clock, 80, 15.0, 3, state)
+    assert state[0] == pytest.approx(1.0, rel=0.02)
+    state = _share(pacer, clock, 80, 0.3, 1, state)   # a trickle is idle
+    assert state[0] == pytest.approx(30 / 80, rel=0.02)
+
+
+def test_no_ceiling_no_burst_and_an_unreadable_nvml_means_no_burst():
+    clock = Clock()
+    assert _share(Pacer(clock), clock, 0, 0.0, 6)[0] == pytest.approx(1.0, rel=0.02)
+    assert _share(Pacer(clock), clock, 20, 0.0, 6)[0] == pytest.approx(1.0, rel=0.02)   # a ceiling under the limit
+    assert _share(Pacer(clock), clock, 80, None, 6)[0] == 1.0
+    # the library's bound: a ceiling past five times the limit gives five times the limit
+    assert _share(Pacer(clock), clock, 100, 0.0, 1)[0] == pytest.approx(max(FACTOR_MIN, 30 / 100))

@@ -356,9 +356,9 @@ class NodeBed:
             time.sleep(0.05)
 
     def container_env(self, pod: str, container: str) -> dict[str, str]:
-        """The environment the container's process printed (`env -0` output after the runner's JSON line)."""
+        """The environment the container's process printed (`env -0`, its log)."""
         path = self.workdir / "logs" / f"default_{pod}_{container}.log"
-        raw = path.read_bytes().split(b"\n", 1)[1]
+        raw = path.read_bytes()
         return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
 
     def log_exists(self, pod: str, container: str) -> bool:

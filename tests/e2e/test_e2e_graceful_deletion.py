@@ -41,7 +41,7 @@ def test_a_deleted_gpu_pod_ends_through_its_kubelet_and_frees_its_share(cluster,
     cluster.create_pod(_gpu_pod("first"))
     cluster.wait("first running", lambda: phase(_get(cluster, "first") or {}) == "Running", 120)
     log = cluster.nodes[0].dir / "logs" / "e2e_first_c.log"
-    cluster.wait("first's program armed", lambda: log.exists() and b"\nready\n" in log.read_bytes(), 60)
+    cluster.wait("first's program armed", lambda: log.exists() and b"\nready\n" in b"\n" + log.read_bytes(), 60)
     cluster.delete_pod("e2e", "first")
     start = time.monotonic()
     terminating = _get(cluster, "first")

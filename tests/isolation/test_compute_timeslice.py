@@ -64,7 +64,7 @@ def _pace(sim, helpers, procs, limits: list[int], history: list[dict]) -> None:
                     device = region.devices()[0]
             except (OSError, RegionError, IndexError):
                 continue
-            tenants.append(Tenant(f"c{c}", device.uuid, limit, device.charged_ns))
+            tenants.append(Tenant(f"c{c}", device.uuid, limit, device.charged_ns, read_ns=device.read_ns))
         running = {p.pid: helpers.simgpu_busy_ns(0, p.pid, last, now) / (now - last) * 100 for p in procs}
         last = now
         factors = pacer.step(tenants, lambda _uuid, seen=running: seen, owner.get)
@@ -146,3 +146,56 @@ def test_the_library_applies_a_fresh_pace_file_within_its_bounds(sim, text, age,
     assert p.returncode == 0, err
     a, b = t0 + int(1.5 * SEC), t0 + int(3.2 * SEC)
     assert helpers.simgpu_busy_ns(0, p.pid, a, b) / (b - a) * 100 == pytest.approx(expected, abs=TOLERANCE)
+
+
+def test_an_idle_share_is_lent_up_to_the_ceiling_and_taken_back_when_the_neighbour_returns(sim):
+    """Idle share (a tenant with a ceiling above its limit): A, limited to 30 % with a ceiling of 80 %, runs alone
+    and gets its ceiling; B (50 %) starts 6 s later, and within two pacer periods A is back at its limit and B gets
+    its own. Long kernels on the time-sliced GPU, so the correction is at work too."""
+    helpers = sim.helpers()
+    start_b, seconds = 6.0, 17.0
+    t0 = helpers.simgpu_now_ns()
+
+    def tenant(c: int, limit: int, run: float):
+        env = dict(CUDA_DEVICE_SM_LIMIT=str(limit), CUDA_DEVICE_MEMORY_LIMIT="8g", GPU_CORE_UTILIZATION_POLICY="force",
+                   CUDA_DEVICE_MEMORY_SHARED_CACHE=str(sim.cache.with_suffix(f".{c}.cache")),
+                   VGPU_PACE_FILE=str(sim.cache.with_suffix(f".{c}.pace")), SIMGPU_TIMESLICE_NS=str(SLICE_NS))
+        return sim.popen("mix", "long", str(run), "1", **env)
+
+    procs = {0: tenant(0, 30, seconds)}
+    pacer, owner, last, started, b_start = Pacer(), {}, t0, time.monotonic(), 0.0
+    while any(p.poll() is None for p in procs.values()):
+        time.sleep(1.0)
+        if 1 not in procs and time.monotonic() - started >= start_b:
+            procs[1] = tenant(1, 50, seconds - start_b)
+            b_start = (helpers.simgpu_now_ns() - t0) / SEC
+        owner = {p.pid: f"c{c}" for c, p in procs.items()}
+        now = helpers.simgpu_now_ns()
+        tenants = []
+        for c, (limit, ceiling) in ((0, (30, 80)), (1, (50, 0))):
+            try:
+                with Region.open(sim.cache.with_suffix(f".{c}.cache")) as region:
+                    device = region.devices()[0]
+            except (OSError, RegionError, IndexError):
+                continue
+            tenants.append(Tenant(f"c{c}", device.uuid, limit, device.charged_ns, ceiling_pct=ceiling,
+                                  read_ns=device.read_ns))
+        running = {p.pid: helpers.simgpu_busy_ns(0, p.pid, last, now) / (now - last) * 100 for p in procs.values()}
+        last = now
+        factors = pacer.step(tenants, lambda _uuid, seen=running: seen, owner.get)
+        for t in tenants:
+            path = sim.cache.with_suffix(f".{t.key[1:]}.pace")
+            path.with_suffix(".tmp").write_text(pace_file_text({t.uuid: factors[(t.key, t.uuid)]}))
+            os.replace(path.with_suffix(".tmp"), path)
+    for p in procs.values():
+        _, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+    def share(c: int, a: float, b: float) -> float:
+        lo, hi = t0 + int(a * SEC), t0 + int(b * SEC)
+        return helpers.simgpu_busy_ns(0, procs[c].pid, lo, hi) / (hi - lo) * 100
+
+    assert share(0, 3.0, 5.5) == pytest.approx(80, abs=TOLERANCE)   # alone: up to its ceiling
+    # two periods after B came: A is back under its limit (the correction for B's slices takes a few more)
+    assert share(0, b_start + 2.0, b_start + 4.0) < 30 + TOLERANCE
+    assert share(0, b_start + 6.0, seconds - 0.5) == pytest.approx(30, abs=TOLERANCE)   # and at it
+    assert share(1, b_start + 6.0, seconds - 0.5) == pytest.approx(50, abs=TOLERANCE)

@@ -291,7 +291,7 @@ def _armed(bed: Bed, node: Node, name: str, grace: int, handler: str, linger: fl
     bed.pod(name, phase=None, grace=grace, command=["python3", "-c", PROGRAM.format(linger=linger, handler=handler)])
     log = node.workdir / "logs" / f"default_{name}_c.log"
     deadline = time.monotonic() + 20
-    while not (log.exists() and b"\nready\n" in log.read_bytes()):
+    while not (log.exists() and b"\nready\n" in b"\n" + log.read_bytes()):
         assert time.monotonic() < deadline, "the pod's program did not start"
         time.sleep(0.05)
 
