@@ -11,6 +11,9 @@ Sources, highest first (docs/deviceplugin-options.md):
    with the `sharing:` section (`vgpu.resources.SharingConfig`) that the scheduler's file carries too;
 5. defaults.
 
+Above them all, this node's entry of the cluster's per-node file (`--node-config`, vgpu.deviceplugin.nodeconfig):
+its split count and excluded GPUs win, since they are the most specific.
+
 Every value from a flag, the environment or a file goes through the same parser; a bad value raises ConfigError
 whose message starts with the option as the user wrote it (`--device-id-strategy`, `DEVICE_ID_STRATEGY`,
 `flags.plugin.deviceIDStrategy in FILE`), so the CLI prints one line and exits 2.
@@ -33,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vgpu.configfile import read_yaml_mapping, validated
+from vgpu.deviceplugin.nodeconfig import node_entry
 from vgpu.errors import ConfigError
 from vgpu.node.backends import DEFAULT_IGNORED_XIDS, BackendSettings
 from vgpu.resources import HAMI_NAMES, SharingConfig
@@ -157,6 +161,14 @@ class PluginConfig(BaseModel):
     pace_seconds: float = Field(
         1.0, ge=0, description="how often the pacer compares what each pod ran on a GPU (NVML) with what the library "
         "charged it, and corrects the library's timings; 0: off (node.pacing)"
+    )
+    node_config: str | None = Field(
+        None, description="the cluster's per-node configuration file (deviceplugin.nodeconfig); the entry named "
+        "after node_name applies over every other source"
+    )
+    exclude_devices: list[str] = Field(
+        default_factory=list, description="GPUs this plugin leaves alone (not advertised, never granted), by UUID or "
+        "by NVML index"
     )
 
     @field_validator("gpu_memory_factor")
@@ -336,6 +348,9 @@ OPTIONS: tuple[Option, ...] = (
            "it over-charge (backend nvml; needs hostPID); 0: off", default="1"),
     Option("handshake", "--handshake", None, "flags.vgpu.handshake", "bool",
            "write volcano.sh/node-vgpu-handshake (Volcano <= 1.15.0)", default="false"),
+    Option("node_config", "--node-config", "NODE_CONFIG_FILE", "flags.vgpu.nodeConfigFile", "path",
+           "the cluster's per-node configuration (nodeConfig: [{name, splitCount, filterDevices: {uuid, index}}]); "
+           "the entry named after this node wins over every other source", default="none"),
 )
 CONFIG_FILE_FLAG, CONFIG_FILE_ENV = "--config-file", "CONFIG_FILE"
 _BY_FILE_KEY = {o.file_key: o for o in OPTIONS if o.file_key}
@@ -520,9 +535,33 @@ def resolve_config(
             continue
         option = by_field[field_name]
         _set(data, field_name, parse_value(option, raw, option.flag))
+    _apply_node_entry(data)
     config = validated(PluginConfig, data, config_path or "flags and environment")
     check_consistency(config)
     return config
+
+
+def _apply_node_entry(data: dict[str, Any]) -> None:
+    """Lay this node's entry of the node-configuration file (if any) over `data`: its split count replaces
+    sharing.split_count, its excluded GPUs join exclude_devices."""
+    path, node = data.get("node_config"), data.get("node_name")
+    if not path or not node:
+        return
+    entry = node_entry(str(path), str(node))
+    if entry is None:
+        log.info("event=node_config_none file=%s node=%s: no entry for this node, the defaults apply", path, node)
+        return
+    if entry.split_count is not None:
+        _set(data, "sharing.split_count", entry.split_count)
+    exclude = entry.exclude_devices()
+    if exclude:
+        current = data.get("exclude_devices") or []
+        if not isinstance(current, list):
+            raise ConfigError(f"exclude_devices: expected a list of GPU UUIDs or indices, got {current!r}")
+        data["exclude_devices"] = list(dict.fromkeys([*map(str, current), *exclude]))
+    log.info("event=node_config_applied file=%s node=%s keys=%s split_count=%s exclude_devices=%s", path, node,
+             ",".join(entry.keys) or "-", entry.split_count if entry.split_count is not None else "-",
+             ",".join(exclude) or "-")
 
 
 def check_consistency(config: PluginConfig) -> None:

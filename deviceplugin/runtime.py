@@ -17,6 +17,7 @@ from vgpu.deviceplugin.matching import CORES as KIND_CORES
 from vgpu.deviceplugin.matching import GPUS, GrantRules
 from vgpu.deviceplugin.matching import MEMORY as KIND_MEMORY
 from vgpu.deviceplugin.monitor import NodeCollector, NodeMetrics, serve_metrics
+from vgpu.deviceplugin.nodeconfig import excluded
 from vgpu.deviceplugin.podresources import KubeletPods, default_socket
 from vgpu.deviceplugin.pods import NodePods
 from vgpu.deviceplugin.registrar import Registrar
@@ -27,7 +28,7 @@ from vgpu.isolation.build import paths as isolation_paths
 from vgpu.kube.client import make_api_client
 from vgpu.kube.events import EventRecorder
 from vgpu.node.accounting import read_snapshot
-from vgpu.node.backends import BackendUnavailable, GPUBackend, HealthEvent, make_backend
+from vgpu.node.backends import BackendUnavailable, GPUBackend, GPUInfo, HealthEvent, make_backend
 from vgpu.node.driverlimits import start_driver_limits
 from vgpu.node.guard import MemoryGuard, ProcessBackend
 from vgpu.node.host import HostFiles
@@ -79,7 +80,7 @@ class DevicePluginRuntime:
                                                   host.containers_root, host.records, backend_up=False,
                                                   legacy=config.legacy_metrics))
             return self
-        gpus = backend.devices()
+        gpus = self._usable(backend.devices())
         for gpu in gpus:
             if gpu.mig_enabled:
                 raise ConfigError(
@@ -169,6 +170,16 @@ class DevicePluginRuntime:
         registrar.start()
         self.started += [manager, registrar]
         return self
+
+    def _usable(self, gpus: list[GPUInfo]) -> list[GPUInfo]:
+        """The GPUs this plugin serves: all but those of exclude_devices (the node's entry of --node-config), which
+        are never advertised, granted, published or watched."""
+        kept, dropped, unmatched = excluded(gpus, self.config.exclude_devices)
+        for gpu in dropped:
+            log.info("event=gpu_excluded uuid=%s index=%d: left alone (exclude_devices)", gpu.uuid, gpu.nvml_index)
+        for entry in unmatched:
+            log.warning("event=gpu_exclude_unmatched device=%s: no GPU of this node has that UUID or index", entry)
+        return kept
 
     @staticmethod
     def _report_vanished(host: HostFiles, present: set[str], recorder: EventRecorder) -> None:

@@ -35,6 +35,8 @@ from vgpu.resources import HAMI_NAMES, QUOTA_CORES, QUOTA_MEMORY
 CHART = ROOT / "charts" / "vgpu-sharing"
 RELEASE = "vgpu-sharing"
 K8S_VERSION = "1.34"
+# The cluster version the renders below assume (deploy/'s kube-scheduler image is of this version).
+KUBE_VERSION = "v1.34.0"
 # Labels Helm's charts add and kustomize's objects do not carry.
 HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance",
                "app.kubernetes.io/version"}
@@ -66,9 +68,22 @@ def chart() -> helm.Chart:
     return helm.Chart.load(CHART)
 
 
+def render_chart(values: dict | None, *, name: str = RELEASE, namespace: str = NAMESPACE,
+                 kube_version: str = KUBE_VERSION) -> dict[str, str]:
+    """Template path -> rendered text, as `helm template --kube-version` renders it: the cluster version reaches
+    .Capabilities.KubeVersion (the kube-scheduler image's tag follows it). Chart.render has no such argument, so
+    this asks the library's renderer directly, with the options `helm template` passes it."""
+    from helm_python import _native
+
+    options = {"name": name, "namespace": namespace, "kube_version": kube_version}
+    text = _native.call_string("helm_render", chart()._raw(), json.dumps(values or {}), json.dumps(options))
+    rendered: dict[str, str] = json.loads(text)
+    return rendered
+
+
 @functools.cache
 def _render(values_json: str) -> tuple[tuple[str, str], ...]:
-    rendered = chart().render(json.loads(values_json), name=RELEASE, namespace=NAMESPACE)
+    rendered = render_chart(json.loads(values_json))
     return tuple(sorted(rendered.items()))
 
 
@@ -549,7 +564,7 @@ def test_the_release_namespace_reaches_every_reference():
 
 
 def chart_in_other_namespace() -> list[dict]:
-    rendered = chart().render({}, name=RELEASE, namespace="gpu")
+    rendered = render_chart({}, namespace="gpu")
     return [d for path, text in rendered.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
 
 

@@ -1,8 +1,71 @@
 {{/*
-Shared pieces of the templates. Object names are fixed (vgpu-scheduler, vgpu-device-plugin, ...), not derived from
-the release name: the admission policies, the scheduler profile and the Volcano/HAMi wire names refer to them, and
-several objects are cluster-scoped. Install one release per cluster.
+Shared pieces of the templates. Object names are `<prefix>-<part>` (vgpu-scheduler, vgpu-device-plugin,
+vgpu-sharing-config, ...): the prefix is `vgpu` unless fullnameOverride or nameOverride set it, and never the
+release name by default, so that a default install names its objects as deploy/ does. The objects refer to each
+other through "vgpu-sharing.fullname" only. The wire names (DRA driver and DeviceClasses, resource names,
+annotations) do not follow the prefix: install one release per cluster.
 */}}
+
+{{/* The prefix of every object name: fullnameOverride; else, with nameOverride, Helm's usual
+     <release>-<nameOverride> (the release name alone when it contains nameOverride); else "vgpu". */}}
+{{- define "vgpu-sharing.prefix" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else if .Values.nameOverride -}}
+{{- if contains .Values.nameOverride .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Values.nameOverride | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- else -}}
+vgpu
+{{- end -}}
+{{- end -}}
+
+{{/* The name of one of our objects: <prefix>-<part>. Call with (dict "ctx" $ "part" "scheduler"). */}}
+{{- define "vgpu-sharing.fullname" -}}
+{{- printf "%s-%s" (include "vgpu-sharing.prefix" .ctx) .part -}}
+{{- end -}}
+
+{{/* The namespace of every namespaced object: namespaceOverride, else the release namespace. */}}
+{{- define "vgpu-sharing.namespace" -}}
+{{- .Values.namespaceOverride | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* An image reference from a repository and a tag, with global.imageRegistry: put in place of the registry the
+     repository names (a first path component with a dot or a colon, or localhost, as in registry.k8s.io/...),
+     else in front of it. Call with (dict "ctx" $ "repository" "..." "tag" "..."). */}}
+{{- define "vgpu-sharing.imageRef" -}}
+{{- $repository := .repository -}}
+{{- with .ctx.Values.global.imageRegistry -}}
+{{- $registry := trimSuffix "/" . -}}
+{{- $parts := splitList "/" $repository -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repository = join "/" (prepend (rest $parts) $registry) -}}
+{{- else -}}
+{{- $repository = printf "%s/%s" $registry $repository -}}
+{{- end -}}
+{{- end -}}
+{{- printf "%s:%s" $repository .tag -}}
+{{- end -}}
+
+{{/* The kube-scheduler image's tag: scheduler.kubeScheduler.image.tag, else the cluster's version as Helm sees it
+     (.Capabilities.KubeVersion) without what follows "+" (v1.30.0+k3s1 -> v1.30.0) or a vendor's "-" suffix
+     (v1.31.4-eks-1552ad0 -> v1.31.4); upstream pre-releases (-alpha.N, -beta.N, -rc.N) keep theirs. */}}
+{{- define "vgpu-sharing.kubeSchedulerTag" -}}
+{{- if .Values.scheduler.kubeScheduler.image.tag -}}
+{{- .Values.scheduler.kubeScheduler.image.tag -}}
+{{- else -}}
+{{- $version := first (splitList "+" .Capabilities.KubeVersion.Version) -}}
+{{- $release := regexFind "^v?[0-9]+\\.[0-9]+\\.[0-9]+" $version -}}
+{{- $suffix := trimPrefix $release $version -}}
+{{- if regexMatch "^-(alpha|beta|rc)\\.[0-9]+$" $suffix -}}
+{{- $release = $version -}}
+{{- end -}}
+{{- printf "v%s" (trimPrefix "v" $release) -}}
+{{- end -}}
+{{- end -}}
 
 {{/* Helm's labels, added to every object's metadata (not to pod templates or selectors, which stay as deploy/'s). */}}
 {{- define "vgpu-sharing.helmLabels" -}}
@@ -22,9 +85,21 @@ app.kubernetes.io/component: {{ . }}
 {{ include "vgpu-sharing.helmLabels" .ctx }}
 {{- end -}}
 
-{{/* Our image, repository:tag (the tag defaults to the chart's appVersion). */}}
+{{/* Our image, [global.imageRegistry/]repository:tag (the tag defaults to the chart's appVersion). */}}
 {{- define "vgpu-sharing.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ include "vgpu-sharing.imageRef" (dict "ctx" . "repository" .Values.image.repository "tag" (.Values.image.tag | default .Chart.AppVersion)) }}
+{{- end -}}
+
+{{/* The upstream kube-scheduler image. */}}
+{{- define "vgpu-sharing.kubeSchedulerImage" -}}
+{{ include "vgpu-sharing.imageRef" (dict "ctx" . "repository" .Values.scheduler.kubeScheduler.image.repository "tag" (include "vgpu-sharing.kubeSchedulerTag" .)) }}
+{{- end -}}
+
+{{/* runtimeClassName of a pod spec that reaches GPUs through NVML (argument "name"), or nothing. */}}
+{{- define "vgpu-sharing.runtimeClassName" -}}
+{{- with .name }}
+runtimeClassName: {{ . }}
+{{- end }}
 {{- end -}}
 
 {{/* imagePullSecrets of a pod spec, or nothing. */}}
@@ -35,15 +110,15 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* The username of one of our ServiceAccounts (argument "name") in the release namespace. */}}
+{{/* The username of one of our ServiceAccounts (argument "part": its name is <prefix>-<part>). */}}
 {{- define "vgpu-sharing.serviceAccountUser" -}}
-system:serviceaccount:{{ .ctx.Release.Namespace }}:{{ .name }}
+system:serviceaccount:{{ include "vgpu-sharing.namespace" .ctx }}:{{ include "vgpu-sharing.fullname" . }}
 {{- end -}}
 
 {{/* The ConfigMap the device plugins read the grant public keys from. */}}
 {{- define "vgpu-sharing.publicKeysConfigMap" -}}
 {{- if .Values.grantKey.publicKeys -}}
-vgpu-grant-public-keys
+{{ include "vgpu-sharing.fullname" (dict "ctx" . "part" "grant-public-keys") }}
 {{- else -}}
 {{ required "grantKey.existingPublicKeysConfigMap (or grantKey.publicKeys) is required" .Values.grantKey.existingPublicKeysConfigMap }}
 {{- end -}}
@@ -84,12 +159,32 @@ vgpu-grant-public-keys
 
 {{/* The Secret holding the extender's TLS files. */}}
 {{- define "vgpu-sharing.extenderTLSSecret" -}}
-{{- .Values.scheduler.extender.tls.existingSecret | default "vgpu-scheduler-extender-tls" -}}
+{{- .Values.scheduler.extender.tls.existingSecret | default (include "vgpu-sharing.fullname" (dict "ctx" . "part" "scheduler-extender-tls")) -}}
 {{- end -}}
 
 {{/* The Secret holding the webhook's serving certificate. */}}
 {{- define "vgpu-sharing.webhookTLSSecret" -}}
-{{- .Values.webhook.tls.existingSecret | default "vgpu-webhook-tls" -}}
+{{- .Values.webhook.tls.existingSecret | default (include "vgpu-sharing.fullname" (dict "ctx" . "part" "webhook-tls")) -}}
+{{- end -}}
+
+{{/* The webhook's namespaceSelector: the namespaces always excluded (the control plane's, ours and
+     webhook.excludeNamespaces) as one NotIn expression, with webhook.namespaceSelector's matchLabels and
+     matchExpressions added (all must hold). */}}
+{{- define "vgpu-sharing.webhookNamespaceSelector" -}}
+{{- $excluded := concat (list "kube-system" "kube-public" "kube-node-lease" (include "vgpu-sharing.namespace" .)) .Values.webhook.excludeNamespaces | uniq -}}
+{{- $expressions := list (dict "key" "kubernetes.io/metadata.name" "operator" "NotIn" "values" $excluded) -}}
+{{- $extra := .Values.webhook.namespaceSelector | default dict -}}
+{{- $expressions = concat $expressions ($extra.matchExpressions | default list) -}}
+{{- $selector := dict "matchExpressions" $expressions -}}
+{{- with $extra.matchLabels -}}
+{{- $_ := set $selector "matchLabels" . -}}
+{{- end -}}
+{{- toYaml $selector -}}
+{{- end -}}
+
+{{/* devicePlugin.nodeConfiguration as the file `vgpu device-plugin --node-config` reads (nodeConfig: [...]). */}}
+{{- define "vgpu-sharing.nodeConfigurationFile" -}}
+{{- toYaml (dict "nodeConfig" .Values.devicePlugin.nodeConfiguration) -}}
 {{- end -}}
 
 {{/*
@@ -100,7 +195,7 @@ install and upgrade against a cluster), so an upgrade keeps the CA that clients 
 the client extended key usage. Arguments: ctx, secret, cn, dns (list), ips (list), days.
 */}}
 {{- define "vgpu-sharing.tlsData" -}}
-{{- $existing := lookup "v1" "Secret" .ctx.Release.Namespace .secret -}}
+{{- $existing := lookup "v1" "Secret" (include "vgpu-sharing.namespace" .ctx) .secret -}}
 {{- if and $existing $existing.data (index $existing.data "tls.crt") (index $existing.data "tls.key") (index $existing.data "ca.crt") -}}
 {{- dict "tls.crt" (index $existing.data "tls.crt") "tls.key" (index $existing.data "tls.key") "ca.crt" (index $existing.data "ca.crt") | toJson -}}
 {{- else -}}
@@ -131,6 +226,19 @@ the client extended key usage. Arguments: ctx, secret, cn, dns (list), ips (list
 {{- if and .Values.webhook.networkPolicy.enabled (not .Values.webhook.networkPolicy.from) -}}
 {{- fail "vgpu-sharing: webhook.networkPolicy.enabled needs webhook.networkPolicy.from, the API server's addresses (e.g. [{ipBlock: {cidr: 10.0.0.10/32}}]); without them no one, the API server included, could reach the webhook" -}}
 {{- end -}}
+{{- end -}}
+{{- $nodes := list -}}
+{{- range $i, $entry := .Values.devicePlugin.nodeConfiguration -}}
+{{- if has $entry.name $nodes -}}
+{{- fail (printf "vgpu-sharing: devicePlugin.nodeConfiguration[%d]: node %s has two entries; merge them into one" $i $entry.name) -}}
+{{- end -}}
+{{- $nodes = append $nodes $entry.name -}}
+{{- if and (hasKey $entry "memoryScaling") (ne (toString $entry.memoryScaling) "1") (ne (toString $entry.memoryScaling) "1.0") -}}
+{{- fail (printf "vgpu-sharing: devicePlugin.nodeConfiguration[%d] (node %s): memoryScaling %v is not supported: vgpu-sharing never oversubscribes device memory (the grants on a GPU add up to at most its memory); remove it or set 1" $i $entry.name $entry.memoryScaling) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.devicePlugin.createRuntimeClass (not .Values.devicePlugin.runtimeClassName) -}}
+{{- fail "vgpu-sharing: devicePlugin.createRuntimeClass needs devicePlugin.runtimeClassName, the name of the RuntimeClass to create (e.g. nvidia)" -}}
 {{- end -}}
 {{- with .Values.grantKey.publicKeys -}}
 {{- if contains "PRIVATE KEY" . -}}
