@@ -162,6 +162,10 @@ class PluginConfig(BaseModel):
         1.0, ge=0, description="how often the pacer compares what each pod ran on a GPU (NVML) with what the library "
         "charged it, and corrects the library's timings; 0: off (node.pacing)"
     )
+    idle_share: bool = Field(
+        False, description="let a pod naming vgpu-sharing.io/cores-ceiling run up to it while its GPUs' other "
+        "tenants are idle (the pacer; node.pacing)"
+    )
     node_config: str | None = Field(
         None, description="the cluster's per-node configuration file (deviceplugin.nodeconfig); the entry named "
         "after node_name applies over every other source"
@@ -346,6 +350,10 @@ OPTIONS: tuple[Option, ...] = (
            "how often the pacer compares what each pod's processes ran on each GPU (NVML's per-process utilization) "
            "with what libvgpu.so charged them, and corrects the library's timings where the GPU's time slicing makes "
            "it over-charge (backend nvml; needs hostPID); 0: off", default="1"),
+    Option("idle_share", "--idle-share", "IDLE_SHARE", "flags.vgpu.idleShare", "bool",
+           "let a pod that names vgpu-sharing.io/cores-ceiling run above its vgpu-cores, up to that ceiling, while "
+           "everything else on its GPU is idle, and back to its limit within about two pacer periods when that ends "
+           "(needs the pacer: --pace-seconds above 0)", default="false"),
     Option("handshake", "--handshake", None, "flags.vgpu.handshake", "bool",
            "write volcano.sh/node-vgpu-handshake (Volcano <= 1.15.0)", default="false"),
     Option("node_config", "--node-config", "NODE_CONFIG_FILE", "flags.vgpu.nodeConfigFile", "path",

@@ -32,7 +32,7 @@ from vgpu.node.backends import BackendUnavailable, GPUBackend, GPUInfo, HealthEv
 from vgpu.node.driverlimits import start_driver_limits
 from vgpu.node.guard import MemoryGuard, ProcessBackend
 from vgpu.node.host import HostFiles
-from vgpu.node.pacing import NodePacer, UtilizationBackend
+from vgpu.node.pacing import NodePacer, PodCeilings, UtilizationBackend
 from vgpu.node.periodic import Periodic
 from vgpu.node.response import ResponseOptions
 from vgpu.units import MemoryUnit, mib_floor
@@ -163,7 +163,8 @@ class DevicePluginRuntime:
         if config.pace_seconds and isinstance(backend, UtilizationBackend):
             pacer = NodePacer(host.records.all, backend.process_utilization,
                               lambda record: read_snapshot(host.containers_root, record),
-                              lambda record: host.pace_file(record.pod_uid, record.container))
+                              lambda record: host.pace_file(record.pod_uid, record.container),
+                              ceiling_of=PodCeilings(pods.pods) if config.idle_share else None)
             self.started.append(Periodic("vgpu-pacer", config.pace_seconds,
                                          lambda: self._pace(pacer, host)).start())
         manager.start()

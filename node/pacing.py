@@ -40,13 +40,16 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from vgpu.errors import CodecError
 from vgpu.isolation.region import RegionSnapshot
 from vgpu.node.guard import pod_uid_of
 from vgpu.node.records import AllocationRecord
+from vgpu.requests import cores_ceiling
 
-__all__ = ["FACTOR_MAX", "FACTOR_MIN", "NodePacer", "Pacer", "Tenant", "UtilizationBackend", "pace_file_text"]
+__all__ = ["FACTOR_MAX", "FACTOR_MIN", "NodePacer", "Pacer", "PodCeilings", "Tenant", "UtilizationBackend",
+           "pace_file_text"]
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +178,31 @@ class Pacer:
         if ran > allowed * OVER_LIMIT:
             target = max(target, track.factor * ran / allowed)
         return float(min(FACTOR_MAX, max(FACTOR_MIN, track.factor * (target / track.factor) ** GAIN)))
+
+
+class PodCeilings:
+    """Idle-share ceilings by pod UID, read from the pods' `vgpu-sharing.io/cores-ceiling` annotations (`pods()`,
+    the node agent's pod cache) for `NodePacer(ceiling_of=...)`. A value that is not a whole percent 1..100 counts as
+    none, with one warning per pod."""
+
+    def __init__(self, pods: Callable[[], Iterable[Mapping[str, Any]]]) -> None:
+        self._pods = pods
+        self._warned: set[str] = set()
+
+    def __call__(self, uid: str) -> float:
+        for pod in self._pods():
+            meta = pod.get("metadata") or {}
+            if meta.get("uid") != uid:
+                continue
+            try:
+                return float(cores_ceiling(pod))
+            except CodecError as exc:
+                if uid not in self._warned:
+                    self._warned.add(uid)
+                    log.warning("event=cores_ceiling_ignored pod=%s/%s error=%s", meta.get("namespace"),
+                                meta.get("name"), exc)
+                return 0.0
+        return 0.0
 
 
 class NodePacer:

@@ -38,6 +38,9 @@ HAMI_GPU_SCHEDULER_POLICY = "hami.io/gpu-scheduler-policy"
 # HAMi's per-pod node order (binpack or spread), over the scheduler's --node-policy
 HAMI_NODE_SCHEDULER_POLICY = "hami.io/node-scheduler-policy"
 GPU_ORDER_NAMES = ("binpack", "spread")
+# Ours: what the pod's compute may reach (% of each GPU, above vgpu-cores) while its GPUs' other tenants are idle;
+# read only on nodes whose device plugin runs with --idle-share (node.pacing, docs/isolation.md)
+CORES_CEILING = "vgpu-sharing.io/cores-ceiling"
 VGPU_MODE = "volcano.sh/vgpu-mode"
 
 # Request type keyword written in every assignment entry.

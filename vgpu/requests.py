@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from vgpu import keys
-from vgpu.errors import RequestError
+from vgpu.errors import CodecError, RequestError
 from vgpu.quantity import parse_integer_quantity, parse_quantity
 from vgpu.resources import ResourceNames, SharingConfig
 from vgpu.units import MIB, MemoryUnit
@@ -24,6 +24,7 @@ __all__ = [
     "MAX_NODE_QUANTITY",
     "ContainerRequest",
     "Selectors",
+    "cores_ceiling",
     "gpu_containers",
     "pod_cpu_memory",
     "pod_requests",
@@ -108,6 +109,18 @@ def pod_selectors(pod: Mapping[str, Any]) -> Selectors:
         gpu_order=_order_word(annotations.get(keys.HAMI_GPU_SCHEDULER_POLICY)),
         node_order=_order_word(annotations.get(keys.HAMI_NODE_SCHEDULER_POLICY)),
     )
+
+
+def cores_ceiling(pod: Mapping[str, Any]) -> int:
+    """The pod's idle-share ceiling (`vgpu-sharing.io/cores-ceiling`, a whole percent 1..100 of each GPU); 0 when
+    absent. Raises CodecError naming the annotation for any other value."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.CORES_CEILING)
+    if raw is None:
+        return 0
+    text = str(raw).strip()
+    if not text.isdigit() or not 1 <= int(text) <= 100:
+        raise CodecError(f"annotation {keys.CORES_CEILING}: {raw!r} is not a whole percent of a GPU, 1 to 100")
+    return int(text)
 
 
 def _order_word(value: str | None) -> str:

@@ -110,8 +110,10 @@ class PluginBed:
         raise AssertionError("no inventory published\n" + self.log())
 
     def create_pod(self, name: str, containers: list[dict[str, Any]], assignment: str,
-                   init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-        """A pod as the scheduler leaves it at bind: on this node, annotated, bind-phase=allocating."""
+                   init_containers: list[dict[str, Any]] | None = None,
+                   annotations: dict[str, str] | None = None) -> dict[str, Any]:
+        """A pod as the scheduler leaves it at bind: on this node, annotated (`annotations` besides),
+        bind-phase=allocating."""
         body: dict[str, Any] = {
             "metadata": {
                 "name": name,
@@ -129,6 +131,7 @@ class PluginBed:
         }
         if init_containers:
             body["spec"]["initContainers"] = init_containers
+        body["metadata"]["annotations"].update(annotations or {})
         created = read_json(self.core.create_namespaced_pod("default", body, _preload_content=False))
         return created
 

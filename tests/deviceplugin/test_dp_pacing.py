@@ -78,3 +78,41 @@ def test_the_plugins_pacer_gives_each_pod_its_limit_on_a_time_sliced_gpu(cluster
         uuid, factor = text.split()
         assert uuid == A100 and 0.3 < float(factor) < 0.95, factors
     assert f'vgpu_pace_factor{{device_uuid="{A100}",namespace="default",node="node-a",pod="thirty"}}' in metrics
+
+
+def test_with_idle_share_a_pod_alone_runs_up_to_the_ceiling_it_names(cluster, probe, cgroups, monkeypatch):
+    """`--idle-share`: a pod granted 30 % that names `vgpu-sharing.io/cores-ceiling: 80` runs at its ceiling while
+    nothing else runs on its GPU; a second pod that names a ceiling it may not have ("lots") is held to its limit,
+    with a warning in the plugin's log."""
+    sim_env = start_nvml_plugin(cluster, DEVICES, "--resource-mode", "mib", "--pace-seconds", "1", "--idle-share",
+                                wait=False)
+    assert cluster.kubelet.wait_registered(("volcano.sh/vgpu-number",), 20), cluster.log()
+    monkeypatch.setenv("SIMGPU_STATE", sim_env["SIMGPU_STATE"])
+    monkeypatch.setenv("SIMGPU_DEVICES", DEVICES)
+    sim = ctypes.CDLL(str(ensure_sim_built().sim_libcuda))
+    sim.simgpu_busy_ns.restype = sim.simgpu_now_ns.restype = ctypes.c_uint64
+    sim.simgpu_busy_ns.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+    shares = {}
+    for name, ceiling in (("lender", "80"), ("greedy", "lots")):
+        pod = cluster.create_pod(name, [gpu_container("c", number=1, memory=4000, cores=30)],
+                                 f"{A100},NVIDIA,4000,30:", annotations={"vgpu-sharing.io/cores-ceiling": ceiling})
+        (container,) = cluster.kubelet.admit(pod)
+        response = the_response(container)
+        uid = pod["metadata"]["uid"]
+        mounts = {m.container_path: m.host_path for m in response.mounts}
+        cache = Path(mounts["/tmp/vgpu"]) / Path(response.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"]).name
+        env = {**sim_env, **response.envs, "SIMGPU_DEVICES": DEVICES, "LD_PRELOAD": str(ensure_built().libvgpu),
+               "CUDA_DEVICE_MEMORY_SHARED_CACHE": str(cache),
+               "VGPU_PACE_FILE": str(Path(mounts["/usr/local/vgpu/pace"]) / "factors")}
+        cgroup = cgroups(uid)
+        seconds = 8.0
+        proc = subprocess.Popen(
+            ["sh", "-c", f'echo $$ > "{cgroup}/cgroup.procs" && exec "$0" mix varied {seconds} 1', str(probe)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        t0 = sim.simgpu_now_ns()
+        assert proc.wait(seconds + 30) == 0, proc.stderr.read() if proc.stderr else ""
+        a, b = t0 + int(4.5 * SEC), t0 + int(7.5 * SEC)
+        shares[name] = sim.simgpu_busy_ns(0, proc.pid, a, b) / (b - a) * 100
+    assert shares["lender"] == pytest.approx(80, abs=3), (shares, cluster.log())
+    assert shares["greedy"] == pytest.approx(30, abs=3), shares
+    assert "event=cores_ceiling_ignored pod=default/greedy" in cluster.log()

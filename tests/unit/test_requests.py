@@ -2,8 +2,8 @@
 
 import pytest
 
-from vgpu.errors import RequestError
-from vgpu.requests import ContainerRequest, Selectors, pod_requests, pod_selectors
+from vgpu.errors import CodecError, RequestError
+from vgpu.requests import ContainerRequest, Selectors, cores_ceiling, pod_requests, pod_selectors
 from vgpu.resources import SharingConfig
 
 VOLCANO = SharingConfig()
@@ -219,3 +219,15 @@ def test_volcano_check_gpu_uuid_vectors(use, nouse, uuid, expected):
 def test_volcano_check_gpu_type_vectors(annotations, expected):
     assert pod_selectors(pod(("c", {}), annotations=annotations)).type_allowed("NVIDIA") is expected
     assert Selectors().type_allowed("NVIDIA")
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 0), ("80", 80), (" 100 ", 100), ("1", 1)])
+def test_the_cores_ceiling_is_a_whole_percent(value, expected):
+    annotations = {} if value is None else {"vgpu-sharing.io/cores-ceiling": value}
+    assert cores_ceiling({"metadata": {"annotations": annotations}}) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "101", "80%", "lots", "-5", "", "7.5"])
+def test_a_cores_ceiling_that_is_not_a_whole_percent_is_refused_naming_it(value):
+    with pytest.raises(CodecError, match=r"vgpu-sharing\.io/cores-ceiling"):
+        cores_ceiling({"metadata": {"annotations": {"vgpu-sharing.io/cores-ceiling": value}}})
