@@ -17,7 +17,7 @@ import pytest
 import yaml
 from cryptography import x509
 from deploy_helpers import NAMESPACE, Manifest, assert_valid_kubernetes
-from test_helm_chart import CHART, RELEASE, render_chart
+from test_helm_chart import CHART, RELEASE, by_key, one, render_chart
 
 from vgpu.deviceplugin.config import resolve_config
 from vgpu.deviceplugin.nodeconfig import node_entry
@@ -54,17 +54,6 @@ def notes(values: dict | None = None, **kwargs) -> str:
     return text
 
 
-def keyed(docs: list[dict]) -> dict[tuple[str, str], dict]:
-    out: dict[tuple[str, str], dict] = {}
-    for doc in docs:
-        key = (doc["kind"], doc["metadata"]["name"])
-        assert key not in out, f"{key} made twice"
-        out[key] = doc
-    return out
-
-
-def one(docs: list[dict], kind: str, name: str) -> dict:
-    return keyed(docs)[(kind, name)]
 
 
 def workloads(docs: list[dict]) -> dict[str, dict]:
@@ -95,7 +84,7 @@ def username(part: str, prefix: str, namespace: str) -> str:
 def assert_references_resolve(docs: list[dict], prefix: str, namespace: str) -> None:
     """Every name one of our objects gives of another is an object of the render (or the user's / Kubernetes'),
     in the namespace it is looked for in, and every selector picks a pod template of ours."""
-    have = keyed(docs)
+    have = by_key(docs)
     namespaced = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs}
 
     def exists(kind: str, name: str, ns: str | None = namespace) -> None:
@@ -304,7 +293,7 @@ def test_node_configuration_reaches_both_device_plugins_and_their_parser(tmp_pat
 
 def test_without_node_configuration_nothing_changes():
     docs = objects()
-    assert ("ConfigMap", "vgpu-device-plugin-nodes") not in keyed(docs)
+    assert ("ConfigMap", "vgpu-device-plugin-nodes") not in by_key(docs)
     pod = one(docs, "DaemonSet", "vgpu-device-plugin")["spec"]["template"]
     assert "annotations" not in pod["metadata"]
     assert not [a for a in containers(one(docs, "DaemonSet", "vgpu-device-plugin"))["device-plugin"]["command"]

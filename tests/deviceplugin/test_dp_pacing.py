@@ -8,7 +8,6 @@ where without the pacer they get about two thirds of it (tests/isolation/test_co
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import time
 import urllib.request
@@ -16,25 +15,16 @@ from pathlib import Path
 
 import pytest
 from dp_helpers import gpu_container
+from pacing_checks import SEC, WARMUP, WINDOW, assert_paced, build_probe, timeline
 from test_dp_matching import the_response
 from test_dp_nvml import A100, DEVICES, start_nvml_plugin
 
 from vgpu.isolation.build import ensure_built
-from vgpu.isolation.cuda_include import cuda_include_dir
-from vgpu.testbed.build import ensure_sim_built
-
-ROOT = Path(__file__).resolve().parents[2]
-SEC = 1_000_000_000
-WARMUP, WINDOW = 7.0, 4.0
 
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> Path:
-    exe = tmp_path_factory.mktemp("pacing") / "probe"
-    subprocess.run(["gcc", "-O2", "-pthread", f"-I{cuda_include_dir()}", f"-I{ROOT / 'isolation' / 'src'}", "-o",
-                    str(exe), str(ROOT / "tests" / "isolation" / "csrc" / "probe.c"),
-                    f"-L{ensure_sim_built().sim_dir}", "-lcuda", "-ldl"], check=True)
-    return exe
+    return build_probe(tmp_path_factory.mktemp("pacing"))
 
 
 def test_the_plugins_pacer_gives_each_pod_its_limit_on_a_time_sliced_gpu(cluster, probe, cgroups,
@@ -43,9 +33,7 @@ def test_the_plugins_pacer_gives_each_pod_its_limit_on_a_time_sliced_gpu(cluster
     assert cluster.kubelet.wait_registered(("volcano.sh/vgpu-number",), 20), cluster.log()
     monkeypatch.setenv("SIMGPU_STATE", sim_env["SIMGPU_STATE"])   # the simulator's helpers read this node's GPUs
     monkeypatch.setenv("SIMGPU_DEVICES", DEVICES)
-    sim = ctypes.CDLL(str(ensure_sim_built().sim_libcuda))
-    sim.simgpu_busy_ns.restype = sim.simgpu_now_ns.restype = ctypes.c_uint64
-    sim.simgpu_busy_ns.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+    sim = timeline()
     seconds = WARMUP + WINDOW + 0.5
     procs = []
     for name, cores in (("thirty", 30), ("fifty", 50)):
@@ -69,14 +57,7 @@ def test_the_plugins_pacer_gives_each_pod_its_limit_on_a_time_sliced_gpu(cluster
     factors = [(cluster.hook / "vgpu" / "pace" / f"{u}_c" / "factors").read_text() for u in
                (cluster.pod(n)["metadata"]["uid"] for n in ("thirty", "fifty"))]
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{cluster.metrics_port}/metrics", timeout=5).read().decode()
-    for p in procs:
-        assert p.wait(seconds + 30) == 0, p.stderr.read() if p.stderr else ""
-    a, b = t0 + int(WARMUP * SEC), t0 + int((WARMUP + WINDOW) * SEC)
-    shares = [sim.simgpu_busy_ns(0, p.pid, a, b) / (b - a) * 100 for p in procs]
-    assert shares == [pytest.approx(30, abs=3), pytest.approx(50, abs=3)], (shares, cluster.log())
-    for text in factors:   # each pod's timings are scaled down: it was charged the other's slices
-        uuid, factor = text.split()
-        assert uuid == A100 and 0.3 < float(factor) < 0.95, factors
+    assert_paced(sim, procs, t0, factors, A100, seconds, cluster.log())
     assert f'vgpu_pace_factor{{device_uuid="{A100}",namespace="default",node="node-a",pod="thirty"}}' in metrics
 
 
@@ -89,9 +70,7 @@ def test_with_idle_share_a_pod_alone_runs_up_to_the_ceiling_it_names(cluster, pr
     assert cluster.kubelet.wait_registered(("volcano.sh/vgpu-number",), 20), cluster.log()
     monkeypatch.setenv("SIMGPU_STATE", sim_env["SIMGPU_STATE"])
     monkeypatch.setenv("SIMGPU_DEVICES", DEVICES)
-    sim = ctypes.CDLL(str(ensure_sim_built().sim_libcuda))
-    sim.simgpu_busy_ns.restype = sim.simgpu_now_ns.restype = ctypes.c_uint64
-    sim.simgpu_busy_ns.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+    sim = timeline()
     shares = {}
     for name, ceiling in (("lender", "80"), ("greedy", "lots")):
         pod = cluster.create_pod(name, [gpu_container("c", number=1, memory=4000, cores=30)],

@@ -9,7 +9,6 @@ serves is kept in the checkpoint and refreshed when a further pod's prepare asks
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import time
 import uuid as uuidlib
@@ -19,18 +18,15 @@ from typing import Any
 import orjson
 import pytest
 from dra_helpers import DRABed, cdi_devices, eventually, result
+from pacing_checks import WARMUP, WINDOW, assert_paced, build_probe, timeline
 
 from vgpu.draplugin.checkpoint import PreparedClaim
 from vgpu.draplugin.prepare import pacing_records
 from vgpu.isolation.build import ensure_built
-from vgpu.isolation.cuda_include import cuda_include_dir
 from vgpu.testbed.build import ensure_sim_built
 
-ROOT = Path(__file__).resolve().parents[2]
 A100 = "GPU-0a7d2c1e-5b9f-4c3d-8e21-6f4a9b0c1d2e"
 DEVICES = f"NVIDIA A100-PCIE-40GB:40960:108:{A100}"
-SEC = 1_000_000_000
-WARMUP, WINDOW = 7.0, 4.0
 
 
 def _start_nvml(bed: DRABed) -> dict[str, str]:
@@ -65,20 +61,14 @@ def _device_name(bed: DRABed) -> str:
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory) -> Path:
-    exe = tmp_path_factory.mktemp("pacing") / "probe"
-    subprocess.run(["gcc", "-O2", "-pthread", f"-I{cuda_include_dir()}", f"-I{ROOT / 'isolation' / 'src'}", "-o",
-                    str(exe), str(ROOT / "tests" / "isolation" / "csrc" / "probe.c"),
-                    f"-L{ensure_sim_built().sim_dir}", "-lcuda", "-ldl"], check=True)
-    return exe
+    return build_probe(tmp_path_factory.mktemp("pacing"))
 
 
 def test_the_dra_plugins_pacer_gives_each_claim_its_limit_on_a_time_sliced_gpu(bed, probe, cgroups, monkeypatch):
     sim_env = _start_nvml(bed)
     monkeypatch.setenv("SIMGPU_STATE", sim_env["SIMGPU_STATE"])   # the simulator's helpers read this node's GPU
     monkeypatch.setenv("SIMGPU_DEVICES", DEVICES)
-    sim = ctypes.CDLL(str(ensure_sim_built().sim_libcuda))
-    sim.simgpu_busy_ns.restype = sim.simgpu_now_ns.restype = ctypes.c_uint64
-    sim.simgpu_busy_ns.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
+    sim = timeline()
     gpu = _device_name(bed)
     claims = []
     for name, cores in (("thirty", 30), ("fifty", 50)):
@@ -106,14 +96,7 @@ def test_the_dra_plugins_pacer_gives_each_claim_its_limit_on_a_time_sliced_gpu(b
     t0 = sim.simgpu_now_ns()
     time.sleep(WARMUP + WINDOW / 2)
     factors = [p.read_text() for p in pace_files]
-    for p in procs:
-        assert p.wait(seconds + 30) == 0, p.stderr.read() if p.stderr else ""
-    a, b = t0 + int(WARMUP * SEC), t0 + int((WARMUP + WINDOW) * SEC)
-    shares = [sim.simgpu_busy_ns(0, p.pid, a, b) / (b - a) * 100 for p in procs]
-    assert shares == [pytest.approx(30, abs=3), pytest.approx(50, abs=3)], (shares, bed.log())
-    for text in factors:   # each claim's timings are scaled down: it was charged the other's slices
-        uuid, factor = text.split()
-        assert uuid == A100 and 0.3 < float(factor) < 0.95, factors
+    assert_paced(sim, procs, t0, factors, A100, seconds, bed.log())
     for claim in claims:   # unprepare removes the pace directory with the rest
         assert bed.unprepare(claim)[claim["metadata"]["uid"]].error == ""
     assert not any(p.parent.exists() for p in pace_files)
