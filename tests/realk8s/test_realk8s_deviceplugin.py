@@ -253,3 +253,21 @@ def test_the_chart_policy_refuses_a_pod_asking_our_resources_under_another_sched
         "'vgpu-sharing-scheduled-placement' denied request: a pod that asks for volcano.sh/vgpu-number or the other "
         "vGPU resources must be placed by vgpu-scheduler: set schedulerName: vgpu-scheduler (the admission webhook "
         "that moves such pods there did not see this one)") in refused.stderr, refused.stderr
+
+
+def test_the_node_lease_and_pod_logs_as_the_stand_ins_copy_them(cluster):
+    """What tests/e2e/test_kubectl.py holds the stand-ins to, said by the real kubelet and kube-apiserver: kubectl
+    describe node shows the node's Lease, a pod on no node has an empty log, and a pod of two containers must be
+    told which one."""
+    described = cluster.kubectl("describe", "node", "node-0").stdout
+    assert "Failed to get lease" not in described and "HolderIdentity:  node-0" in described
+    two = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "two", "namespace": "default"},
+           "spec": {"schedulerName": "nobody", "containers": [{"name": "a", "image": "pause"},
+                                                               {"name": "b", "image": "pause"}]}}
+    cluster.kubectl("create", "-f", "-", stdin=json.dumps(two))
+    assert cluster.kubectl("logs", "two", "-c", "a").stdout == ""
+    raw = cluster.kubectl("get", "--raw", "/api/v1/namespaces/default/pods/two/log", check=False)
+    assert raw.returncode == 1
+    assert "a container name must be specified for pod two, choose one of: [a b]" in raw.stderr
+    wrong = cluster.kubectl("logs", "two", "-c", "c", check=False)
+    assert wrong.returncode == 1 and "container c is not valid for pod two" in wrong.stderr
