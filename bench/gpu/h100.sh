@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks of a lent GPU machine, in one run: `vgpu doctor` (bench/gpu/doctor.sh), the device plugin's NVML
 # backend (bench/gpu/nvml_backend.py), what a pair of CUDA events reads (bench/gpu/event_timing.c) and, where
-# PyTorch can be imported, tenants sharing the GPU (bench/gpu/tenants.py, about 100 s), from a plain checkout,
+# PyTorch can be imported, tenants sharing the GPU with and without the node's pacer (bench/gpu/tenants.py --paced,
+# about 200 s), from a plain checkout,
 # nothing installed.
 #
 # From the repository root:  OUT=/some/folder bench/gpu/h100.sh [doctor flags, e.g. --quick]
@@ -32,6 +33,7 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/vgpu"
 for f in "$root"/vgpu/*; do ln -s "$f" "$work/vgpu/"; done
 ln -s "$root/node" "$work/vgpu/node"
+ln -s "$root/isolation" "$work/vgpu/isolation"   # the accounting region's reader, for the tenants' pacer
 (cd "$work" && PYTHONPATH="$work" timeout -k 5 60 "$python" "$root/bench/gpu/nvml_backend.py") \
   >"$out/nvml_backend.json" 2>>"$log"
 echo "nvml backend: exit $?" | tee -a "$log"
@@ -41,7 +43,8 @@ if gcc -O2 -I"$include" "$root/bench/gpu/event_timing.c" -ldl -o "$work/event_ti
 fi
 if "$python" -c "import torch" 2>/dev/null \
     && make -s -C "$root/isolation" BUILD="$work/build" CUDA_INCLUDE="$include" >>"$log" 2>&1; then
-  timeout -k 5 300 "$python" "$root/bench/gpu/tenants.py" --lib "$work/build/libvgpu.so" >"$out/tenants.json" 2>>"$log"
+  PYTHONPATH="$work" timeout -k 5 420 "$python" "$root/bench/gpu/tenants.py" --lib "$work/build/libvgpu.so" --paced \
+    >"$out/tenants.json" 2>>"$log"
   echo "tenants: exit $?" | tee -a "$log"
 fi
 exit "$status"
