@@ -98,6 +98,8 @@ class SchedulerRuntime:
             self.metrics.track_cache("resourceslices", lambda: slices.synced)
             self.metrics.track_cache("resourceclaims", lambda: claims.synced)
         self.recorder = EventRecorder(self.api, config.scheduler_name)
+        # a deleted pod gets no more events: what the recorder kept to aggregate its repeats goes with it
+        self.ledger.pod_gone_listeners.append(lambda pod: self.recorder.forget(pod, kind="Pod"))
         self.elector: LeaderElector | LeaseFollower | None = None
         if config.follow_lease:
             namespace, _, lease = config.follow_lease.partition("/")

@@ -127,6 +127,44 @@ def test_event_recorder_creates_and_aggregates(api):
         rec.close()
 
 
+def test_event_recorder_forgets_a_gone_object_but_still_sends_its_queued_events(api):
+    core = k8s.CoreV1Api(api)
+    p, q = mkpod(core, "p"), mkpod(core, "q")
+    rec = EventRecorder(api, component="vgpu-scheduler")
+    try:
+        rec.normal(p, "BindingSucceeded", "bound to n1")
+        rec.warning(p, "FilteringFailed", "no GPU")
+        assert rec.flush(5) and rec.remembered == 2
+        rec.normal(q, "BindingSucceeded", "bound to n2")
+        rec.forget(q)  # gone while its event is still queued: the event is sent all the same
+        rec.forget(p)
+        assert rec.flush(5) and rec.remembered == 0, "nothing is kept for objects that are gone"
+        rec.forget({"metadata": {"name": "never-seen", "namespace": "default"}})  # nothing to forget: no error
+        assert rec.flush(5)
+        events = read_json(core.list_namespaced_event("default", _preload_content=False))["items"]
+        assert sorted((e["involvedObject"]["name"], e["reason"]) for e in events) == [
+            ("p", "BindingSucceeded"), ("p", "FilteringFailed"), ("q", "BindingSucceeded")]
+        rec.normal(p, "BindingSucceeded", "bound to n1")  # a repeat after forget starts a new Event
+        assert rec.flush(5) and rec.created == 4 and rec.updated == 0
+    finally:
+        rec.close()
+
+
+def test_event_recorder_keeps_no_event_past_its_aggregation_window(api):
+    core = k8s.CoreV1Api(api)
+    pods = [mkpod(core, f"p{i}") for i in range(4)]
+    rec = EventRecorder(api, component="vgpu-scheduler", aggregate_window=0.5)
+    try:
+        for p in pods[:3]:
+            rec.normal(p, "BindingSucceeded", "bound")
+        assert rec.flush(5) and rec.remembered >= 1
+        time.sleep(0.6)
+        rec.normal(pods[3], "BindingSucceeded", "bound")
+        assert rec.flush(5) and rec.remembered == 1, "the Events past the window are dropped"
+    finally:
+        rec.close()
+
+
 def test_event_recorder_never_raises_when_api_is_down(tmp_path):
     kc = write_kubeconfig(tmp_path / "kc", "http://127.0.0.1:9")  # nothing listens on the discard port
     api = make_api_client(kc)
