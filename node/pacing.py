@@ -24,8 +24,10 @@ Idle share (off unless a tenant has a ceiling above its limit, which the node ag
 turned the option on and the pod names one): while everything else on the GPU ran less than IDLE_PCT of the last
 period together, a tenant's published factor is its correction times limit / ceiling, so its limiter lets it run up
 to the ceiling; the first period in which anything else runs there puts the factor back to the correction alone.
-The correction itself keeps learning meanwhile (a period's uncorrected reading is its charge divided by the factor
-published then), and running over the limit raises it only where the run exceeded the limit in force then.
+The correction itself keeps learning meanwhile (a period's uncorrected reading is the library's own count of it,
+`read_ns` in the accounting file, which holds across a step of the factor that the library takes up to a second to
+apply; the charge divided by the factor published, from a library that does not count it), and running over the
+limit raises it only where the run exceeded the limit in force then.
 
 `Pacer` is the arithmetic, fed by whoever knows the tenants (the device plugin from its allocation records,
 `NodePacer`; the limiter benchmark from its own processes).
