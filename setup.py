@@ -31,6 +31,7 @@ FOLDERS = {
     "vgpu.draplugin": "draplugin",
     "vgpu.isolation": "isolation",
     "vgpu.replay": "replay",
+    "vgpu.planning": "planning",
     "vgpu.webhook": "webhook",
     "vgpu.testbed": "testbed",
 }

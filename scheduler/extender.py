@@ -25,7 +25,8 @@ Nodes whose GPUs come through DRA, and pods that ask for GPUs through ResourceCl
 placement (`scheduler.claimpath`), which every verb consults the same way with or without DRA mode.
 
 A pod that fits none of the nodes of its /filter may preempt pods of lower priority (`scheduler.preemption`, given
-as `preemptor`): the room made is held for it as a nomination until it is placed.
+as `preemptor`): the room made is held for it as a nomination until it is placed. Room that `vgpu consolidate` holds
+for a pod on a node (a consolidation hold, read by the ledger) is such a nomination too: only that pod may use it.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from vgpu.scheduler.nodestate import NodeState, gpu_types
 from vgpu.scheduler.placement import Placement, PodShape
 from vgpu.scheduler.policies import NodePolicy
 from vgpu.scheduler.policies.base import PodContext
-from vgpu.scheduler.preemption import PLANS_TRIED, Preemptor, plan_on_node
+from vgpu.scheduler.preemption import PLANS_TRIED, WAITING, Preemptor, plan_on_node
 from vgpu.scheduler.wire import (
     MAX_PRIORITY,
     InvalidArgs,
@@ -460,7 +461,7 @@ class Extender:
         ledger = self.ledger
         ledger.expire()
         unresolvable: dict[str, str] = {}
-        waiting: Charge | None = None  # the pod's nomination, while its victims end
+        waiting: Charge | None = None  # the pod's nomination (or consolidation hold), while its victims end
         uid = info.uid or f"{info.namespace}/{info.name}"
         with ledger.lock:
             mine = ledger.charges.get(uid)
@@ -483,9 +484,9 @@ class Extender:
         feasible += self.claims.whole_gpu_nodes(self, pod, info.requests, failed, unresolvable)
         if not feasible and waiting is None and exists and info.may_preempt and self.preemptor is not None:
             waiting = self._preempt(info, states, names, objects)
-        if waiting is not None:
+        if waiting is not None and waiting.node not in feasible:  # in score mode the pod may fit its room already
             unresolvable.pop(waiting.node, None)
-            failed[waiting.node] = self.preemptor.waiting_message(uid) if self.preemptor else ""
+            failed[waiting.node] = self.preemptor.waiting_message(uid) if self.preemptor else WAITING
         if not feasible:
             self.events(
                 {"namespace": info.namespace, "name": info.name, "uid": info.uid},

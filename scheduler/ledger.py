@@ -23,7 +23,13 @@ A charge comes from one of two places:
   successful bind until the watch shows the pod with its annotation (BOUND, long TTL);
 - a nomination (NOMINATED): the room a pod is owed on GPUs whose lower-priority pods the extender is evicting for it
   (scheduler.preemption), counted as used while the victims are still charged too, until the pod is placed or the
-  nomination's time runs out.
+  nomination's time runs out;
+- a consolidation hold (NOMINATED too): a hold that `vgpu consolidate --execute` wrote into a node's
+  `vgpu-sharing.io/consolidation-hold` (vgpu.holds), charged to the pending pod it names from the first node update
+  that lists it until its `until` (wall clock; at most MAX_HOLD_SECONDS from then), so that the replacements of the
+  pods evicted for it are not placed back into the room. A hold whose pod already has a charge of another kind
+  (placed, bound, seen bound) is not charged; a hold the node stops listing, or the node's deletion, drops the pod's
+  nomination on that node. A value that does not decode is logged once per node and problem and read as no holds.
 Every charge carries its pod's priority (`spec.priority`, 0 when absent), for the choice of preemption victims.
 A watch event without an assignment never removes one of our reservations: it may predate our own binding.
 Reservations past their TTL are dropped by `expire`, which the extender calls on every request and the server's
@@ -46,6 +52,7 @@ from typing import Any
 from vgpu import grants, keys
 from vgpu.assignment import Assignment, salvage
 from vgpu.errors import CodecError, RequestError
+from vgpu.holds import MAX_HOLD_SECONDS, Hold, decode_holds
 from vgpu.inventory import GPUDevice, decode_hami, decode_volcano
 from vgpu.quantity import parse_integer_quantity, parse_quantity
 from vgpu.requests import MAX_NODE_QUANTITY, pod_cpu_memory, pod_requests
@@ -152,6 +159,7 @@ class Ledger:
         assume_ttl: float = 30.0,
         bound_ttl: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
         grant_key: grants.GrantKey | None = None,
     ) -> None:
         self.config = config or SharingConfig()
@@ -159,10 +167,13 @@ class Ledger:
         self.assume_ttl = assume_ttl
         self.bound_ttl = bound_ttl
         self.clock = clock
+        self.wall_clock = wall_clock  # what consolidation holds' `until` is compared with
         self.lock = threading.RLock()
         self.nodes: dict[str, NodeState] = {}
         self.charges: dict[str, Charge] = {}
         self._by_node: dict[str, set[str]] = {}
+        self._holds: dict[str, dict[str, Hold]] = {}  # node -> the consolidation holds it lists, by pod uid
+        self._hold_problems: dict[str, str] = {}  # node -> its hold annotation's problem, as last logged
         self._expiry: list[tuple[float, str]] = []
         # the GPU-count names a node's device plugin may advertise: HAMi's nvidia.com/gpu only where every
         # nvidia.com/gpu is ours (hami_names: all); otherwise it is NVIDIA's device plugin's whole GPUs
@@ -194,7 +205,8 @@ class Ledger:
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         names = (*self._number_names, HAMI_NAMES.number, "cpu", "memory")
         alloc_raw = "|".join(str(allocatable.get(n)) for n in names)
-        raw = (volcano, hami, alloc_raw, annotations.get(keys.NODE_TOPOLOGY))
+        held = annotations.get(keys.CONSOLIDATION_HOLD)
+        raw = (volcano, hami, alloc_raw, annotations.get(keys.NODE_TOPOLOGY), held)
         with self.lock:
             state = self.nodes.get(name)
             if state is not None and state.raw == raw:
@@ -214,6 +226,7 @@ class Ledger:
                 if error:
                     log.info("node unschedulable node=%s reason=%r", name, error)
                 self._rebuild(state, devices, error)
+            self._set_holds(name, self._read_holds(name, held))
 
     def _decode_node(
         self, node: Mapping[str, Any], volcano: Any, hami: Any
@@ -233,6 +246,46 @@ class Ledger:
         topology = (meta.get("annotations") or {}).get(keys.NODE_TOPOLOGY)
         return with_topology(str(meta.get("name") or ""), devices, topology), ""
 
+    def _read_holds(self, node: str, value: Any) -> dict[str, Hold]:
+        """The consolidation holds of a node's annotation (`value`; None: absent) by pod uid; none when it does not
+        decode, which is logged once per node and problem (callers hold `lock`)."""
+        if value is None:
+            self._hold_problems.pop(node, None)
+            return {}
+        try:
+            holds = decode_holds(value)
+        except CodecError as exc:
+            if self._hold_problems.get(node) != str(exc):
+                self._hold_problems[node] = str(exc)
+                log.warning("event=consolidation_hold_ignored node=%s error=%s", node, exc)
+            return {}
+        self._hold_problems.pop(node, None)
+        return {hold.uid: hold for hold in holds}
+
+    def _set_holds(self, node: str, holds: dict[str, Hold]) -> None:
+        """Make the node's consolidation holds `holds`: a hold it no longer lists (or lists changed) gives up its
+        pod's nomination on the node; a hold it lists for the first time (or changed) and whose time is not up is
+        charged, replacing a nomination of its pod, unless the pod holds a charge of another kind. A hold listed as
+        before is left as it is: its charge may since have been used or run out (callers hold `lock`)."""
+        before = self._holds.pop(node, {})
+        if holds:
+            self._holds[node] = holds
+        for uid, hold in before.items():
+            charge = self.charges.get(uid)
+            if (holds.get(uid) != hold and charge is not None and charge.state == ChargeState.NOMINATED
+                    and charge.node == node):
+                self._remove(uid)
+        now = self.wall_clock()
+        for uid, hold in holds.items():
+            ttl = min(hold.until - now, MAX_HOLD_SECONDS)
+            if before.get(uid) == hold or ttl <= 0:
+                continue
+            current = self.charges.get(uid)
+            if current is not None and current.state != ChargeState.NOMINATED:
+                continue
+            log.info("event=consolidation_hold pod=%s/%s node=%s seconds=%.0f", hold.namespace, hold.name, node, ttl)
+            self._reserve(uid, hold.namespace, hold.name, node, hold.assignment, 0, ChargeState.NOMINATED, ttl)
+
     def detached(self, node: Mapping[str, Any]) -> NodeState:
         """A NodeState built from a node object without storing it (for full-`Nodes` filter requests of nodes
         the cache does not know, e.g. Cluster Autoscaler templates); usage comes from charges on that name."""
@@ -247,9 +300,12 @@ class Ledger:
         return state
 
     def on_node_delete(self, node: Mapping[str, Any]) -> None:
-        """Forget a node; charges of pods on it are kept (they come back if the node does)."""
+        """Forget a node; charges of pods on it are kept (they come back if the node does), except the nominations
+        of its consolidation holds."""
         name = str((node.get("metadata") or {}).get("name") or "")
         with self.lock:
+            self._set_holds(name, {})
+            self._hold_problems.pop(name, None)
             if self.nodes.pop(name, None) is not None:
                 self._ranked = False
                 self.version = object()

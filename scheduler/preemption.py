@@ -43,15 +43,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from vgpu.assignment import Assignment
-from vgpu.errors import VGPUError
 from vgpu.inventory import GPUDevice
+from vgpu.kube.eviction import EvictionRefused
 from vgpu.requests import ContainerRequest, Selectors
 from vgpu.scheduler.fit import FitResult, GPUOrder, GPUUsage, fit, gpu_takes
 from vgpu.scheduler.ledger import Charge, ChargeState, Ledger
 from vgpu.scheduler.nodestate import NodeState
 
-__all__ = ["BLOCKED_RETRY_SECONDS", "NOMINATION_MARGIN", "PLANS_TRIED", "REPLAN_SECONDS", "EvictionRefused",
-           "Evictor", "Plan", "Preemptor", "plan_on_node"]
+__all__ = ["BLOCKED_RETRY_SECONDS", "NOMINATION_MARGIN", "PLANS_TRIED", "REPLAN_SECONDS", "WAITING", "EvictionRefused",
+           "Evictor", "Plan", "Preemptor", "plan_on_node", "plan_removal"]
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +59,13 @@ NOMINATION_MARGIN = 30.0  # seconds a nomination outlives the victims' longest g
 PLANS_TRIED = 3  # plans whose victims are tried (dry run) before the pod waits for the next round
 REPLAN_SECONDS = 5.0  # a pod that found no plan is planned for again after this long at the earliest
 BLOCKED_RETRY_SECONDS = 10.0  # a pod whose every plan a budget refused is planned for again this often
+# what /filter says of a nominated node without a plan of ours behind it (a consolidation hold, vgpu.holds)
+WAITING = "waiting for the pods evicted to make room for this pod to end"
 DEFAULT_GRACE = 30  # spec.terminationGracePeriodSeconds when the pod does not say
 _NO_VICTIM = (-(2**63), 0, 0)  # the cost of a GPU that needs no victim
 _KEPT, _KEPT_SECONDS = 10_000, 600.0  # plans remembered before old ones are dropped
 # upstream's DefaultPreemptionArgs defaults: minCandidateNodesPercentage, minCandidateNodesAbsolute
 CANDIDATES_PERCENT, CANDIDATES_MIN = 10, 100
-
-
-class EvictionRefused(VGPUError):
-    """The API server refused an eviction (a PodDisruptionBudget, 429) or it failed otherwise."""
 
 
 # evictor(namespace, name, uid, dry_run): POST pods/eviction; raises EvictionRefused. A pod already gone is success.
@@ -156,8 +154,18 @@ def plan_on_node(state: NodeState, charges: Sequence[Charge], requests: Sequence
                  selectors: Selectors, priority: int, order: GPUOrder) -> Plan | None:
     """The cheapest victims on this node that let the pod fit, or None when evicting every pod of lower priority
     would not make room (or there is none). `charges` are the node's; `order` the placement's GPU order."""
-    devices, usage, index = state.devices, state.usage, state.index
     lower = [c for c in charges if c.priority < priority and c.state != ChargeState.NOMINATED]
+    return plan_removal(state, lower, requests, selectors, order, _cost)
+
+
+def plan_removal(state: NodeState, lower: Sequence[Charge], requests: Sequence[ContainerRequest],
+                 selectors: Selectors, order: GPUOrder,
+                 cost: Callable[[Sequence[Charge]], tuple[int, int, int]]) -> Plan | None:
+    """The pods of `lower` (charged on this node) whose removal lets the pod fit, cheapest GPUs first by `cost` of
+    the pods each GPU needs alone, none that the pod does not need; None when removing them all would not make room
+    or when it fits without removing any. Preemption's victims (`plan_on_node`) and consolidation's moves
+    (vgpu.planning.consolidate) are both chosen here."""
+    devices, usage, index = state.devices, state.usage, state.index
     if not lower or not devices:
         return None
     on_gpu: list[list[Charge]] = [[] for _ in devices]
@@ -167,7 +175,7 @@ def plan_on_node(state: NodeState, charges: Sequence[Charge], requests: Sequence
     largest = max(requests, key=lambda r: (r.memory, r.memory_percent, r.cores))
     ask = dataclasses.replace(largest, count=1)
     needs = [_gpu_victims(device, usage[i], on_gpu[i], ask, selectors) for i, device in enumerate(devices)]
-    costs = [None if need is None else _cost(need) for need in needs]
+    costs = [None if need is None else cost(need) for need in needs]
     worst = (2**63, 0, 0)
 
     def cheapest_first(devs: Sequence[GPUDevice], used: Sequence[GPUUsage], request: ContainerRequest,
@@ -177,7 +185,7 @@ def plan_on_node(state: NodeState, charges: Sequence[Charge], requests: Sequence
     def fitted(gone: list[Charge]) -> FitResult:
         return fit(devices, _without(index, usage, gone), requests, selectors, cheapest_first)
 
-    first = fitted(lower)
+    first = fitted(list(lower))
     if not first.ok:
         return None
     taken = {i for indices in first.placement for i in indices}
@@ -190,7 +198,7 @@ def plan_on_node(state: NodeState, charges: Sequence[Charge], requests: Sequence
     if not kept:  # it fits without evicting anyone: not a preemption (the placement would have taken it)
         return None
     kept.sort(key=lambda c: (c.priority, c.namespace, c.name))  # evicted least important first
-    return Plan(state.name, tuple(kept), fitted(kept).assignment, _cost(kept))
+    return Plan(state.name, tuple(kept), fitted(kept).assignment, cost(kept))
 
 
 class Preemptor:
@@ -268,12 +276,13 @@ class Preemptor:
         return len(due)
 
     def waiting_message(self, key: str) -> str:
-        """What /filter says of the node the pod is nominated on, while its victims end."""
+        """What /filter says of the node the pod is nominated on, while its victims end (`WAITING` when no plan of
+        this preemptor is behind the nomination)."""
         with self._lock:
             entry = self._planned.get(key)
         plan = entry[1] if entry is not None else None
         if plan is None:
-            return "waiting for the pods preempted for this pod to end"
+            return WAITING
         with self.ledger.lock:
             left = sum(1 for v in plan.victims if v.uid in self.ledger.charges)
         return f"waiting for {left} of {len(plan.victims)} pods preempted for this pod to end on {plan.node}"

@@ -19,7 +19,8 @@ from vgpu.httpserve import parse_listen
 from vgpu.kube import EventRecorder, LeaderElector, LeaseFollower, WatchCache, bind_pod, make_api_client
 from vgpu.kube.cache import Backoff
 from vgpu.kube.client import read_object
-from vgpu.kube.errors import ApiError, ConflictError, NotFoundError, status_causes, translate
+from vgpu.kube.errors import ApiError, ConflictError, NotFoundError, translate
+from vgpu.kube.eviction import evict_pod
 from vgpu.quota import LimitedNamespaces
 from vgpu.scheduler.claimpath import NO_CLAIMS, DRAPlacement
 from vgpu.scheduler.config import SchedulerConfig
@@ -28,7 +29,7 @@ from vgpu.scheduler.extender import BindConflict, Extender
 from vgpu.scheduler.ledger import Ledger
 from vgpu.scheduler.metrics import SchedulerMetrics
 from vgpu.scheduler.policies import make_policy
-from vgpu.scheduler.preemption import EvictionRefused, Preemptor
+from vgpu.scheduler.preemption import Preemptor
 from vgpu.scheduler.server import create_app
 
 __all__ = ["SchedulerRuntime"]
@@ -199,19 +200,8 @@ class SchedulerRuntime:
                 time.sleep(min(max(exc.retry_after or 0.0, backoff.next()), 5.0))
 
     def _evict(self, namespace: str, name: str, uid: str, dry_run: bool) -> None:
-        """POST pods/eviction (policy/v1) for one pod of this UID, or only check that it would be allowed; a pod
-        already gone (404, or another pod under its name: 409) counts as evicted."""
-        body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace),
-                              delete_options=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid or None)))
-        try:
-            k8s.CoreV1Api(self.api).create_namespaced_pod_eviction(
-                name, namespace, body, dry_run="All" if dry_run else None, _request_timeout=10)
-        except Exception as exc:
-            err = translate(exc, f"evict pod {namespace}/{name}")
-            if isinstance(err, (NotFoundError, ConflictError)):
-                return
-            causes = status_causes(exc)  # which budget refused, and why
-            raise EvictionRefused(f"{err} ({'; '.join(causes)})" if causes else str(err)) from exc
+        """POST pods/eviction for one pod of this UID (vgpu.kube.eviction), or only check that it would be allowed."""
+        evict_pod(self.api, namespace, name, uid, dry_run)
 
     def _lookup(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         return self.pods.get(f"{namespace}/{name}")

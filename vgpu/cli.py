@@ -21,6 +21,7 @@ from vgpu.draplugin import cli as draplugin_cli
 from vgpu.errors import ConfigError, VGPUError
 from vgpu.isolation import cli as isolation_cli
 from vgpu.isolation.doctor import cli as doctor_cli
+from vgpu.planning import cli as planning_cli
 from vgpu.replay import cli as replay_cli
 from vgpu.scheduler import cli as scheduler_cli
 from vgpu.webhook import cli as webhook_cli
@@ -36,6 +37,7 @@ COMPONENTS: tuple[Callable[[Any], None], ...] = (
     isolation_cli.register,
     doctor_cli.register,
     replay_cli.register,
+    planning_cli.register,
     webhook_cli.register,
 )
 

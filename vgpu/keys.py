@@ -1,7 +1,7 @@
 """Annotation keys of the wire contract (Volcano's and HAMi's names, docs/install.md).
 
-Node inventory is written by the device plugin; the assignment keys by the scheduler at bind; the selector
-keys by users.
+Node inventory is written by the device plugin, node holds by `vgpu consolidate`; the assignment keys by the scheduler
+at bind; the selector keys by users.
 """
 
 # Node inventory.
@@ -10,6 +10,10 @@ NODE_HANDSHAKE = "volcano.sh/node-vgpu-handshake"
 HAMI_NODE_REGISTER = "hami.io/node-nvidia-register"
 # Ours: each GPU's NVLink island and NUMA node (vgpu.inventory.encode_topology), beside either inventory
 NODE_TOPOLOGY = "vgpu-sharing.io/node-gpu-topology"
+
+# Ours, on nodes: GPUs kept free for pending pods (vgpu.holds), written by `vgpu consolidate --execute` on the nodes
+# it evicted pods from, read by the scheduler extender
+CONSOLIDATION_HOLD = "vgpu-sharing.io/consolidation-hold"
 
 # Scheduler decision, carried on the Binding.
 VGPU_NODE = "volcano.sh/vgpu-node"
@@ -41,6 +45,8 @@ GPU_ORDER_NAMES = ("binpack", "spread")
 # Ours: what the pod's compute may reach (% of each GPU, above vgpu-cores) while its GPUs' other tenants are idle;
 # read only on nodes whose device plugin runs with --idle-share (node.pacing, docs/isolation.md)
 CORES_CEILING = "vgpu-sharing.io/cores-ceiling"
+# Ours: a pod annotated "true" is never moved by `vgpu consolidate` (planning/consolidate.py)
+NO_CONSOLIDATE = "vgpu-sharing.io/no-consolidate"
 VGPU_MODE = "volcano.sh/vgpu-mode"
 
 # Request type keyword written in every assignment entry.

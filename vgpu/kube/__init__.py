@@ -2,7 +2,8 @@
 
 Objects are plain dicts in API JSON form (camelCase), never client model objects. Modules: `client` (factory with
 rate limiting), `cache` (list-then-watch caches), `patch` (metadata / status merge-patches), `binding`
-(pods/binding with annotations), `events` (event recorder), `leader` (Lease leader election), `errors`.
+(pods/binding with annotations), `eviction` (pods/eviction), `events` (event recorder), `leader` (Lease leader
+election), `errors`.
 """
 
 from vgpu.kube.binding import bind_pod
