@@ -81,6 +81,22 @@ def register(subparsers: Any) -> None:
     q.add_argument("--hold", type=parse_duration, default=600.0, dest="hold_seconds",
                    help="with --execute: how long the extender keeps the room made for its pod (default 600s, "
                         "at most 1h)")
+    mode.add_argument("--watch", action="store_true",
+                      help="run as a controller: every --interval, make room for the pods pending longer than "
+                           "--pending-for that fit nowhere, and carry the plan out")
+    q.add_argument("--interval", type=parse_duration, default=30.0, help="with --watch: time between looks "
+                                                                         "(default 30s)")
+    q.add_argument("--pending-for", type=parse_duration, default=300.0,
+                   help="with --watch: how long a pod waits before room is made for it (default 5m)")
+    q.add_argument("--move-share", type=float, default=0.05,
+                   help="with --watch: pods moved per hour at most, as a share of the running vGPU pods (default "
+                        "0.05; at least one an hour)")
+    q.add_argument("--leader-elect", action="store_true", help="with --watch: run Lease leader election (several "
+                                                               "replicas)")
+    q.add_argument("--lease-namespace", default="kube-system",
+                   help="with --leader-elect: namespace of the Lease vgpu-consolidate (default kube-system)")
+    q.add_argument("--metrics-listen", default=":9396",
+                   help="with --watch: metrics address HOST:PORT (default :9396; '' disables)")
     q.set_defaults(func=_consolidate)
 
 
@@ -158,6 +174,8 @@ def _consolidate(args: argparse.Namespace) -> int:
         raise ConfigError("--free-gpus must be at least 1")
     if args.max_moves < 1:
         raise ConfigError("--max-moves must be at least 1")
+    if args.watch:
+        return _watch(args)
     config, api, snapshot = _setup(args)
     plan = plan_consolidation(snapshot, config.node_policy, now=time.time(), min_age=args.min_age,
                               free_gpus=args.free_gpus, max_moves=args.max_moves, gpu_policy=config.gpu_policy)
@@ -173,6 +191,42 @@ def _consolidate(args: argparse.Namespace) -> int:
                           say=(lambda line: None) if args.json else print)
     if args.json:
         sys.stdout.write(orjson.dumps({"plan": plan.summary(), "lines": report.lines, "steps_done": report.steps_done,
-                                       "moves_done": report.moves_done, "stopped": report.stopped},
+                                       "evicted": report.evicted, "moves_done": report.moves_done,
+                                       "stopped": report.stopped},
                                       option=orjson.OPT_INDENT_2).decode() + "\n")
     return 1 if report.stopped else 0
+
+
+def _watch(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from vgpu.httpserve import parse_listen
+    from vgpu.kube import LeaderElector, make_api_client
+    from vgpu.planning.controller import controller_for
+    from vgpu.scheduler.config import load_config
+
+    if args.interval <= 0 or args.move_share < 0:
+        raise ConfigError("--interval must be positive and --move-share at least 0")
+    config = load_config(args.config, {"scheduler_names": args.scheduler_names})
+    api = make_api_client(args.kubeconfig, qps=config.qps, burst=config.burst)
+    registry = CollectorRegistry()
+    controller = controller_for(api, config, args, registry)
+    if args.metrics_listen:
+        host, port = parse_listen(args.metrics_listen, 9396)
+        start_http_server(port, host, registry=registry)
+    elector = LeaderElector(api, "vgpu-consolidate", args.lease_namespace) if args.leader_elect else None
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    if elector is not None:
+        elector.start()
+    try:
+        controller.run(args.interval, stop, (lambda: elector.is_leader) if elector is not None else (lambda: True))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if elector is not None:
+            elector.stop()
+    return 0

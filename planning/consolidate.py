@@ -15,15 +15,15 @@ are, the pending pods that fit already placed as the extender would place them),
    (`status.disruptionsAllowed`, less the moves already planned).
 3. The room is held for the pod (as `vgpu consolidate --execute` holds it through the node annotation the extender
    reads) and every moved pod is placed again by the policy; a node whose moved pods do not all find room is no
-   plan (no move leaves a pod waiting). The node with the fewest moves wins, then the lowest highest priority
-   moved, then the node order.
+   plan (no move leaves a pod waiting). Nodes are tried cheapest first (the fewest moves, then the lowest highest
+   priority moved, then the node order) and the first that holds is the step.
 4. The chosen step is applied to the simulation and the next target is planned on the result; a pod is moved at
    most once. `max_moves` bounds the moves of the whole plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -50,6 +50,7 @@ class Move:
     source: str
     target: str
     gpus: tuple[str, ...]
+    assignment: Assignment = ()  # its grants there, as the plan placed it
 
 
 @dataclass
@@ -178,12 +179,6 @@ def _moves_cost(victims: Sequence[Charge]) -> tuple[int, int, int]:
     return len(victims), max(v.priority for v in victims), sum(v.priority for v in victims)
 
 
-@dataclass
-class _Trial:
-    cost: tuple[int, int, int]
-    step: Step
-
-
 class _Planner:
     def __init__(self, simulation: Simulation, budgets: _Budgets, now: float, min_age: float, max_moves: int,
                  gpu_policy: str) -> None:
@@ -201,10 +196,11 @@ class _Planner:
             and not self.budgets.refusal([pod]))
 
     def step_for(self, pod: SnapshotPod, priority: int | None) -> tuple[Step | None, str]:
-        """The cheapest step that makes room for `pod` (and why there is none)."""
-        best: _Trial | None = None
+        """The cheapest step that makes room for `pod` (and why there is none): every node's moves are found
+        first, then tried cheapest first (the moved pods placed again) until one holds."""
         why = "no node has movable pods whose moves would make room"
         anywhere = replace(pod, cpu=0, memory=0)  # the CPU and memory the moves free are checked after
+        plans = []
         for state in self.sim.candidates(anywhere):
             charges = [Charge(p.pod.uid, p.pod.namespace, p.pod.name, state.name, p.grants, p.pod.assignment,
                               ChargeState.OBSERVED, priority=p.pod.priority)
@@ -215,20 +211,17 @@ class _Planner:
             if len(plan.victims) > self.moves_left:
                 why = f"every plan needs more moves than the {self.moves_left} left (--max-moves)"
                 continue
-            trial, reason = self._try(pod, state.name, plan.assignment, {c.uid for c in plan.victims}, plan.cost)
-            if trial is None:
-                why = reason
-                continue
-            key = (trial.cost, state.rank)
-            if best is None or key < (best.cost, self.sim.by_name[best.step.node].rank):
-                best = trial
-        if best is None:
-            return None, why
-        self._apply(best.step, pod)
-        return best.step, ""
+            plans.append((plan.cost, state.rank, state.name, plan))
+        plans.sort(key=lambda item: item[:3])
+        for _, _, node, plan in plans:
+            step, reason = self._try(pod, node, plan.assignment, {c.uid for c in plan.victims})
+            if step is not None:
+                self._apply(step, pod)
+                return step, ""
+            why = reason
+        return None, why
 
-    def _try(self, pod: SnapshotPod, node: str, hold: Assignment, victims: set[str],
-             cost: tuple[int, int, int]) -> tuple[_Trial | None, str]:
+    def _try(self, pod: SnapshotPod, node: str, hold: Assignment, victims: set[str]) -> tuple[Step | None, str]:
         """Move the victims, hold the room and place the moved pods again; undone before returning."""
         sim = self.sim
         gone = [p for p in sim.on_node(node) if p.pod.uid in victims]
@@ -250,8 +243,10 @@ class _Planner:
                 if again is None:
                     return None, f"{placed.pod.ref} would find no room elsewhere"
                 undo.append(again)
-                moves.append(Move(placed.pod, node, again.state.name, tuple(dict.fromkeys(g[0] for g in again.grants))))
-            return _Trial(cost, Step(None if pod.uid.startswith("consolidate/") else pod, node, hold, moves)), ""
+                assignment = again.result.assignment if again.result is not None else ()
+                moves.append(Move(placed.pod, node, again.state.name,
+                                  tuple(dict.fromkeys(g[0] for g in again.grants)), assignment))
+            return Step(None if pod.uid.startswith("consolidate/") else pod, node, hold, moves), ""
         finally:
             for placed in reversed(undo):
                 sim.remove(placed)
@@ -287,8 +282,11 @@ def _placed_pending(snapshot: ClusterSnapshot, simulation: Simulation) -> int:
 
 def plan_consolidation(snapshot: ClusterSnapshot, policy: str = "fragaware", *, now: float, min_age: float = 0.0,
                        free_gpus: int | None = None, max_moves: int = 20, gpu_policy: str = "binpack",
+                       targets: Collection[str] | None = None,
                        on_target: Callable[[str], None] | None = None) -> ConsolidationPlan:
-    """The plan (module docstring); `on_target(name)` is called as each target is planned for (progress)."""
+    """The plan (module docstring); `targets`, when given, the UIDs of the only pending pods room is made for (the
+    others are placed where they fit, and otherwise left waiting); `on_target(name)` is called as each target is
+    planned for (progress)."""
     simulation = Simulation(snapshot, policy, True, gpu_policy=gpu_policy)
     gpus = sum(1 for s in simulation.states if not s.error for d in s.devices if d.healthy)
     free_before = len(_free_gpus(simulation))
@@ -303,6 +301,11 @@ def plan_consolidation(snapshot: ClusterSnapshot, policy: str = "fragaware", *, 
                 on_target(pod.ref)
             if simulation.place(pod) is not None:
                 fitting.append(pod.ref)
+                continue
+            if targets is not None and pod.uid not in targets:
+                continue
+            if planner.moves_left <= 0:
+                unmet.append((pod.ref, "no moves left (--max-moves)"))
                 continue
             step, why = planner.step_for(pod, pod.priority)
             if step is None:

@@ -3,7 +3,9 @@
 For each step of the plan (vgpu.planning.consolidate):
 1. The room is held: an entry for the pod it is for (a stand-in name for `--free-gpus`) is added to the node's
    `vgpu-sharing.io/consolidation-hold` annotation (vgpu.holds), which the extender charges on those GPUs until the
-   pod is placed or the hold's time (`hold_seconds`) runs out, so no replacement lands there.
+   pod is placed or the hold's time (`hold_seconds`) runs out, so no replacement lands there. The first eviction
+   waits `HOLD_SETTLE` seconds for the extender's node watch to bring it the hold; a replacement that lands on a
+   held GPU all the same (a watch later than that) is a surprise, never a silent failure.
 2. Each moved pod gets a Normal `Consolidating` Event saying why, and is evicted through the Eviction API (a
    PodDisruptionBudget's refusal stops the run). Then its replacement is awaited: a pod of the same controller,
    not there before, bound to a node with an assignment. It must come within `timeout` and must not have taken a
@@ -36,6 +38,7 @@ from vgpu.planning.consolidate import ConsolidationPlan, Move, Step
 __all__ = ["COMPONENT", "ExecutionReport", "Surprise", "execute_plan"]
 
 COMPONENT = "vgpu-consolidate"
+HOLD_SETTLE = 2.0  # seconds between writing a hold and the first eviction it covers
 STAND_IN_NAMESPACE = "vgpu-consolidate"  # the namespace written in a `--free-gpus` hold (no pod of it exists)
 
 
@@ -49,7 +52,8 @@ class ExecutionReport:
 
     lines: list[str] = field(default_factory=list)
     steps_done: int = 0
-    moves_done: int = 0
+    evicted: int = 0  # pods evicted (their replacements placed or not)
+    moves_done: int = 0  # pods evicted whose replacement was placed as checked
     stopped: str = ""
 
 
@@ -132,6 +136,7 @@ class _Run:
                  say: Callable[[str], None], events: EventRecorder | None) -> None:
         self.cluster = _Cluster(api)
         self.timeout, self.hold_seconds, self.poll = timeout, hold_seconds, poll
+        self.settle = HOLD_SETTLE
         self.say = say
         self.events = events
         self.report = ExecutionReport()
@@ -145,6 +150,7 @@ class _Run:
         hold = Hold(uid=uid, namespace=namespace, name=name, until=time.time() + self.hold_seconds,
                     assignment=step.hold)
         self.cluster.set_holds(step.node, lambda holds: [h for h in holds if h.uid != uid] + [hold])
+        time.sleep(self.settle)   # the extender's node watch brings it the hold before any replacement is placed
         target = step.beneficiary.ref if step.beneficiary else f"{len(step.gpus)} whole GPU(s)"
         self.line(f"step {index + 1}: holding {', '.join(step.gpus)} on {step.node} for {target}")
         for move in step.moves:
@@ -166,6 +172,7 @@ class _Run:
             evict_pod(self.cluster.api, pod.namespace, pod.name, pod.uid)
         except EvictionRefused as exc:
             raise Surprise(f"the eviction of {pod.ref} was refused: {exc}") from None
+        self.report.evicted += 1
         deadline = time.monotonic() + self.timeout
         while True:
             fresh = [p for p in self.cluster.pods(pod.namespace)

@@ -78,6 +78,7 @@ class Simulation:
             self.by_name[state.name] = state
         self.policy.relearn(gpu_types(self.states))
         self.where: dict[str, Placed] = {}  # pod uid -> where it is
+        self._by_node: dict[str, dict[str, Placed]] = {}  # node -> pod uid -> where it is
         if keep:
             for pod in snapshot.running:
                 home = self.by_name.get(pod.node)
@@ -90,8 +91,10 @@ class Simulation:
         state.set_requested(state.cpu_requested + sign * pod.cpu, state.memory_requested + sign * pod.memory)
         if sign > 0:
             self.where[pod.uid] = placed
+            self._by_node.setdefault(state.name, {})[pod.uid] = placed
         else:
             self.where.pop(pod.uid, None)
+            self._by_node.get(state.name, {}).pop(pod.uid, None)
 
     def candidates(self, pod: SnapshotPod) -> list[NodeState]:
         """The nodes kube-scheduler's filters leave for the pod (module docstring), in name order."""
@@ -137,5 +140,4 @@ class Simulation:
 
     def on_node(self, node: str) -> list[Placed]:
         """The pods on a node, oldest first."""
-        return sorted((p for p in self.where.values() if p.state.name == node),
-                      key=lambda p: (p.pod.created, p.pod.namespace, p.pod.name))
+        return sorted(self._by_node.get(node, {}).values(), key=lambda p: (p.pod.created, p.pod.namespace, p.pod.name))

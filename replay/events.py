@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,7 +39,8 @@ from vgpu.scheduler.nodestate import gpu_types
 from vgpu.scheduler.placement import REFRESH_BUDGET, PodShape
 from vgpu.scheduler.policies.base import NodePolicy
 
-__all__ = ["DEFAULT_TIME_SCALE", "DeparturesResult", "replay_departures", "run_departures"]
+__all__ = ["DEFAULT_TIME_SCALE", "Consolidator", "DeparturesResult", "DeparturesState", "replay_departures",
+           "run_departures"]
 
 DEFAULT_TIME_SCALE = 3000.0
 DEFAULT_RATIO = 2.0  # the arrivals' GPU request, as a share of capacity (the FGD protocol's 1.3 never saturates)
@@ -133,9 +134,11 @@ def replay_departures(
     policy: NodePolicy,
     seed: int = 0,
     time_scale: float = DEFAULT_TIME_SCALE,
+    consolidator: Consolidator | None = None,
 ) -> tuple[np.ndarray, np.ndarray, _Timeline, float]:
     """Replay `sequence` with departures; per arrival its placement time (nan: never placed) and node (-1), the
-    allocation timeline and the horizon."""
+    allocation timeline and the horizon. A `consolidator` is called before each arrival with the run's state
+    (`DeparturesState`), and may move placed pods and place waiting ones (replay.consolidation)."""
     cluster.reset(rank)
     placement = new_placement(cluster, policy, seed, REFRESH_BUDGET)
     shapes: dict[tuple[int, int, int, int, tuple[str, ...]], PodShape] = {}
@@ -144,10 +147,10 @@ def replay_departures(
     horizon = max(arrive) if arrive else 0.0
     placed_at = np.full(len(sequence), np.nan)
     where = np.full(len(sequence), -1, dtype=np.int64)
-    leaving: list[tuple[float, int, FitResult]] = []  # (time, event, grants) of placed pods
+    leaving: list[tuple[float, int]] = []  # (time, event) of placed pods
     waiting: dict[tuple[int, int, int, int, tuple[str, ...]], list[int]] = {}  # shape -> events, arrival order
     timeline = _Timeline()
-    allocated = queued = 0
+    run = DeparturesState(cluster, pods, sequence, placed_at, where, {}, waiting)
     states = cluster.states
     capacity = gpu_types(states)
 
@@ -160,26 +163,20 @@ def replay_departures(
         return spec, shape
 
     def place(e: int, now: float, candidates: np.ndarray) -> bool:
-        nonlocal allocated
-        pod = pods[sequence[e]]
         _, shape = shape_of(e)
         choice = placement.choose(Candidates(states, candidates), shape, explain=False, slots=candidates)
         if choice.best is None or choice.result is None:
             return False
-        n = int(candidates[choice.best_index])
-        cluster.place(n, pod.cpu, pod.memory, choice.result)
-        allocated += pod.gpu_total
-        placed_at[e], where[e] = now, n
-        duration = max(pod.deleted - pod.created, 0) if pod.deleted >= 0 else float("inf")
-        heapq.heappush(leaving, (now + duration, e, choice.result))
+        run.put(e, int(candidates[choice.best_index]), choice.result, now)
+        heapq.heappush(leaving, (now + _stay(pods[sequence[e]]), e))
         return True
 
+    run.on_placed = lambda e, now: heapq.heappush(leaving, (now + _stay(pods[sequence[e]]), e))
+
     def depart(now: float) -> None:
-        nonlocal allocated, queued
-        _, e, result = heapq.heappop(leaving)
-        pod, n = pods[sequence[e]], int(where[e])
-        cluster.remove(n, pod.cpu, pod.memory, result)
-        allocated -= pod.gpu_total
+        _, e = heapq.heappop(leaving)
+        n = int(where[e])
+        run.take(e)
         # a waiting pod can newly fit only here: retry them in arrival order, skipping shapes that no longer fit
         heads = [(events_rank[queue[0]], spec) for spec, queue in waiting.items()]
         heapq.heapify(heads)
@@ -190,29 +187,75 @@ def replay_departures(
             first = pods[sequence[queue[0]]]
             if cluster.cpu_free[n] < first.cpu or cluster.mem_free[n] < first.memory or not place(queue[0], now, only):
                 continue
-            queued -= first.gpu_total
+            run.queued -= first.gpu_total
             queue.pop(0)
             if queue:
                 heapq.heappush(heads, (events_rank[queue[0]], spec))
             else:
                 del waiting[spec]
 
-    events_rank = {e: k for k, e in enumerate(events)}
+    events_rank = run.rank = {e: k for k, e in enumerate(events)}
     for e in events:
         now = arrive[e]
         while leaving and leaving[0][0] <= now:
             then = leaving[0][0]
             depart(then)
-            timeline.record(then, allocated, queued)
+            timeline.record(then, run.allocated, run.queued)
+        if consolidator is not None and consolidator(run, now):
+            timeline.record(now, run.allocated, run.queued)
         pod = pods[sequence[e]]
         spec, shape = shape_of(e)
         policy.observe(shape.requests, shape.context)
         if not place(e, now, cluster.fitting(pod.cpu, pod.memory)):
             waiting.setdefault(spec, []).append(e)
-            queued += pod.gpu_total
+            run.queued += pod.gpu_total
         policy.relearn(capacity)
-        timeline.record(now, allocated, queued)
+        timeline.record(now, run.allocated, run.queued)
     return placed_at, where, timeline, horizon
+
+
+def _stay(pod: TracePod) -> float:
+    """How long a placed pod stays: its trace lifetime (forever without a deletion time)."""
+    return max(pod.deleted - pod.created, 0) if pod.deleted >= 0 else float("inf")
+
+
+@dataclass
+class DeparturesState:
+    """A departures run as a consolidator sees and changes it: the cluster, the placed pods' nodes and grants by
+    event, the waiting pods by shape (arrival order), the allocated and waiting GPU milli; `put` and `take` charge
+    and release a pod (keeping those in step), `on_placed` schedules a newly placed pod's departure."""
+
+    cluster: ReplayCluster
+    pods: Sequence[TracePod]
+    sequence: Sequence[int]
+    placed_at: np.ndarray
+    where: np.ndarray
+    results: dict[int, FitResult]
+    waiting: dict[tuple[int, int, int, int, tuple[str, ...]], list[int]]
+    allocated: int = 0
+    queued: int = 0
+    rank: dict[int, int] = field(default_factory=dict)  # event -> its position in arrival order
+    on_placed: Callable[[int, float], None] = lambda e, now: None
+
+    def put(self, e: int, n: int, result: FitResult, now: float | None = None) -> None:
+        """Charge event e's pod on node n with these grants; `now` given: it is newly placed (else moved)."""
+        pod = self.pods[self.sequence[e]]
+        self.cluster.place(n, pod.cpu, pod.memory, result)
+        self.results[e], self.where[e] = result, n
+        if now is not None:
+            self.placed_at[e] = now
+            self.allocated += pod.gpu_total
+
+    def take(self, e: int, moved: bool = False) -> None:
+        """Release event e's pod from its node (`moved`: it is put elsewhere at once)."""
+        pod = self.pods[self.sequence[e]]
+        self.cluster.remove(int(self.where[e]), pod.cpu, pod.memory, self.results.pop(e))
+        if not moved:
+            self.allocated -= pod.gpu_total
+
+
+# called before each arrival with the run's state and the time; True when it changed what is placed or waiting
+Consolidator = Callable[[DeparturesState, float], bool]
 
 
 def run_departures(nodes: str, pods: str, policy_name: str, seed: int, ratio: float = DEFAULT_RATIO,

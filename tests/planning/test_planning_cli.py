@@ -156,3 +156,37 @@ def test_an_execution_holds_the_room_evicts_and_stops_when_no_replacement_comes(
     events = read_json(core.list_namespaced_event("team", _preload_content=False))["items"]
     assert [(e["reason"], e["involvedObject"]["name"]) for e in events] == [("Consolidating", "a")]
     assert "for team/big" in events[0]["message"]
+
+
+def test_the_controller_waits_out_the_threshold_then_plans_and_counts_what_it_did(apiserver, api):
+    """`--watch`'s controller on the stand-in: nothing before the pod has waited `pending_for`; then one move is
+    planned and carried out until the surprise (no ReplicaSet controller here), which its metrics count."""
+    from prometheus_client import CollectorRegistry
+
+    from vgpu.planning.controller import ConsolidationController
+    from vgpu.planning.execute import execute_plan
+    from vgpu.planning.snapshot import read_cluster
+
+    _fragmented(api)
+    now = [0.0]
+    registry = CollectorRegistry()
+    controller = ConsolidationController(
+        lambda: read_cluster(api), lambda plan: execute_plan(api, plan, timeout=1, say=lambda line: None),
+        pending_for=300, share_per_hour=0.0, registry=registry, clock=lambda: now[0])
+    big = read_json(k8s.CoreV1Api(api).read_namespaced_pod("big", "team", _preload_content=False))
+    created = read_cluster(api).pending[0].created
+    assert big["metadata"]["name"] == "big" and created > 0
+    now[0] = created + 299
+    assert controller.look() is None and registry.get_sample_value("vgpu_consolidation_moves_planned_total") == 0
+    now[0] = created + 301
+    report = controller.look()
+    assert report is not None and "replacement was not re-created" in report.stopped
+    values = {name: registry.get_sample_value(name) for name in (
+        "vgpu_consolidation_moves_planned_total", "vgpu_consolidation_moves_total", "vgpu_consolidation_stops_total",
+        "vgpu_consolidation_waiting_pods", "vgpu_consolidation_gpus_freed_total")}
+    assert values == {"vgpu_consolidation_moves_planned_total": 1.0, "vgpu_consolidation_moves_total": 0.0,
+                      "vgpu_consolidation_stops_total": 1.0, "vgpu_consolidation_waiting_pods": 1.0,
+                      "vgpu_consolidation_gpus_freed_total": 0.0}
+    # the budget: one move an hour at least, spent by the eviction made: a minute later nothing is planned
+    now[0] += 60
+    assert controller.look() is None and registry.get_sample_value("vgpu_consolidation_moves_planned_total") == 1
