@@ -51,11 +51,12 @@ class ConsolidationController:
 
     def __init__(self, read: Callable[[], ClusterSnapshot], execute: Callable[[ConsolidationPlan], ExecutionReport],
                  *, policy: str = "fragaware", gpu_policy: str = "binpack", pending_for: float = 300.0,
-                 share_per_hour: float = 0.05, min_age: float = 0.0, registry: CollectorRegistry | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 share_per_hour: float = 0.05, min_age: float = 0.0, max_moves: int = 20,
+                 registry: CollectorRegistry | None = None, clock: Callable[[], float] = time.time) -> None:
         self.read, self.execute = read, execute
         self.policy, self.gpu_policy = policy, gpu_policy
         self.pending_for, self.share_per_hour, self.min_age = pending_for, share_per_hour, min_age
+        self.max_moves = max_moves  # moves of one look at most, whatever the budget holds
         self.clock = clock
         self.registry = registry or CollectorRegistry()
         planned, moves, freed, stops, waiting = SPECS
@@ -84,8 +85,9 @@ class ConsolidationController:
         if not due:
             self.waiting.set(0)
             return None
-        plan = plan_consolidation(snapshot, self.policy, now=now, min_age=self.min_age, max_moves=max(budget, 0),
-                                  gpu_policy=self.gpu_policy, targets=due)
+        plan = plan_consolidation(snapshot, self.policy, now=now, min_age=self.min_age,
+                                  max_moves=max(min(budget, self.max_moves), 0), gpu_policy=self.gpu_policy,
+                                  targets=due)
         self.waiting.set(len(plan.steps) + len(plan.unmet))
         for target, why in plan.unmet:
             log.info("event=consolidation_no_plan pod=%s why=%r", target, why)
@@ -126,5 +128,5 @@ def controller_for(api: Any, config: Any, args: Any, registry: CollectorRegistry
 
     return ConsolidationController(read, execute, policy=config.node_policy, gpu_policy=config.gpu_policy,
                                    pending_for=args.pending_for, share_per_hour=args.move_share,
-                                   min_age=args.min_age, registry=registry)
+                                   min_age=args.min_age, max_moves=args.max_moves, registry=registry)
 

@@ -15,6 +15,13 @@ plugin patches bind-phase); a pod created with a forged assignment is refused by
 versions, and a pod asking for more GPUs than the node has fails /filter twice (each repeated event bumps its
 count); a pod of priority 1000 that needs every GPU of the node whole has the extender evict the pods holding
 shares there (a dry run, then the eviction); the extender keeps reading kube-scheduler's Lease.
+
+The consolidation controller (the chart's `consolidation.enabled`, which deploy/ does not ship) runs apart, from the
+chart's render (two replicas, so with leader election; a look every second, no wait before room is made), through
+one move: two nodes of two GPUs with a 30 % share on each GPU, and a pending pod asking a whole GPU. The controller
+holds a GPU for it, records an Event and evicts the share there; the test plays the ReplicaSet controller (a
+replacement on the other GPU) and the scheduler (the pod bound into the room); the controller sees both, lets the
+hold go, renews its Lease, and gives it back when stopped.
 """
 
 from __future__ import annotations
@@ -39,7 +46,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from deploy_helpers import ROOT, find
 from kubernetes import client as k8s
 
-from vgpu import grants
+from vgpu import grants, keys
+from vgpu.assignment import DeviceGrant, encode
+from vgpu.holds import decode_holds
+from vgpu.inventory import GPUDevice, encode_volcano
 from vgpu.kube import LeaderElector
 from vgpu.kube.client import make_api_client, read_json
 from vgpu.testbed.apiserver import ApiServerStandIn, RecordedRequest
@@ -50,6 +60,12 @@ NODE = "gpu-node-1"
 ADMIN = "admin"  # the token of the test itself, in the roles of tenant, admin and kubelet
 TOKENS = {"vgpu-scheduler-extender": "extender-token", "vgpu-device-plugin": "device-plugin-token"}
 GPU = {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "2000", "volcano.sh/vgpu-cores": "30"}
+CONSOLIDATE = "vgpu-consolidate"  # the controller's ServiceAccount in the chart
+CONSOLIDATE_TOKEN = "consolidate-token"
+# The chart's values the controller runs with here.
+CONSOLIDATION = {"consolidation": {"enabled": True, "replicas": 2, "interval": "1s", "pendingFor": "0s",
+                                   "timeout": "30s"}}
+CARD_MIB = 40960
 
 
 def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
@@ -85,11 +101,13 @@ class KeyFiles(NamedTuple):
 
 
 class Container:
-    """One container of a workload of deploy/, made runnable here: its volumes under `root`, its command and
-    environment with paths moved under `root`."""
+    """One container of a workload of deploy/ (or of the objects `lookup` finds by kind and name), made runnable
+    here: its volumes under `root`, its command and environment with paths moved under `root`."""
 
-    def __init__(self, kind: str, name: str, container: str, root: Path, key: KeyFiles) -> None:
-        pod = find(kind, name)["spec"]["template"]["spec"]
+    def __init__(self, kind: str, name: str, container: str, root: Path, key: KeyFiles,
+                 lookup: Callable[[str, str], dict[str, Any]] = find) -> None:
+        self.lookup = lookup
+        pod = lookup(kind, name)["spec"]["template"]["spec"]
         (self.spec,) = [c for c in pod["containers"] if c["name"] == container]
         self.service_account = pod["serviceAccountName"]
         self.root = root
@@ -108,7 +126,7 @@ class Container:
                 assert item["key"] == "keys.pem", "the ConfigMap vgpu-grant-public-keys has one key, `keys.pem`"
                 (target / item["path"]).write_bytes(key.public_pem)
         elif "configMap" in volume:
-            data = find("ConfigMap", volume["configMap"]["name"])["data"]
+            data = self.lookup("ConfigMap", volume["configMap"]["name"])["data"]
             for item in volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]:
                 (target / item["path"]).write_text(data[item["key"]])
         elif "secret" in volume and volume["secret"]["secretName"] == "vgpu-grant-key":
@@ -309,3 +327,99 @@ def run_round(tmp: Path) -> Round:
         kubelet.stop()
         admin.api.close()
     return Round(apiserver, key.signer(tmp), bound, admitted)
+
+
+@dataclass
+class ConsolidationRound:
+    """What the consolidation controller's round left behind, for the RBAC check."""
+
+    apiserver: ApiServerStandIn
+    manifests: list[dict[str, Any]]  # the chart's render it ran from
+
+    def requests(self) -> list[RecordedRequest]:
+        """What the controller sent to the API server."""
+        return self.apiserver.requests(CONSOLIDATE_TOKEN)
+
+
+def _gpu_node(name: str) -> dict[str, Any]:
+    """A node of two 40 GB GPUs, as the device plugin publishes it."""
+    devices = [GPUDevice(f"GPU-{name}-{g}", 10, CARD_MIB, "NVIDIA-NVIDIA A100-PCIE-40GB", index=g) for g in range(2)]
+    return {"metadata": {"name": name, "annotations": {keys.NODE_REGISTER: encode_volcano(devices)}},
+            "status": {"allocatable": {"cpu": "64", "memory": "256Gi", "volcano.sh/vgpu-number": "20"}}}
+
+
+def _share(name: str, node: str, gpu: str) -> dict[str, Any]:
+    """A running pod of the ReplicaSet `rs` holding 10000 MiB and 30 % of `gpu`."""
+    pod = gpu_pod(name, {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "10000",
+                         "volcano.sh/vgpu-cores": "30"}, nodeName=node)
+    pod["metadata"] |= {
+        "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "rs-uid",
+                             "controller": True}],
+        "annotations": {keys.VGPU_IDS: encode(((DeviceGrant(gpu, 10000, 30),),))}}
+    return pod
+
+
+def run_consolidation(tmp: Path) -> ConsolidationRound:
+    """Run the consolidation controller's round (module docstring); the stand-in is left running (stop it with
+    `.apiserver.stop()`)."""
+    from chart_render import render
+
+    manifests = render(CONSOLIDATION)
+
+    def lookup(kind: str, name: str) -> dict[str, Any]:
+        (doc,) = [d for d in manifests if (d["kind"], d["metadata"]["name"]) == (kind, name)]
+        return doc
+
+    apiserver = ApiServerStandIn(record_requests=True).start()
+    kubeconfig = apiserver.write_kubeconfig(tmp / "consolidate.kubeconfig", CONSOLIDATE_TOKEN)
+    admin = _Api(apiserver.write_kubeconfig(tmp / "admin.kubeconfig", ADMIN))
+    controller = Container("Deployment", CONSOLIDATE, "consolidate", tmp / "consolidate", KeyFiles.generate(), lookup)
+    assert controller.service_account == CONSOLIDATE
+    log = tmp / "consolidate.log"
+    shares = {"a": ("n1", 0), "b": ("n1", 1), "c": ("n2", 0), "d": ("n2", 1)}
+    try:
+        for node in ("n1", "n2"):
+            admin.core.create_node(_gpu_node(node))
+        for name, (node, g) in shares.items():
+            pod = admin.create_pod(_share(name, node, f"GPU-{node}-{g}"))
+            pod["status"] = {"phase": "Running", "startTime": pod["metadata"]["creationTimestamp"]}
+            admin.core.replace_namespaced_pod_status(name, "default", pod)
+        admin.create_pod(gpu_pod("big", {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory-percentage": "100",
+                                         "volcano.sh/vgpu-cores": "100"}))
+        proc = _start(controller.command("", kubeconfig=kubeconfig, metrics_listen=""), {}, log)
+        try:
+            def running() -> None:
+                assert proc.poll() is None, log.read_text()
+
+            def evicted() -> str | None:
+                running()
+                return next((name for name in shares if admin.gone(name)), None)
+
+            moved = wait_for(evicted, "an eviction")
+            node = shares[moved][0]
+            annotations = read_json(admin.core.read_node(node, _preload_content=False))["metadata"]["annotations"]
+            (hold,) = decode_holds(annotations[keys.CONSOLIDATION_HOLD])
+            held = {g.uuid for segment in hold.assignment for g in segment}
+            (free,) = {f"GPU-{node}-{g}" for g in range(2)} - held
+            # the ReplicaSet controller and the scheduler: a replacement beside the room, then the pod into it
+            admin.create_pod(_share(f"{moved}-2", node, free))
+            grant = encode(((DeviceGrant(next(iter(held)), CARD_MIB, 100),),))
+            admin.core.create_namespaced_pod_binding("big", "default", {
+                "metadata": {"name": "big", "annotations": {keys.VGPU_IDS: grant}},
+                "target": {"kind": "Node", "name": node}}, _preload_content=False)
+
+            def let_go() -> bool:
+                running()
+                node_object = read_json(admin.core.read_node(node, _preload_content=False))
+                return keys.CONSOLIDATION_HOLD not in (node_object["metadata"].get("annotations") or {})
+
+            wait_for(let_go, "the hold let go once the pod was placed")
+            assert [e["involvedObject"]["name"] for e in read_json(admin.core.list_namespaced_event(
+                "default", _preload_content=False))["items"] if e["reason"] == "Consolidating"] == [moved]
+            wait_for(lambda: any(r.method == "PUT" and f"/leases/{CONSOLIDATE}" in r.target
+                                 for r in apiserver.requests(CONSOLIDATE_TOKEN)), "the controller renewing its Lease")
+        finally:
+            _stop(proc)
+    finally:
+        admin.api.close()
+    return ConsolidationRound(apiserver, manifests)

@@ -26,3 +26,13 @@ def cluster_round(tmp_path_factory):
     done = run_round(tmp_path_factory.mktemp("round"))
     yield done
     done.apiserver.stop()
+
+
+@pytest.fixture(scope="session")
+def consolidation_round(tmp_path_factory):
+    """The chart's consolidation controller through one move (cluster_scenario.run_consolidation)."""
+    from cluster_scenario import run_consolidation
+
+    done = run_consolidation(tmp_path_factory.mktemp("consolidation"))
+    yield done
+    done.apiserver.stop()

@@ -1,7 +1,8 @@
 """The metrics are declared once in code (vgpu.deviceplugin.monitor.NODE_METRICS,
-vgpu.scheduler.metrics.SCHEDULER_METRICS): deploy/monitoring/METRICS.md is their rendering, the declarations keep
-the contract's legacy names, and the Grafana dashboard uses only declared names and labels. What the live endpoints
-serve is compared with the same declarations in tests/e2e/test_metrics_contract.py."""
+vgpu.scheduler.metrics.SCHEDULER_METRICS, vgpu.planning.controller.SPECS): deploy/monitoring/METRICS.md is their
+rendering, one section per component, the declarations keep the contract's legacy names, and the Grafana dashboard
+uses only declared names and labels. What the device plugin's and the extender's live endpoints serve is compared
+with the same declarations in tests/e2e/test_metrics_contract.py."""
 
 import json
 import re
@@ -11,10 +12,17 @@ from deploy_helpers import DEPLOY
 
 from vgpu.deviceplugin.monitor import NODE_METRICS
 from vgpu.metricspec import markdown_table
+from vgpu.planning.controller import SPECS as CONSOLIDATION_METRICS
 from vgpu.scheduler.metrics import SCHEDULER_METRICS
 
 METRICS_MD = DEPLOY / "monitoring" / "METRICS.md"
 DASHBOARD = DEPLOY / "monitoring" / "grafana-dashboard.json"
+# The heading of each component's section of METRICS.md -> its declarations.
+SECTIONS = {
+    "## Device plugin, `:9394/metrics`": NODE_METRICS,
+    "## Scheduler extender, `:9395/metrics`": SCHEDULER_METRICS,
+    "## Consolidation controller, `:9396/metrics`": CONSOLIDATION_METRICS,
+}
 # CONTRACT.md, "Node metrics at :9394/metrics": the legacy names with their labels.
 CONTRACT_LEGACY = {
     "HostGPUMemoryUsage": {"deviceidx", "deviceuuid", "zone"},
@@ -37,7 +45,7 @@ HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 def metrics_table() -> dict[str, tuple[str, set[str]]]:
     """metric name as queried -> (type, label names), from the declarations."""
     out = {}
-    for spec in (*NODE_METRICS, *SCHEDULER_METRICS):
+    for spec in (spec for specs in SECTIONS.values() for spec in specs):
         assert spec.exposed not in out, f"{spec.exposed} declared twice"
         out[spec.exposed] = (spec.kind, set(spec.labels))
     return out
@@ -102,8 +110,11 @@ def scan(expr: str) -> tuple[set[str], set[str]]:
 
 def test_metrics_md_is_the_rendering_of_the_declarations():
     text = METRICS_MD.read_text()
-    for specs in (NODE_METRICS, SCHEDULER_METRICS):
-        assert markdown_table(specs) in text, f"METRICS.md is stale: paste\n{markdown_table(specs)}"
+    for heading, specs in SECTIONS.items():
+        assert heading in text, f"METRICS.md has no section {heading!r}"
+        section = text[text.index(heading):]
+        section = section[:section.find("\n## ")]
+        assert markdown_table(specs) in section, f"{heading} of METRICS.md is stale: paste\n{markdown_table(specs)}"
 
 
 def test_declarations_keep_the_contracts_legacy_names_and_labels():

@@ -5,12 +5,15 @@ with a bearer token of its own; the API-server stand-in records every request an
 kube-apiserver's authorizer is asked. Every call must be allowed by the rules bound to that component's
 ServiceAccount, and every grant of those rules must be used by some call. The built-in roles bound to
 kube-scheduler are upstream's and out of this comparison; its own Lease role is checked against its configuration.
+The consolidation controller, which only the chart makes, is compared the same way with the chart's rules for it,
+running from the chart's Deployment through one move.
 """
 
 from dataclasses import dataclass
 
 import pytest
 import yaml
+from cluster_scenario import CONSOLIDATE
 from deploy_helpers import NAMESPACE, find, load_manifests
 
 from vgpu.testbed.apiserver import RequestAttributes, request_attributes
@@ -45,18 +48,19 @@ class Grant:
                 and (not self.names or call.name in self.names))
 
 
-def our_role(kind: str, name: str, namespace: str | None) -> dict | None:
-    """The Role or ClusterRole of deploy/ that a binding refers to, or None (a built-in role)."""
-    for doc in MANIFESTS:
+def our_role(kind: str, name: str, namespace: str | None, manifests: list[dict] = MANIFESTS) -> dict | None:
+    """The Role or ClusterRole of deploy/ (or of `manifests`) that a binding refers to, or None (a built-in role)."""
+    for doc in manifests:
         if (doc["kind"], doc["metadata"]["name"]) == (kind, name) and \
                 (kind == "ClusterRole" or doc["metadata"].get("namespace") == namespace):
             return doc
     return None
 
 
-def bindings_of(service_account: str) -> list[dict]:
-    """The RoleBindings and ClusterRoleBindings of deploy/ whose subjects include `service_account`."""
-    return [d for d in MANIFESTS if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+def bindings_of(service_account: str, manifests: list[dict] = MANIFESTS) -> list[dict]:
+    """The RoleBindings and ClusterRoleBindings of deploy/ (or of `manifests`) whose subjects include
+    `service_account`."""
+    return [d for d in manifests if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
             and {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE} in d["subjects"]]
 
 
@@ -68,12 +72,12 @@ def grants_of_role(role: dict, namespace: str | None = None) -> list[Grant]:
             for verb in rule["verbs"]]
 
 
-def grants_of(service_account: str) -> list[Grant]:
-    """Every grant of our roles bound to `service_account`."""
+def grants_of(service_account: str, manifests: list[dict] = MANIFESTS) -> list[Grant]:
+    """Every grant of our roles bound to `service_account` (in deploy/, or in `manifests`)."""
     out = []
-    for binding in bindings_of(service_account):
+    for binding in bindings_of(service_account, manifests):
         namespace = binding["metadata"].get("namespace")
-        role = our_role(binding["roleRef"]["kind"], binding["roleRef"]["name"], namespace)
+        role = our_role(binding["roleRef"]["kind"], binding["roleRef"]["name"], namespace, manifests)
         if role is not None:
             out += grants_of_role(role, namespace)
     return out
@@ -93,6 +97,22 @@ def test_every_grant_is_used(cluster_round, service_account):
     calls = {r.attributes for r in cluster_round.requests(service_account)}
     unused = [g for g in grants_of(service_account) if not any(g.allows(c) for c in calls)]
     assert not unused, f"{service_account} is granted what its code never calls: {unused}"
+
+
+def test_every_call_of_the_consolidation_controller_is_allowed(consolidation_round):
+    calls = [r.attributes for r in consolidation_round.requests()]
+    assert calls, "the consolidation controller made no API call"
+    grants = grants_of(CONSOLIDATE, consolidation_round.manifests)
+    refused = sorted({c for c in calls if not any(g.allows(c) for g in grants)}, key=repr)
+    assert not refused, f"the consolidation controller calls what its RBAC does not allow: {refused}"
+
+
+def test_every_grant_of_the_consolidation_controller_is_used(consolidation_round):
+    calls = {r.attributes for r in consolidation_round.requests()}
+    grants = grants_of(CONSOLIDATE, consolidation_round.manifests)
+    assert {g.role for g in grants} == {"ClusterRole/vgpu-consolidate", "Role/vgpu-consolidate-lease"}
+    unused = [g for g in grants if not any(g.allows(c) for c in calls)]
+    assert not unused, f"the consolidation controller is granted what its code never calls: {unused}"
 
 
 @pytest.mark.parametrize("method, target, expected", [

@@ -203,7 +203,8 @@ def assert_valid(docs: list[dict], label: str) -> None:
 
 def test_helm_lint_passes_strict():
     for values in (None, {"dra": {"enabled": True}, "webhook": {"certManager": {"enabled": True}},
-                          "monitoring": {"serviceMonitor": {"enabled": True}, "dashboard": {"enabled": True}}}):
+                          "monitoring": {"serviceMonitor": {"enabled": True}, "dashboard": {"enabled": True}},
+                          "consolidation": {"enabled": True, "replicas": 2}}):
         report = helm.lint(CHART, values, strict=True, namespace=NAMESPACE, kube_version="v1.34.0")
         assert report["total_charts_linted"] == 1
         assert report["errors"] == [], report
@@ -236,6 +237,9 @@ def _default(docs):
     assert ("DaemonSet", "vgpu-device-plugin") in keys(docs) and ("Deployment", "vgpu-webhook") in keys(docs)
     assert not {k for k in keys(docs) if k[0] in ("DeviceClass", "ServiceMonitor", "Certificate")}
     assert ("DaemonSet", "vgpu-device-plugin-sim") not in keys(docs)
+    # no consolidation controller: no object, no configuration file of its own
+    assert not {k for k in keys(docs) if "consolidate" in k[1]}, keys(docs)
+    assert "consolidate.yaml" not in one(docs, "ConfigMap", "vgpu-sharing-config")["data"]
 
 
 def _dra_only(docs):
@@ -369,6 +373,24 @@ def _webhook_network_policy(docs):
     assert rule["ports"] == [{"protocol": "TCP", "port": port}]
 
 
+def _consolidation(docs):
+    assert {("Deployment", "vgpu-consolidate"), ("ServiceAccount", "vgpu-consolidate"),
+            ("ClusterRole", "vgpu-consolidate"), ("ClusterRoleBinding", "vgpu-consolidate"),
+            ("Service", "vgpu-consolidate-metrics")} <= keys(docs)
+    assert not {k for k in keys(docs) if k[1] == "vgpu-consolidate-lease"}
+    deployment = one(docs, "Deployment", "vgpu-consolidate")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert "--leader-elect" not in containers(deployment)["consolidate"]["command"]
+
+
+def _consolidation_leader_election(docs):
+    assert {("Role", "vgpu-consolidate-lease"), ("RoleBinding", "vgpu-consolidate-lease")} <= keys(docs)
+    deployment = one(docs, "Deployment", "vgpu-consolidate")
+    assert deployment["spec"]["replicas"] == 3 and "strategy" not in deployment["spec"]
+    command = containers(deployment)["consolidate"]["command"]
+    assert command[-2:] == ["--leader-elect", f"--lease-namespace={NAMESPACE}"]
+
+
 def _quotas_never_required(docs):
     role = one(docs, "ClusterRole", "vgpu-scheduler-extender")
     assert not [r for r in role["rules"] if "resourcequotas" in r["resources"]]
@@ -403,6 +425,9 @@ TOGGLES: dict[str, tuple[dict, Callable[[list[dict]], None]]] = {
     "webhook-network-policy": ({"webhook": {"networkPolicy": {"enabled": True, "from": [
         {"ipBlock": {"cidr": "10.0.0.10/32"}}]}}}, _webhook_network_policy),
     "quota-totals-never-required": ({"sharing": {"require_quota_totals": False}}, _quotas_never_required),
+    "consolidation": ({"consolidation": {"enabled": True}}, _consolidation),
+    "consolidation-leader-election": ({"consolidation": {"enabled": True, "replicas": 3}},
+                                      _consolidation_leader_election),
 }
 
 
@@ -623,8 +648,11 @@ def test_webhook_deployment():
 def vgpu_commands() -> list:
     """Parametrisation: every `vgpu ...` command line the chart writes, over the values that change them."""
     seen, params = set(), []
-    for values in ({**SIMULATED, "dra": {"enabled": True}, "scheduler": {"extender": {"tls": {"enabled": True}}}},
-                   {"webhook": {"translateHamiNames": False, "replaceSchedulerNames": ["a", "b"]}}):
+    for values in ({**SIMULATED, "dra": {"enabled": True}, "scheduler": {"extender": {"tls": {"enabled": True}}},
+                    "consolidation": {"enabled": True}},
+                   {"webhook": {"translateHamiNames": False, "replaceSchedulerNames": ["a", "b"]},
+                    "consolidation": {"enabled": True, "replicas": 2,
+                                      "extraArgs": ["--scheduler-names=vgpu-scheduler,volcano"]}}):
         for doc in render(values):
             if doc["kind"] not in ("Deployment", "DaemonSet"):
                 continue
@@ -645,6 +673,117 @@ def test_the_image_accepts_every_command_line(command, capsys):
         build_parser().parse_args(command[1:])
     except SystemExit:
         pytest.fail(f"vgpu refuses {command}: {capsys.readouterr().err.strip()}")
+
+
+# ------------------------------------------------------------------------------ the consolidation controller
+
+CONSOLIDATION = {"enabled": True, "interval": "1m", "pendingFor": "10m", "moveShare": 0.1, "minAge": "2h",
+                 "maxMoves": 4,
+                 "timeout": 300, "hold": "15m", "logLevel": "DEBUG", "metricsPort": 9500,
+                 "extraArgs": ["--scheduler-names=vgpu-scheduler,volcano"], "nodeSelector": {"role": "control"},
+                 "tolerations": [{"key": "CriticalAddonsOnly", "operator": "Exists"}],
+                 "resources": {"requests": {"cpu": "10m"}}}
+
+
+def test_the_consolidation_controller_runs_with_the_values():
+    docs = render({"consolidation": CONSOLIDATION})
+    deployment = one(docs, "Deployment", "vgpu-consolidate")
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert pod["serviceAccountName"] == "vgpu-consolidate" and "automountServiceAccountToken" not in pod
+    assert pod["nodeSelector"] == {"role": "control"} and pod["tolerations"] == CONSOLIDATION["tolerations"]
+    assert "affinity" not in pod and pod["securityContext"]["runAsNonRoot"] is True
+    (c,) = pod["containers"]
+    assert c["image"] == "vgpu-sharing/vgpu:0.1.0"
+    assert c["command"] == [
+        "vgpu", "consolidate", "--watch", "--config=/etc/vgpu-sharing/consolidate.yaml", "--interval=1m",
+        "--pending-for=10m", "--move-share=0.1", "--min-age=2h", "--max-moves=4", "--timeout=300", "--hold=15m",
+        "--metrics-listen=:9500", "--log-level=DEBUG", "--scheduler-names=vgpu-scheduler,volcano"]
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9500}]
+    assert c["resources"] == {"requests": {"cpu": "10m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}  # merged
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}}
+    assert {"name": "config", "mountPath": "/etc/vgpu-sharing", "readOnly": True} in c["volumeMounts"]
+    (config,) = [v for v in pod["volumes"] if v["name"] == "config"]
+    assert config["configMap"] == {"name": "vgpu-sharing-config",
+                                   "items": [{"key": "consolidate.yaml", "path": "consolidate.yaml"}]}
+    service = one(docs, "Service", "vgpu-consolidate-metrics")
+    assert service["spec"]["selector"].items() <= pod_labels(deployment).items()
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9500, "targetPort": "metrics", "protocol": "TCP"}]
+    # the ServiceMonitor scrapes it with the other metrics Services
+    monitor = one(render({"consolidation": CONSOLIDATION, "monitoring": {"serviceMonitor": {"enabled": True}}}),
+                  "ServiceMonitor", "vgpu-sharing")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert ("Service", "vgpu-consolidate-metrics") not in keys(render({
+        "consolidation": CONSOLIDATION, "monitoring": {"metricsServices": {"enabled": False}}}))
+
+
+def pod_labels(workload: dict) -> dict:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def test_the_consolidation_controller_plans_with_the_extenders_configuration(tmp_path):
+    """consolidate.yaml through the loader `vgpu consolidate` uses: the sharing section of scheduler.yaml, and the
+    node policy, GPU policy and schedulerName the extender is given as flags."""
+    from vgpu.scheduler.config import load_config
+
+    values = {"consolidation": {"enabled": True}, "sharing": {"split_count": 4, "hami_names": "off"},
+              "scheduler": {"schedulerName": "gpu-share", "extender": {"nodePolicy": "binpack", "gpuPolicy": "spread"}}}
+    docs = render(values)
+    data = one(docs, "ConfigMap", "vgpu-sharing-config")["data"]
+    for key in ("scheduler.yaml", "consolidate.yaml"):
+        (tmp_path / key).write_text(data[key])
+    extender = containers(one(docs, "Deployment", "vgpu-scheduler"))["extender"]["command"]
+    assert {"--node-policy=binpack", "--gpu-policy=spread", "--scheduler-names=gpu-share"} <= set(extender)
+    config = load_config(str(tmp_path / "consolidate.yaml"), {"scheduler_names": None})
+    assert (config.node_policy, config.gpu_policy, config.scheduler_names) == ("binpack", "spread", ["gpu-share"])
+    assert config.sharing == load_config(str(tmp_path / "scheduler.yaml"), {}).sharing
+    assert config.sharing.split_count == 4 and config.sharing.hami_mode() == "off"
+    # the extender's default GPU policy when the values name none
+    default = one(render({"consolidation": {"enabled": True}}), "ConfigMap", "vgpu-sharing-config")["data"]
+    assert yaml.safe_load(default["consolidate.yaml"])["node_policy"] == "fragaware"
+    assert "gpu_policy" not in yaml.safe_load(default["consolidate.yaml"])
+
+
+def test_the_consolidation_controllers_rights_are_exactly_what_it_calls():
+    """The rules, verb by verb (test_deploy_rbac.py runs the controller and compares its calls with them)."""
+    docs = render({"consolidation": {"enabled": True}})
+    rules = one(docs, "ClusterRole", "vgpu-consolidate")["rules"]
+    assert rules == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    ]
+    binding = one(docs, "ClusterRoleBinding", "vgpu-consolidate")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "vgpu-consolidate"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "vgpu-consolidate", "namespace": NAMESPACE}]
+    elected = render({"consolidation": {"enabled": True, "replicas": 2}})
+    role = one(elected, "Role", "vgpu-consolidate-lease")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["vgpu-consolidate"],
+         "verbs": ["get", "update"]},
+    ]
+    role_binding = one(elected, "RoleBinding", "vgpu-consolidate-lease")
+    assert role_binding["metadata"]["namespace"] == NAMESPACE
+    assert role_binding["roleRef"]["name"] == "vgpu-consolidate-lease"
+    assert role_binding["subjects"] == binding["subjects"]
+    assert "--leader-elect" in containers(one(elected, "Deployment", "vgpu-consolidate"))["consolidate"]["command"]
+
+
+@pytest.mark.parametrize("values", [
+    {"interval": "30 seconds"}, {"pendingFor": "-5m"}, {"hold": "1w"}, {"moveShare": -0.1}, {"moveShare": "5%"},
+    {"maxMoves": 0},
+    {"replicas": -1}, {"logLevel": "verbose"}, {"metricsPort": 0}, {"pendingfor": "5m"},
+], ids=lambda v: next(iter(v)))
+def test_the_schema_refuses_malformed_consolidation_values(values):
+    chart().validate_schema({"consolidation": {"enabled": True, "interval": 90, "minAge": "1.5h"}})
+    with pytest.raises(helm.HelmValuesError):
+        chart().validate_schema({"consolidation": {"enabled": True, **values}})
 
 
 # ----------------------------------------------------------------------------------------- the certificates

@@ -37,6 +37,7 @@ EVERYTHING = {
                 "namespaceSelector": {"matchLabels": {"gpu": "yes"}},
                 "objectSelector": {"matchExpressions": [{"key": "skip", "operator": "DoesNotExist"}]}},
     "monitoring": {"dashboard": {"enabled": True}},
+    "consolidation": {"enabled": True, "replicas": 2},
 }
 
 
@@ -91,6 +92,13 @@ def assert_references_resolve(docs: list[dict], prefix: str, namespace: str) -> 
         assert (kind, name) in EXTERNAL or (kind, ns, name) in namespaced or \
             (kind in CLUSTER_SCOPED and (kind, name) in have), (kind, ns, name)
 
+    def config_map(source: dict) -> None:
+        """A ConfigMap a volume names exists, with every key the volume picks (when it is ours)."""
+        exists("ConfigMap", source["name"])
+        data = have[("ConfigMap", source["name"])]["data"] if ("ConfigMap", source["name"]) in have else None
+        for item in source.get("items", ()):
+            assert data is None or item["key"] in data, (source["name"], item["key"])
+
     templates = {}
     for name, doc in workloads(docs).items():
         pod = doc["spec"]["template"]
@@ -99,12 +107,12 @@ def assert_references_resolve(docs: list[dict], prefix: str, namespace: str) -> 
         exists("ServiceAccount", pod["spec"]["serviceAccountName"])
         for volume in pod["spec"].get("volumes", []):
             if "configMap" in volume:
-                exists("ConfigMap", volume["configMap"]["name"])
+                config_map(volume["configMap"])
             if "secret" in volume and not volume["secret"]["secretName"].startswith("my-"):
                 exists("Secret", volume["secret"]["secretName"])
             for source in volume.get("projected", {}).get("sources", []):
                 if "configMap" in source:
-                    exists("ConfigMap", source["configMap"]["name"])
+                    config_map(source["configMap"])
                 if "secret" in source:
                     exists("Secret", source["secret"]["name"])
         if "runtimeClassName" in pod["spec"] and ("RuntimeClass", pod["spec"]["runtimeClassName"]) not in have:
