@@ -46,3 +46,22 @@ def test_the_dra_table_is_the_one_the_raw_results_give():
     expected = suite.table(REPO / "bench" / "results" / "dra", list(suite.GIVEN))
     assert expected.count("\n") >= 2, expected   # a header, its rule and at least one trace
     assert expected in (REPO / "docs" / "dra.md").read_text(), "stale: paste `bench/dra_suite.py --table` into it"
+
+
+def test_the_consolidation_table_is_the_one_the_raw_results_give():
+    """docs/consolidation.md's replay table is `bench/consolidation_replay.py --table` over its committed rows."""
+    sys.path.insert(0, str(REPO / "bench"))   # consolidation_replay imports placement_suite, its neighbour
+    try:
+        path = REPO / "bench" / "consolidation_replay.py"
+        spec = importlib.util.spec_from_file_location("consolidation_replay", path)
+        assert spec is not None and spec.loader is not None
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    rows = bench.load(REPO / "bench" / "results" / "consolidation" / "default.json")
+    assert {(r["ratio"], r["share_per_hour"]) for r in rows} >= {(2.0, 0.0), (2.0, 0.05)}
+    table = bench.table(rows)
+    text = (REPO / "docs" / "consolidation.md").read_text()
+    assert f"<!-- table:consolidation -->\n{table}\n<!-- /table:consolidation -->" in text, \
+        "stale: paste `bench/consolidation_replay.py --table` into docs/consolidation.md"
