@@ -31,6 +31,7 @@ from vgpu.assignment import Assignment
 from vgpu.planning.simulation import Placed, Simulation
 from vgpu.planning.snapshot import ClusterSnapshot, SnapshotPod, whole_gpu_request
 from vgpu.requests import Selectors
+from vgpu.scheduler.constraints import expression_holds
 from vgpu.scheduler.fit import GPU_ORDERS
 from vgpu.scheduler.ledger import Charge, ChargeState
 from vgpu.scheduler.nodestate import flat_grants
@@ -38,6 +39,7 @@ from vgpu.scheduler.preemption import plan_removal
 
 __all__ = ["ConsolidationPlan", "Move", "Step", "blocker", "plan_consolidation", "selects"]
 
+LABEL_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist")  # a label selector's (Gt and Lt are node selectors')
 UNMOVABLE_OWNERS = {"DaemonSet": "a DaemonSet's pod comes back on the same node",
                     "Node": "a static pod belongs to its node"}
 
@@ -109,23 +111,10 @@ def selects(selector: Any, labels: Mapping[str, str]) -> bool:
     nothing, an empty one everything (policy/v1 PodDisruptionBudget)."""
     if not isinstance(selector, Mapping):
         return False
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expression in selector.get("matchExpressions") or ():
-        key, operator = expression.get("key"), expression.get("operator")
-        values = expression.get("values") or ()
-        if operator == "In" and labels.get(key) not in values:
-            return False
-        if operator == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if operator == "Exists" and key not in labels:
-            return False
-        if operator == "DoesNotExist" and key in labels:
-            return False
-        if operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            return False
-    return True
+    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
+        return False
+    return all(isinstance(e, Mapping) and e.get("operator") in LABEL_OPERATORS and expression_holds(e, labels)
+               for e in selector.get("matchExpressions") or ())
 
 
 def blocker(pod: SnapshotPod, now: float, min_age: float) -> str:

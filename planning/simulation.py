@@ -4,9 +4,10 @@ Each `Simulation` registers fresh `NodeState`s (the snapshot's GPUs and allocata
 kept where they are) with its own `scheduler.placement.Placement` in decide mode, so a pod is placed exactly as
 `vgpu scheduler --mode decide` would place it under the policy. Before the extender is asked, kube-scheduler's own
 filters decide which nodes are candidates; the ones that matter for GPU nodes are applied here: the node is
-schedulable (`spec.unschedulable`), its labels match the pod's `nodeSelector`, the pod tolerates its NoSchedule
-and NoExecute taints, and it has the pod's CPU and memory free (NodeResourcesFit). Node affinity, pod
-(anti-)affinity and topology spread are not modelled (docs/consolidation.md).
+schedulable (`spec.unschedulable`), its labels match the pod's `nodeSelector` and required node affinity (as the
+extender's /bind checks them, scheduler.constraints), the pod tolerates its NoSchedule and NoExecute taints, and it
+has the pod's CPU and memory free (NodeResourcesFit). Pod (anti-)affinity and topology spread are not modelled
+(docs/consolidation.md).
 
 The policy learns the workload before the first placement: it is shown every pod the simulation will hold, as the
 extender has seen them (a learning policy observes them, an oracle one is told them).
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vgpu.planning.snapshot import ClusterSnapshot, SnapshotPod
+from vgpu.scheduler.constraints import constraint_failure
 from vgpu.scheduler.fit import FitResult
 from vgpu.scheduler.nodestate import Grant, NodeState, flat_grants, gpu_types
 from vgpu.scheduler.placement import Placement
@@ -106,8 +108,7 @@ class Simulation:
             spec = node.get("spec") or {}
             if spec.get("unschedulable") is True:
                 continue
-            labels = (node.get("metadata") or {}).get("labels") or {}
-            if any(labels.get(k) != v for k, v in pod.node_selector.items()):
+            if pod.constraints and constraint_failure(pod.constraints, node):
                 continue
             taints = [t for t in spec.get("taints") or () if isinstance(t, Mapping) and t.get("effect") in _BLOCKING]
             if any(not tolerated(t, pod.tolerations) for t in taints):

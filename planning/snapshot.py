@@ -69,7 +69,7 @@ class SnapshotPod:
     opted_out: bool
     grants: tuple[Grant, ...] = ()  # what the ledger charges it, running pods only
     assignment: Assignment = ()
-    node_selector: Mapping[str, str] = field(default_factory=dict)
+    constraints: Mapping[str, Any] = field(default_factory=dict)  # {"spec": its nodeSelector and affinity}
     tolerations: tuple[Mapping[str, Any], ...] = ()
 
     @property
@@ -101,7 +101,6 @@ def snapshot_pod(pod: Mapping[str, Any], requests: tuple[ContainerRequest, ...],
     created = _timestamp(meta.get("creationTimestamp"))
     started = _timestamp((pod.get("status") or {}).get("startTime")) or created
     cpu, memory = pod_cpu_memory(pod)
-    node_selector = spec.get("nodeSelector")
     tolerations = spec.get("tolerations")
     return SnapshotPod(
         uid=pod_key(pod), namespace=str(meta.get("namespace") or "default"), name=str(meta.get("name") or ""),
@@ -110,8 +109,7 @@ def snapshot_pod(pod: Mapping[str, Any], requests: tuple[ContainerRequest, ...],
         labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
         opted_out=str((meta.get("annotations") or {}).get(keys.NO_CONSOLIDATE, "")).strip().lower() == "true",
         grants=grants, assignment=assignment,
-        node_selector={str(k): str(v) for k, v in node_selector.items()} if isinstance(node_selector, Mapping)
-        else {},
+        constraints={"spec": {k: spec[k] for k in ("nodeSelector", "affinity") if isinstance(spec.get(k), Mapping)}},
         tolerations=tuple(t for t in tolerations if isinstance(t, Mapping)) if isinstance(tolerations, list) else (),
     )
 

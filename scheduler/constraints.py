@@ -9,10 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["constraint_failure"]
+__all__ = ["constraint_failure", "expression_holds"]
 
 
-def _expression_holds(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+def expression_holds(expression: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """Whether one `matchExpressions` requirement holds for these labels (In, NotIn, Exists, DoesNotExist, and Gt and
+    Lt of node selectors); an unknown operator never holds."""
     key = expression.get("key")
     operator = expression.get("operator")
     values = [str(v) for v in expression.get("values") or ()]
@@ -39,9 +41,9 @@ def _term_holds(term: Mapping[str, Any], labels: Mapping[str, str], name: str) -
     fields = term.get("matchFields") or []
     if not expressions and not fields:
         return False  # an empty term matches no node
-    if not all(_expression_holds(e, labels) for e in expressions if isinstance(e, Mapping)):
+    if not all(expression_holds(e, labels) for e in expressions if isinstance(e, Mapping)):
         return False
-    return all(_expression_holds({**f, "key": "metadata.name"}, {"metadata.name": name})
+    return all(expression_holds({**f, "key": "metadata.name"}, {"metadata.name": name})
                for f in fields if isinstance(f, Mapping) and f.get("key") == "metadata.name")
 
 

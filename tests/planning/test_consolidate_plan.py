@@ -156,3 +156,17 @@ def test_free_gpus_says_when_no_more_can_be_freed():
     plan = plan_consolidation(_snapshot(*_four_shares(a={"owner": None}, b={"owner": None}, c={"owner": None},
                                                       d={"owner": None})), now=NOW, free_gpus=1)
     assert plan.steps == [] and plan.unmet and plan.unmet[0][0] == "GPU 1 of 1"
+
+
+@pytest.mark.parametrize("selector,applies", [
+    ({"matchExpressions": [{"key": "app", "operator": "In", "values": ["a", "x"]}]}, True),
+    ({"matchExpressions": [{"key": "app", "operator": "NotIn", "values": ["a"]}]}, False),
+    ({"matchExpressions": [{"key": "app", "operator": "Exists"}]}, True),
+    ({"matchExpressions": [{"key": "app", "operator": "Gt", "values": ["1"]}]}, False),   # not a label operator
+    ({}, True),   # an empty selector selects every pod of its namespace
+])
+def test_budget_selectors_select_as_label_selectors_do(selector, applies):
+    guard = budget("guard", {}, 0)
+    guard["spec"]["selector"] = selector
+    plan = plan_consolidation(_snapshot(*_four_shares(), whole("big", owner=None), budgets=[guard]), now=NOW)
+    assert ("a" not in _moved(plan)) is applies

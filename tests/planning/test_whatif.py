@@ -66,3 +66,13 @@ def test_a_pending_pod_whose_spec_does_not_parse_is_left_out_and_named():
     snapshot = ClusterSnapshot.from_objects([node("n1", 1)], [bad, whole("good", owner=None)])
     assert [p.name for p in snapshot.pending] == ["good"]
     assert len(snapshot.unreadable) == 1 and snapshot.unreadable[0].startswith("team/bad: ")
+
+
+def test_required_node_affinity_is_honoured():
+    a, b = node("n1", 1), node("n2", 1)
+    b["metadata"]["labels"]["zone"] = "east"
+    picky = whole("picky", owner=None)
+    picky["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["east"]}]}]}}}
+    row = _rows([a, b], [pod("first", 10000, 30, on="n2", gpu_index=(0,)), picky], policies=())[KEPT]
+    assert row.waiting == ["team/picky"]   # n1 is free, but only n2 is in the east zone
