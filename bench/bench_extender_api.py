@@ -267,11 +267,7 @@ def run(nodes: int, pods: int, mode: str, requests: int, policy: str, lag: float
                                + (["--dra"] if dra else []), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         ext = None
         try:
-            assert api.stdout is not None
-            word, url = api.stdout.readline().decode().split()
-            if word != "ready":
-                raise RuntimeError("API-server stand-in did not start")
-            api_port = int(url.rsplit(":", 1)[1])
+            api_port = standin_port(api)
             port = free_port()
             ext = subprocess.Popen([*me, "--serve", "--kubeconfig", kubeconfig, "--port", str(port), "--mode", mode,
                                     "--node-policy", policy] + (["--dra"] if dra else [])
@@ -283,10 +279,24 @@ def run(nodes: int, pods: int, mode: str, requests: int, policy: str, lag: float
             _wait_listening(port)
             return cycles(Client(api_port), Client(port), ext, api, nodes, pods, requests, lag, dra)
         finally:
-            for proc in (ext, api):
-                if proc is not None:
-                    proc.terminate()
-                    proc.wait(30)
+            stop(ext, api)
+
+
+def standin_port(api: subprocess.Popen[bytes]) -> int:
+    """The port of a stand-in process started with `--api`, once it says it is ready."""
+    assert api.stdout is not None
+    word, url = api.stdout.readline().decode().split()
+    if word != "ready":
+        raise RuntimeError("API-server stand-in did not start")
+    return int(url.rsplit(":", 1)[1])
+
+
+def stop(*procs: subprocess.Popen[bytes] | None) -> None:
+    """Terminate the processes that were started, and wait for each."""
+    for proc in procs:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
 
 
 def ask(proc: subprocess.Popen[bytes], command: str) -> bytes:

@@ -36,7 +36,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_extender import SHAPES, make_node, node_name, pod_dict, rss_mib, spread
-from bench_extender_api import NAMESPACE
+from bench_extender_api import NAMESPACE, standin_port, stop
 
 from vgpu import keys
 
@@ -151,12 +151,9 @@ def soak(args: argparse.Namespace) -> None:
         me = [sys.executable, __file__]
         api = subprocess.Popen([*me, "--api", f"{args.nodes}:{args.pods}", "--kubeconfig", kubeconfig,
                                 "--grant-key-file", key_file], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        ext = None
+        ext: subprocess.Popen[bytes] | None = None
         try:
-            assert api.stdout is not None
-            word, url = api.stdout.readline().decode().split()
-            if word != "ready":
-                raise RuntimeError("API-server stand-in did not start")
+            api_port = standin_port(api)
             from vgpu.testbed.cluster import free_port  # below the ephemeral range: no outgoing connection takes it
 
             port = free_port()
@@ -171,12 +168,9 @@ def soak(args: argparse.Namespace) -> None:
                 ext = subprocess.Popen([sys.executable, "-m", "vgpu.cli", *command])
             extender = wait_ready(port, ext)
             extender.fresh = args.fresh_connections
-            cycles(Client(int(url.rsplit(":", 1)[1])), extender, Client(metrics), ext, args)
+            cycles(Client(api_port), extender, Client(metrics), ext, args)
         finally:
-            for proc in (ext, api):
-                if proc is not None:
-                    proc.terminate()
-                    proc.wait(30)
+            stop(ext, api)
 
 
 def grant_key(folder: Path) -> str:
