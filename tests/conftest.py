@@ -49,3 +49,24 @@ def cgroups():
 
     yield make
     remove_cgroup([top])
+
+
+@pytest.fixture
+def apiserver(tmp_path):
+    """The API-server stand-in served from a thread, with a kubeconfig for it (`.url`, `.kubeconfig`, `.store`)."""
+    from vgpu.testbed.apiserver import ApiServerStandIn
+
+    server = ApiServerStandIn().start()
+    server.write_kubeconfig(tmp_path / "kubeconfig")
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def api(apiserver):
+    """A rate-limited kubernetes ApiClient for `apiserver`."""
+    from vgpu.kube.client import make_api_client
+
+    client = make_api_client(apiserver.kubeconfig)
+    yield client
+    client.close()

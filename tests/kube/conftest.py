@@ -1,8 +1,7 @@
-"""Fixtures for the Kubernetes access layer: the API-server stand-in (in-process or as a subprocess) and clients.
+"""Fixtures for the Kubernetes access layer, beside tests/conftest.py's `apiserver` (the stand-in served from a
+thread) and `api` (a client for it):
 
-`apiserver`          ApiServerStandIn served from a thread (fast); `.url`, `.kubeconfig`, `.store`
 `apiserver_process`  ApiServerProcess, a real subprocess with persistence; `.kill()`, `.restart()`, `.kubeconfig`
-`api`                a rate-limited kubernetes ApiClient for `apiserver`
 `eventually`         eventually(predicate, timeout=10) -> polls until true, fails the test otherwise
 """
 
@@ -12,25 +11,8 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from kubernetes import client as k8s
 
-from vgpu.kube.client import make_api_client
-from vgpu.testbed.apiserver import ApiServerProcess, ApiServerStandIn
-
-
-@pytest.fixture
-def apiserver(tmp_path) -> Iterator[ApiServerStandIn]:
-    srv = ApiServerStandIn().start()
-    srv.write_kubeconfig(tmp_path / "kubeconfig")
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def api(apiserver: ApiServerStandIn) -> Iterator[k8s.ApiClient]:
-    client = make_api_client(apiserver.kubeconfig)
-    yield client
-    client.close()
+from vgpu.testbed.apiserver import ApiServerProcess
 
 
 @pytest.fixture

@@ -11,24 +11,8 @@ from kubernetes import client as k8s
 from vgpu import keys
 from vgpu.cli import main
 from vgpu.holds import decode_holds
-from vgpu.kube.client import make_api_client, read_json
+from vgpu.kube.client import read_json
 from vgpu.replay.trace import load_nodes, load_pods
-from vgpu.testbed.apiserver import ApiServerStandIn
-
-
-@pytest.fixture
-def apiserver(tmp_path):
-    server = ApiServerStandIn().start()
-    server.write_kubeconfig(tmp_path / "kubeconfig")
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def api(apiserver):
-    client = make_api_client(apiserver.kubeconfig)
-    yield client
-    client.close()
 
 
 def _load(api, nodes, pods):

@@ -1,17 +1,8 @@
-"""Fixtures: the API-server stand-in, a kube client on it, and the extender served over real HTTP."""
+"""Fixtures: a kube client on the API-server stand-in (tests/conftest.py `apiserver`), and the extender served over
+real HTTP."""
 
 import pytest
 from sched_helpers import Kube, ServedExtender
-
-
-@pytest.fixture
-def apiserver(tmp_path):
-    from vgpu.testbed.apiserver import ApiServerStandIn
-
-    server = ApiServerStandIn().start()
-    server.write_kubeconfig(tmp_path / "kubeconfig")
-    yield server
-    server.stop()
 
 
 @pytest.fixture
