@@ -23,7 +23,7 @@ import orjson
 from vgpu import keys
 from vgpu.assignment import Assignment, decode, encode
 from vgpu.errors import CodecError
-from vgpu.inventory import MAX_ANNOTATION_BYTES
+from vgpu.inventory import annotation_text, json_document
 
 __all__ = ["MAX_HOLDS", "MAX_HOLD_SECONDS", "Hold", "decode_holds", "encode_holds"]
 
@@ -91,18 +91,7 @@ def _hold(entry: object, where: str) -> Hold:
 
 def decode_holds(value: object) -> tuple[Hold, ...]:
     """Strictly decode `vgpu-sharing.io/consolidation-hold`; anything malformed raises CodecError."""
-    if not isinstance(value, str):
-        raise CodecError(f"{_WHAT}: expected a string, got {type(value).__name__}")
-    if len(value) > MAX_ANNOTATION_BYTES:
-        raise CodecError(f"{_WHAT}: value of {len(value)} bytes is over the {MAX_ANNOTATION_BYTES}-byte limit")
-    try:
-        items = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise CodecError(f"{_WHAT}: invalid JSON: {exc}") from None
-    if not isinstance(items, list):
-        raise CodecError(f"{_WHAT}: expected a JSON array")
-    if len(items) > MAX_HOLDS:
-        raise CodecError(f"{_WHAT}: {len(items)} holds, more than {MAX_HOLDS}")
+    items = json_document(annotation_text(value, _WHAT), _WHAT, list, "a JSON array", MAX_HOLDS, "holds")
     holds = []
     seen: set[str] = set()
     for position, entry in enumerate(items):

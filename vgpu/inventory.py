@@ -27,6 +27,7 @@ __all__ = [
     "MAX_ANNOTATION_BYTES",
     "GPUDevice",
     "GPUTopology",
+    "annotation_text",
     "decode_hami",
     "decode_topology",
     "decode_volcano",
@@ -34,6 +35,7 @@ __all__ = [
     "encode_hami_legacy",
     "encode_topology",
     "encode_volcano",
+    "json_document",
 ]
 
 MAX_ANNOTATION_BYTES = 256 * KIB
@@ -57,7 +59,9 @@ class GPUDevice:
     island: int = -1  # NVLink island within the node (GPUs joined by NVLink share one); -1: not known
 
 
-def _check_value(value: object, what: str) -> str:
+def annotation_text(value: object, what: str) -> str:
+    """An annotation's value, refused (CodecError naming `what`) unless it is a string of at most
+    MAX_ANNOTATION_BYTES."""
     if not isinstance(value, str):
         raise CodecError(f"{what}: expected a string, got {type(value).__name__}")
     if len(value) > MAX_ANNOTATION_BYTES:
@@ -109,7 +113,7 @@ def encode_volcano(devices: list[GPUDevice] | tuple[GPUDevice, ...]) -> str:
 def decode_volcano(value: object) -> tuple[GPUDevice, ...]:
     """Decode `volcano.sh/node-vgpu-register`; the position in the list becomes `index`."""
     what = "volcano.sh/node-vgpu-register"
-    text = _check_value(value, what)
+    text = annotation_text(value, what)
     devices = []
     seen: set[str] = set()
     for position, entry in enumerate(_entries(text, what)):
@@ -194,21 +198,23 @@ def _json_str(item: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _json_document(text: str, what: str, kind: type[list[Any]] | type[dict[str, Any]], expected: str) -> Any:
-    """The JSON value of an annotation, of `kind` (list or dict) and with at most _MAX_GPUS entries."""
+def json_document(text: str, what: str, kind: type[list[Any]] | type[dict[str, Any]], expected: str,
+                  limit: int = _MAX_GPUS, unit: str = "GPUs") -> Any:
+    """The JSON value of an annotation, of `kind` (list or dict, `expected` naming it) with at most `limit` entries
+    (`unit` naming them); anything else raises CodecError naming `what`."""
     try:
         items: Any = orjson.loads(text)
     except orjson.JSONDecodeError as exc:
         raise CodecError(f"{what}: invalid JSON: {exc}") from None
     if not isinstance(items, kind):
         raise CodecError(f"{what}: expected {expected}")
-    if len(items) > _MAX_GPUS:
-        raise CodecError(f"{what}: more than {_MAX_GPUS} GPUs")
+    if len(items) > limit:
+        raise CodecError(f"{what}: more than {limit} {unit}")
     return items
 
 
 def _decode_hami_json(text: str, what: str) -> tuple[GPUDevice, ...]:
-    items = _json_document(text, what, list, "a JSON array")
+    items = json_document(text, what, list, "a JSON array")
     devices = []
     for position, item in enumerate(items):
         where = f"{what} entry {position}"
@@ -267,7 +273,7 @@ def _decode_hami_legacy(text: str, what: str) -> tuple[GPUDevice, ...]:
 def decode_hami(value: object) -> tuple[GPUDevice, ...]:
     """Decode `hami.io/node-nvidia-register`: JSON when it starts with '[' (or '{'), else the legacy format."""
     what = "hami.io/node-nvidia-register"
-    text = _check_value(value, what)
+    text = annotation_text(value, what)
     if text.lstrip()[:1] in ("[", "{"):
         return _decode_hami_json(text, what)
     return _decode_hami_legacy(text, what)
@@ -309,7 +315,7 @@ def _topology_id(entry: dict[str, Any], key: str, where: str) -> int:
 def decode_topology(value: object) -> dict[str, GPUTopology]:
     """Decode `vgpu-sharing.io/node-gpu-topology` into {uuid: GPUTopology}."""
     what = "vgpu-sharing.io/node-gpu-topology"
-    items = _json_document(_check_value(value, what), what, dict, "a JSON object keyed by GPU UUID")
+    items = json_document(annotation_text(value, what), what, dict, "a JSON object keyed by GPU UUID")
     found: dict[str, GPUTopology] = {}
     for uuid, entry in items.items():
         where = f"{what} GPU {uuid[:_MAX_UUID]!r}"
